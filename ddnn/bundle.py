@@ -1,0 +1,273 @@
+"""The bundle: what training produces and every tier loads.
+
+A directory holding ``manifest.json`` and one ONNX file per segment. The manifest describes the
+model completely (classes, views, input shape, each segment's tensors and sha256, aggregation,
+exit thresholds, codecs, and how it was trained and calibrated); :func:`load_bundle` verifies
+every checksum and refuses a tampered or incompatible bundle with a :class:`BundleError`.
+No pickle anywhere: the manifest is JSON, the weights live inside the ONNX files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ddnn.aggregation import AGGREGATIONS
+from ddnn.codec import CODECS
+from ddnn.errors import BundleError, DdnnError
+from ddnn.exits import ExitPolicy
+
+FORMAT = "ddnn-bundle"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+# Names and versions appear in MQTT topics and URL paths: keep them to a safe alphabet.
+_SAFE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# The first dimension of every segment tensor is the batch, left dynamic in the ONNX files.
+BATCH = "batch"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def check_name(kind: str, value: str) -> str:
+    """Validate a model name or version: lowercase letters, digits, '.', '_' and '-'."""
+    if not isinstance(value, str) or not _SAFE.match(value):
+        raise BundleError(
+            f"invalid {kind} {value!r}: use 1-64 lowercase letters, digits, '.', '_' or '-'"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A named tensor of a segment; ``shape`` uses ``"batch"`` for the dynamic first axis."""
+
+    name: str
+    shape: tuple[int | str, ...]
+    dtype: str = "float32"
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
+        return cls(str(d["name"]), tuple(d["shape"]), str(d.get("dtype", "float32")))
+
+    @property
+    def sample_shape(self) -> tuple[int, ...]:
+        """The shape of one sample (the batch axis dropped)."""
+        return tuple(int(d) for d in self.shape[1:])
+
+
+@dataclass(frozen=True)
+class SegmentSpec:
+    """One ONNX file of the bundle with its input and output tensors."""
+
+    file: str
+    sha256: str
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> SegmentSpec:
+        return cls(
+            file=str(d["file"]),
+            sha256=str(d["sha256"]),
+            inputs=tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
+            outputs=tuple(TensorSpec.from_dict(t) for t in d["outputs"]),
+        )
+
+    def output(self, name: str) -> TensorSpec:
+        for t in self.outputs:
+            if t.name == name:
+                return t
+        raise BundleError(f"segment {self.file} has no output {name!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """Everything a tier needs to know about a bundle, as stored in ``manifest.json``."""
+
+    name: str
+    version: str
+    classes: tuple[str, ...]
+    views: int
+    input_shape: tuple[int, int, int]  # (3, H, W) of one view
+    aggregation: dict[str, str]  # {"local": op, "edge": op}, ops from ddnn.aggregation
+    scheme: str  # the paper's name, e.g. "MP-CC"
+    devices: tuple[SegmentSpec, ...]  # one device segment per view
+    local: SegmentSpec | None  # the local exit's layer; present only when it has weights
+    edge: SegmentSpec
+    cloud: SegmentSpec
+    thresholds: dict[str, float]  # {"local": T, "edge": T}
+    codec: dict[str, str]  # {"scores": ..., "device_features": ..., "edge_features": ...}
+    training: dict[str, Any] = field(default_factory=dict)
+    calibration: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+    format_version: int = FORMAT_VERSION
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    @property
+    def policy(self) -> ExitPolicy:
+        return ExitPolicy(dict(self.thresholds))
+
+    def segments(self) -> dict[str, SegmentSpec]:
+        """Every segment by role: ``device-0`` … ``device-{V-1}``, ``local``, ``edge``, ``cloud``."""
+        out = {f"device-{i}": s for i, s in enumerate(self.devices)}
+        if self.local is not None:
+            out["local"] = self.local
+        out["edge"] = self.edge
+        out["cloud"] = self.cloud
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": self.format_version,
+            "created": self.created,
+            "model": {"name": self.name, "version": self.version},
+            "classes": list(self.classes),
+            "views": self.views,
+            "input": {"shape": list(self.input_shape), "dtype": "float32", "range": [0.0, 1.0]},
+            "aggregation": {**self.aggregation, "scheme": self.scheme},
+            "segments": {
+                "device": [s.to_dict() for s in self.devices],
+                "local": self.local.to_dict() if self.local else None,
+                "edge": self.edge.to_dict(),
+                "cloud": self.cloud.to_dict(),
+            },
+            "exits": {k: {"threshold": v} for k, v in self.thresholds.items()},
+            "codec": dict(self.codec),
+            "training": self.training,
+            "calibration": self.calibration,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Manifest:
+        """Parse and validate a manifest; raises :class:`BundleError` on any inconsistency."""
+        if not isinstance(d, dict) or d.get("format") != FORMAT:
+            raise BundleError(f"not a ddnn bundle manifest (format must be {FORMAT!r})")
+        version = d.get("format_version")
+        if not isinstance(version, int) or version < 1:
+            raise BundleError(f"invalid bundle format_version {version!r}")
+        if version > FORMAT_VERSION:
+            raise BundleError(
+                f"bundle format version {version} is newer than this ddnn supports "
+                f"({FORMAT_VERSION}); upgrade ddnn"
+            )
+        try:
+            segs = d["segments"]
+            m = cls(
+                name=check_name("model name", d["model"]["name"]),
+                version=check_name("model version", str(d["model"]["version"])),
+                classes=tuple(str(c) for c in d["classes"]),
+                views=int(d["views"]),
+                input_shape=tuple(int(x) for x in d["input"]["shape"]),  # type: ignore[arg-type]
+                aggregation={"local": d["aggregation"]["local"], "edge": d["aggregation"]["edge"]},
+                scheme=str(d["aggregation"].get("scheme", "")),
+                devices=tuple(SegmentSpec.from_dict(s) for s in segs["device"]),
+                local=SegmentSpec.from_dict(segs["local"]) if segs.get("local") else None,
+                edge=SegmentSpec.from_dict(segs["edge"]),
+                cloud=SegmentSpec.from_dict(segs["cloud"]),
+                thresholds={k: float(v["threshold"]) for k, v in d["exits"].items()},
+                codec={k: str(v) for k, v in d["codec"].items()},
+                training=dict(d.get("training", {})),
+                calibration=dict(d.get("calibration", {})),
+                created=str(d.get("created", "")),
+                format_version=version,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise BundleError(f"malformed manifest: {type(e).__name__}: {e}") from None
+        m._validate()
+        return m
+
+    def _validate(self) -> None:
+        if len(self.classes) < 2:
+            raise BundleError("manifest must name at least two classes")
+        if self.views < 1 or len(self.devices) != self.views:
+            raise BundleError(f"manifest has {len(self.devices)} device segments for {self.views} views")
+        if len(self.input_shape) != 3 or self.input_shape[0] != 3:
+            raise BundleError(f"input shape must be (3, H, W), got {self.input_shape}")
+        for role, op in self.aggregation.items():
+            if op not in AGGREGATIONS:
+                raise BundleError(f"unknown {role} aggregation {op!r}")
+        if self.aggregation["local"] == "concat" and self.local is None:
+            raise BundleError("concat local aggregation needs a local segment")
+        for role in ("scores", "device_features", "edge_features"):
+            if self.codec.get(role) not in CODECS:
+                raise BundleError(f"codec for {role} must be one of {CODECS}")
+        try:
+            self.policy  # noqa: B018 - validates the thresholds
+        except DdnnError as e:
+            raise BundleError(f"invalid exit thresholds: {e}") from None
+        for role, seg in self.segments().items():
+            if not seg.file or "/" in seg.file or "\\" in seg.file or seg.file.startswith("."):
+                raise BundleError(f"segment {role} names an unsafe file {seg.file!r}")
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A verified bundle on disk: its directory and its manifest."""
+
+    path: Path
+    manifest: Manifest
+
+    def file(self, segment: SegmentSpec) -> Path:
+        return self.path / segment.file
+
+    @property
+    def ref(self) -> str:
+        """``name:version``, how logs and messages refer to the bundle."""
+        return f"{self.manifest.name}:{self.manifest.version}"
+
+
+def read_manifest(path: str | Path) -> Manifest:
+    """Parse ``manifest.json`` of a bundle directory without verifying the files."""
+    path = Path(path)
+    mf = path / MANIFEST
+    if not path.is_dir():
+        raise BundleError(f"{path}: no such bundle directory")
+    if not mf.is_file():
+        raise BundleError(f"{path}: not a bundle (no {MANIFEST})")
+    try:
+        data = json.loads(mf.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BundleError(f"{mf}: unreadable manifest ({e})") from None
+    return Manifest.from_dict(data)
+
+
+def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
+    """Load a bundle directory, verifying every segment file's sha256 unless ``verify=False``."""
+    path = Path(path)
+    manifest = read_manifest(path)
+    if verify:
+        for role, seg in manifest.segments().items():
+            f = path / seg.file
+            if not f.is_file():
+                raise BundleError(f"{path}: segment {role} file {seg.file} is missing")
+            digest = sha256_file(f)
+            if digest != seg.sha256:
+                raise BundleError(
+                    f"{path}: checksum mismatch for {seg.file} ({role}): the file was changed "
+                    f"after export (expected sha256 {seg.sha256[:12]}…, got {digest[:12]}…)"
+                )
+    return Bundle(path, manifest)
+
+
+def write_manifest(path: str | Path, manifest: Manifest) -> Path:
+    """Write ``manifest.json`` into a bundle directory (used by the exporter)."""
+    out = Path(path) / MANIFEST
+    out.write_text(json.dumps(manifest.to_dict(), indent=2) + "\n", encoding="utf-8")
+    return out

@@ -1,0 +1,87 @@
+"""The ``ddnn`` command line (also ``python -m ddnn``).
+
+Each subcommand lives with the tier that implements it and is found here by module name, so
+``ddnn device`` never imports torch and ``ddnn train`` never imports FastAPI. A command module
+exposes ``register(subparsers)``, which adds its parser and sets ``func`` to a function taking
+the parsed arguments and returning an exit code. Modules import their heavy dependencies inside
+that function, keeping ``ddnn --help`` fast on a board.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import os
+import sys
+
+from ddnn import __version__
+from ddnn.errors import DdnnError
+
+# Order is the order of the help text. A module missing from this install (a tier whose extra
+# is not installed) is left out of the help rather than breaking the others.
+COMMAND_MODULES = (
+    "models.cli",  # data synth, train
+    "ddnn.commands",  # data info, evaluate
+    "device.cli",
+    "edge.cli",
+    "cloud.cli",
+    "ddnn.demo",
+    "benchmarks.cli",
+)
+
+
+class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ddnn",
+        description="Distributed deep neural network inference over devices, edge and cloud.",
+        formatter_class=_Formatter,
+    )
+    parser.add_argument("--version", action="version", version=f"ddnn {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default=os.environ.get("DDNN_LOG_LEVEL", "INFO"),
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging verbosity (env DDNN_LOG_LEVEL)",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    data = sub.add_parser("data", help="make or inspect dataset files", formatter_class=_Formatter)
+    data_sub = data.add_subparsers(dest="data_command", metavar="ACTION")
+    data.set_defaults(func=lambda _args: _usage(data))
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            # A tier left out of this install hides its command; any other error is a bug.
+            if e.name not in (name, name.split(".")[0]):
+                raise
+            continue
+        module.register(sub, data_sub, _Formatter)
+    return parser
+
+
+def _usage(parser: argparse.ArgumentParser) -> int:
+    parser.print_help(sys.stderr)
+    return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        return _usage(parser)
+    logging.basicConfig(
+        level=args.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        return int(args.func(args) or 0)
+    except DdnnError as e:
+        print(f"ddnn: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("ddnn: interrupted", file=sys.stderr)
+        return 130

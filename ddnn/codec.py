@@ -1,0 +1,100 @@
+"""Feature codec: how a tensor travels as bytes between tiers.
+
+* ``binary``: 1 bit per value (sign; ``x > 0`` → 1), for the binarized device features of the
+  paper, decoded to ±1;
+* ``int8``: symmetric linear quantization, a float32 scale then one byte per value;
+* ``float16`` / ``float32``: IEEE little-endian values.
+
+The shape is not part of the payload: the message envelope carries it, and :meth:`decode` checks
+that the byte count is exactly what the shape implies, so a truncated or padded payload is
+rejected rather than misread.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+
+from ddnn.errors import CodecError
+
+CODECS = ("binary", "int8", "float16", "float32")
+
+# A bound on decoded tensors, so a lying header cannot make a receiver allocate gigabytes.
+MAX_ELEMENTS = 1 << 24
+
+_SCALE = struct.Struct("<f")
+
+
+def _elements(shape: tuple[int, ...]) -> int:
+    if any((not isinstance(d, int | np.integer)) or d < 0 for d in shape):
+        raise CodecError(f"invalid tensor shape {shape!r}")
+    n = math.prod(int(d) for d in shape)
+    if n > MAX_ELEMENTS:
+        raise CodecError(f"tensor of {n} elements exceeds the limit of {MAX_ELEMENTS}")
+    return n
+
+
+@dataclass(frozen=True)
+class FeatureCodec:
+    """Encodes float tensors to bytes and back; ``kind`` is one of :data:`CODECS`."""
+
+    kind: str = "binary"
+
+    def __post_init__(self) -> None:
+        if self.kind not in CODECS:
+            raise CodecError(f"unknown codec {self.kind!r}; choose from {CODECS}")
+
+    def payload_size(self, shape: tuple[int, ...]) -> int:
+        """Exact byte count of an encoded tensor of this shape."""
+        n = _elements(tuple(shape))
+        if self.kind == "binary":
+            return (n + 7) // 8
+        if self.kind == "int8":
+            return _SCALE.size + n
+        return n * (2 if self.kind == "float16" else 4)
+
+    def encode(self, x: np.ndarray) -> bytes:
+        """Pack a float tensor; raises :class:`CodecError` on NaN or infinity."""
+        x = np.asarray(x, dtype=np.float32)
+        _elements(x.shape)
+        if not np.isfinite(x).all():
+            raise CodecError("cannot encode a tensor with NaN or infinite values")
+        if self.kind == "binary":
+            return np.packbits((x > 0).ravel()).tobytes()
+        if self.kind == "int8":
+            peak = float(np.abs(x).max()) if x.size else 0.0
+            scale = peak / 127.0 if peak > 0 else 1.0
+            q = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+            return _SCALE.pack(scale) + q.tobytes()
+        if self.kind == "float16":
+            if x.size and float(np.abs(x).max()) > np.finfo(np.float16).max:
+                raise CodecError("value out of float16 range; use float32 or int8")
+            return x.astype("<f2").tobytes()
+        return x.astype("<f4").tobytes()
+
+    def decode(self, payload: bytes, shape: tuple[int, ...]) -> np.ndarray:
+        """Unpack to a float32 tensor of ``shape``; the byte count must match exactly."""
+        shape = tuple(int(d) for d in shape)
+        expected = self.payload_size(shape)
+        if len(payload) != expected:
+            raise CodecError(
+                f"{self.kind} payload for shape {shape} must be {expected} bytes, got {len(payload)}"
+            )
+        n = math.prod(shape)
+        if self.kind == "binary":
+            bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n)
+            return (bits.astype(np.float32) * 2.0 - 1.0).reshape(shape)
+        if self.kind == "int8":
+            (scale,) = _SCALE.unpack_from(payload)
+            if not math.isfinite(scale) or scale <= 0:
+                raise CodecError(f"invalid int8 scale {scale!r}")
+            q = np.frombuffer(payload, dtype=np.int8, offset=_SCALE.size)
+            return (q.astype(np.float32) * np.float32(scale)).reshape(shape)
+        dtype = "<f2" if self.kind == "float16" else "<f4"
+        x = np.frombuffer(payload, dtype=dtype).astype(np.float32).reshape(shape)
+        if not np.isfinite(x).all():
+            raise CodecError("decoded tensor holds NaN or infinite values")
+        return x

@@ -1,0 +1,53 @@
+"""``ddnn evaluate`` and ``ddnn data info``: commands that need only the contract and ONNX Runtime."""
+
+from __future__ import annotations
+
+import json
+
+
+def register(sub, data_sub, formatter) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="run a bundle over a labelled dataset with ONNX Runtime",
+        description="Run every exit of a bundle over a dataset file with ONNX Runtime and report "
+        "per-exit accuracy, exit fractions and uplink bytes per frame.",
+        formatter_class=formatter,
+    )
+    p.add_argument("--bundle", required=True, help="bundle directory (from ddnn train)")
+    p.add_argument("--data", required=True, help="dataset .npz file")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--local-threshold", type=float, default=None,
+                   help="override the bundle's local exit threshold (0..1)")
+    p.add_argument("--edge-threshold", type=float, default=None,
+                   help="override the bundle's edge exit threshold (0..1)")
+    p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per session")
+    p.set_defaults(func=_evaluate)
+
+    info = data_sub.add_parser("info", help="summarize a dataset file", formatter_class=formatter)
+    info.add_argument("path", help="dataset .npz file")
+    info.set_defaults(func=_info)
+
+
+def _evaluate(args) -> int:
+    from ddnn.evaluate import evaluate, format_table
+
+    result = evaluate(args.bundle, args.data, args.local_threshold, args.edge_threshold,
+                      threads=args.threads)
+    print(json.dumps(result) if args.json else format_table(result))
+    return 0
+
+
+def _info(args) -> int:
+    import numpy as np
+
+    from ddnn.dataset import load_dataset
+
+    ds = load_dataset(args.path)
+    present = ds.present
+    counts = np.bincount(ds.label, minlength=len(ds.classes))
+    print(f"{args.path}: {ds.num_samples} samples, {ds.num_views} views of {ds.image_shape}")
+    print("classes: " + ", ".join(f"{c} ({n})" for c, n in zip(ds.classes, counts, strict=True)))
+    print(f"present views per sample: mean {present.sum(1).mean():.2f}, "
+          f"min {present.sum(1).min()}; per view: "
+          + " ".join(f"{p:.2f}" for p in present.mean(0)))
+    return 0

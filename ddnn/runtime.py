@@ -1,0 +1,160 @@
+"""Running a bundle's segments with ONNX Runtime.
+
+:class:`SegmentRunner` wraps one ONNX file; :class:`BundleRuntime` holds the sessions of a whole
+bundle and knows the glue between them (aggregation over present views, the codecs the tensors
+travel through). Every tier builds on these, so the offline evaluation and the live hierarchy
+compute exactly the same numbers. ONNX Runtime is imported here lazily: importing :mod:`ddnn`
+needs numpy only.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ddnn.aggregation import aggregate
+from ddnn.bundle import Bundle, SegmentSpec
+from ddnn.codec import FeatureCodec
+from ddnn.errors import BundleError, ConfigError
+
+
+def _session(path: Path, threads: int | None) -> Any:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise ConfigError(
+            "onnxruntime is not installed; install ddnn with the device, edge or cloud extra"
+        ) from None
+    opts = ort.SessionOptions()
+    if threads:
+        opts.intra_op_num_threads = threads
+        opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3  # warnings about unused initializers are noise to users
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as e:  # ORT raises its own types for a corrupt or unsupported graph
+        raise BundleError(f"{path}: ONNX Runtime cannot load this segment ({e})") from None
+
+
+class SegmentRunner:
+    """One segment's ONNX Runtime session; call it with arrays named by the manifest."""
+
+    def __init__(self, path: Path, spec: SegmentSpec, threads: int | None = None):
+        self.spec = spec
+        self._session = _session(path, threads)
+        self._outputs = [t.name for t in spec.outputs]
+
+    def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
+        feeds = {}
+        for t in self.spec.inputs:
+            if t.name not in inputs:
+                raise ConfigError(f"segment {self.spec.file} needs input {t.name!r}")
+            x = np.ascontiguousarray(inputs[t.name], dtype=np.float32)
+            if x.shape[1:] != t.sample_shape:
+                raise ConfigError(
+                    f"segment {self.spec.file} input {t.name!r} must have per-sample shape "
+                    f"{t.sample_shape}, got {x.shape[1:]}"
+                )
+            feeds[t.name] = x
+        results = self._session.run(self._outputs, feeds)
+        return dict(zip(self._outputs, results, strict=True))
+
+
+def transmit(x: np.ndarray, codec: FeatureCodec) -> np.ndarray:
+    """What the receiver sees after ``x`` crosses a link with ``codec`` (lossy for int8/fp16)."""
+    return codec.decode(codec.encode(x), x.shape)
+
+
+class BundleRuntime:
+    """All segments of a bundle, loaded on first use; thread-safe for concurrent callers."""
+
+    def __init__(self, bundle: Bundle, threads: int | None = None):
+        self.bundle = bundle
+        self.manifest = bundle.manifest
+        self.threads = threads
+        self._runners: dict[str, SegmentRunner] = {}
+        self._lock = threading.Lock()
+        m = self.manifest
+        self.scores_codec = FeatureCodec(m.codec["scores"])
+        self.device_codec = FeatureCodec(m.codec["device_features"])
+        self.edge_codec = FeatureCodec(m.codec["edge_features"])
+
+    def runner(self, role: str) -> SegmentRunner:
+        with self._lock:
+            if role not in self._runners:
+                spec = self.manifest.segments().get(role)
+                if spec is None:
+                    raise BundleError(f"bundle {self.bundle.ref} has no segment {role!r}")
+                self._runners[role] = SegmentRunner(self.bundle.file(spec), spec, self.threads)
+            return self._runners[role]
+
+    def load_all(self) -> None:
+        """Create every session now (services do this before reporting ready)."""
+        for role in self.manifest.segments():
+            self.runner(role)
+
+    # --- the segments, in hierarchy order -------------------------------------------------
+
+    def device(self, view: int, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Device segment of ``view``: images (B, 3, H, W) → (scores (B, C), features)."""
+        if not 0 <= view < self.manifest.views:
+            raise ConfigError(f"view {view} is outside the bundle's views 0..{self.manifest.views - 1}")
+        out = self.runner(f"device-{view}")(image=images)
+        return out["scores"], out["features"]
+
+    def local(self, scores: np.ndarray, present: np.ndarray) -> np.ndarray:
+        """Local exit: device scores (B, V, C) of the present views → local scores (B, C)."""
+        agg = aggregate(scores, present, self.manifest.aggregation["local"])
+        if self.manifest.local is None:
+            return agg
+        return self.runner("local")(device_scores=agg)["scores"]
+
+    def edge(self, features: np.ndarray, present: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Edge segment: device features (B, V, F, h, w) → (edge scores, edge features)."""
+        agg = aggregate(features, present, self.manifest.aggregation["edge"])
+        out = self.runner("edge")(device_features=agg)
+        return out["scores"], out["features"]
+
+    def cloud(self, features: np.ndarray) -> np.ndarray:
+        """Cloud segment: edge features → cloud scores (B, C)."""
+        return self.runner("cloud")(edge_features=features)["scores"]
+
+    # --- every exit of a batch, as the live hierarchy would compute it -----------------------
+
+    def all_exits(self, X: np.ndarray, present: np.ndarray) -> dict[str, np.ndarray]:
+        """Run every segment on a batch of multi-view samples (B, V, 3, H, W).
+
+        Tensors pass through the bundle's codecs exactly as they would on the wire, so these
+        numbers equal the live hierarchy's. Absent views are not run (their devices send
+        nothing); their slots hold zeros.
+        """
+        b, v = X.shape[:2]
+        m = self.manifest
+        c = m.num_classes
+        dev_scores = np.zeros((b, v, c), np.float32)
+        feat_shape = m.devices[0].output("features").sample_shape
+        dev_feats = np.zeros((b, v, *feat_shape), np.float32)
+        for i in range(v):
+            rows = np.flatnonzero(present[:, i])
+            if rows.size == 0:
+                continue
+            s, f = self.device(i, X[rows, i])
+            dev_scores[rows, i] = transmit(s, self.scores_codec)
+            dev_feats[rows, i] = transmit(f, self.device_codec)
+        local = self.local(dev_scores, present)
+        edge_scores, edge_feats = self.edge(dev_feats, present)
+        cloud = self.cloud(transmit(edge_feats, self.edge_codec))
+        return {
+            "device": dev_scores,
+            "local": local,
+            "edge": edge_scores,
+            "cloud": cloud,
+        }
+
+    def run_dataset(self, X: np.ndarray, present: np.ndarray, batch: int = 256) -> dict[str, np.ndarray]:
+        """:meth:`all_exits` over a whole dataset in batches."""
+        parts = [self.all_exits(X[i : i + batch], present[i : i + batch]) for i in range(0, len(X), batch)]
+        return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -1,0 +1,67 @@
+"""The one configuration of a DDNN: its architecture and how it is trained and calibrated."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from ddnn.aggregation import parse_scheme
+from ddnn.codec import CODECS
+from ddnn.errors import ConfigError
+
+
+@dataclass
+class DDNNConfig:
+    """Architecture, training and calibration settings; the defaults follow the paper."""
+
+    # --- architecture ---------------------------------------------------------------------
+    scheme: str = "MP-CC"  # local-edge aggregation; the paper's best: max of the device scores,
+    # concatenation of the device features (any of ddnn.aggregation.SCHEMES)
+    device_filters: int = 4  # conv filters per device; the paper uses 4 to fit embedded memory
+    device_binary: bool = True  # binarized weights and sign activations on the device (eBNN);
+    # False gives a float conv with ReLU features sent as float16
+    edge_filters: int = 16  # filters of the edge ConvP block
+    cloud_filters: tuple[int, ...] = (32, 32)  # one ConvP block per entry: the deep segment
+    edge_codec: str = "binary"  # how edge features travel to the cloud; binary keeps them 1-bit
+    # --- joint training -------------------------------------------------------------------
+    epochs: int = 40  # passes over the training split; the network is small and converges fast
+    batch_size: int = 64  # samples (each with all its views) per step
+    lr: float = 2e-3  # Adam learning rate
+    weight_decay: float = 1e-4  # L2 on the float weights; binary weights only see its sign
+    exit_weights: tuple[float, float, float, float] = (1.0, 1.0, 1.0, 1.0)  # loss weights of the
+    # device, local, edge and cloud exits; the paper trains with equal weights
+    seed: int = 0  # seeds the split, the initialization and the batch order: same seed, same bundle
+    threads: int = 2  # torch CPU threads; this project's reference machine has 2 cores
+    # --- calibration ----------------------------------------------------------------------
+    val_fraction: float = 0.2  # share of the training file held out for calibration and early
+    # stopping when no separate validation file is given
+    tolerance: float = 0.0  # accuracy the hierarchy may lose against the cloud exit alone on the
+    # validation split in exchange for earlier exits (0: none)
+    threshold_grid: int = 201  # thresholds tried per exit, evenly spaced in [0, 1]
+    extra: dict = field(default_factory=dict)  # free-form notes copied into the manifest
+
+    def __post_init__(self) -> None:
+        parse_scheme(self.scheme)
+        self.cloud_filters = tuple(int(f) for f in self.cloud_filters)
+        self.exit_weights = tuple(float(w) for w in self.exit_weights)  # type: ignore[assignment]
+        if self.device_filters < 1 or self.edge_filters < 1 or not self.cloud_filters:
+            raise ConfigError("filter counts must be positive and the cloud needs a block")
+        if self.edge_codec not in CODECS:
+            raise ConfigError(f"edge codec must be one of {CODECS}")
+        if self.epochs < 1 or self.batch_size < 1 or self.lr <= 0:
+            raise ConfigError("epochs, batch size and learning rate must be positive")
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError("val_fraction must lie strictly between 0 and 1")
+        if not 0.0 <= self.tolerance <= 1.0:
+            raise ConfigError("tolerance must lie in [0, 1]")
+        if len(self.exit_weights) != 4 or min(self.exit_weights) < 0:
+            raise ConfigError("exit_weights needs four non-negative weights")
+
+    @property
+    def aggregation(self) -> tuple[str, str]:
+        return parse_scheme(self.scheme)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["cloud_filters"] = list(self.cloud_filters)
+        d["exit_weights"] = list(self.exit_weights)
+        return d

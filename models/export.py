@@ -1,0 +1,176 @@
+"""Export a trained DDNN to a bundle: one ONNX file per segment plus ``manifest.json``.
+
+The export is checked before it is published: every exit computed by ONNX Runtime through the
+bundle (``ddnn.runtime``, exactly what the tiers run) is compared with torch on held-out data.
+The bundle is written to a temporary directory beside the target and renamed into place, so a
+model repository watched by the cloud never sees a half-written bundle.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import shutil
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from ddnn.bundle import BATCH, Manifest, SegmentSpec, TensorSpec, check_name, load_bundle, sha256_file
+from ddnn.bundle import write_manifest as _write_manifest
+from ddnn.dataset import MultiViewDataset
+from ddnn.errors import BundleError
+from ddnn.runtime import BundleRuntime
+from models.network import DDNN, aggregate
+
+OPSET = 17
+# Logits may differ by float rounding between torch and ONNX Runtime; a sign activation turns a
+# rounding difference at exactly 0 into a flipped bit, so a few flipped predictions are tolerated.
+PARITY_ATOL = 1e-3
+PARITY_MAX_DISAGREE = 0.01
+
+
+def _export(module: nn.Module, inputs: dict[str, torch.Tensor], outputs: list[str], path: Path) -> None:
+    names = list(inputs)
+    axes = {n: {0: BATCH} for n in names + outputs}
+    with warnings.catch_warnings():
+        # The TorchScript exporter is deprecated in favour of torch.export, but it handles these
+        # small static graphs faster and without extra dependencies.
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module.eval(), tuple(inputs.values()), str(path), input_names=names,
+            output_names=outputs, dynamic_axes=axes, opset_version=OPSET, dynamo=False,
+        )
+
+
+def _spec(path: Path, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> SegmentSpec:
+    def tensors(d: dict[str, torch.Tensor]) -> tuple[TensorSpec, ...]:
+        return tuple(TensorSpec(n, (BATCH, *t.shape[1:]), "float32") for n, t in d.items())
+
+    return SegmentSpec(path.name, sha256_file(path), tensors(inputs), tensors(outputs))
+
+
+@dataclass(frozen=True)
+class ParityReport:
+    """Largest logit difference and share of disagreeing predictions, per exit."""
+
+    max_abs_diff: dict[str, float]
+    disagreement: dict[str, float]
+
+    def to_dict(self) -> dict:
+        return {"max_abs_diff": self.max_abs_diff, "disagreement": self.disagreement}
+
+
+def check_parity(torch_logits: dict[str, np.ndarray], onnx_logits: dict[str, np.ndarray], present: np.ndarray) -> ParityReport:
+    """Compare every exit; raise :class:`BundleError` when ONNX disagrees with torch."""
+    diff, disagree = {}, {}
+    for k in ("device", "local", "edge", "cloud"):
+        a, b = torch_logits[k], onnx_logits[k]
+        if k == "device":  # absent views are not run by the hierarchy
+            a, b = a[present], b[present]
+        diff[k] = float(np.abs(a - b).max()) if a.size else 0.0
+        disagree[k] = float((a.argmax(-1) != b.argmax(-1)).mean()) if a.size else 0.0
+    report = ParityReport(diff, disagree)
+    bad = [k for k in diff if disagree[k] > PARITY_MAX_DISAGREE]
+    if bad:
+        raise BundleError(f"ONNX export disagrees with torch at exits {bad}: {report.to_dict()}")
+    return report
+
+
+def export_segments(model: DDNN, out: Path, input_shape: tuple[int, int, int]) -> dict[str, SegmentSpec]:
+    """Write every segment's ONNX file into ``out``; return their specs by role."""
+    model.eval()
+    specs: dict[str, SegmentSpec] = {}
+    x = torch.rand(2, *input_shape)
+    with torch.no_grad():
+        for i, dev in enumerate(model.devices):
+            scores, feats = dev(x)
+            path = out / f"device-{i}.onnx"
+            _export(dev, {"image": x}, ["scores", "features"], path)
+            specs[f"device-{i}"] = _spec(path, {"image": x}, {"scores": scores, "features": feats})
+        present = torch.ones(2, model.views, dtype=torch.bool)
+        dev_scores = torch.stack([dev(x)[0] for dev in model.devices], 1)
+        dev_feats = torch.stack([dev(x)[1] for dev in model.devices], 1)
+        if model.local is not None:
+            s_in = aggregate(dev_scores, present, model.local_op)
+            path = out / "local.onnx"
+            _export(model.local, {"device_scores": s_in}, ["scores"], path)
+            specs["local"] = _spec(path, {"device_scores": s_in}, {"scores": model.local(s_in)})
+        f_in = aggregate(dev_feats, present, model.edge_op)
+        e_scores, e_feats = model.edge(f_in)
+        path = out / "edge.onnx"
+        _export(model.edge, {"device_features": f_in}, ["scores", "features"], path)
+        specs["edge"] = _spec(path, {"device_features": f_in}, {"scores": e_scores, "features": e_feats})
+        path = out / "cloud.onnx"
+        _export(model.cloud, {"edge_features": e_feats}, ["scores"], path)
+        specs["cloud"] = _spec(path, {"edge_features": e_feats}, {"scores": model.cloud(e_feats)})
+    return specs
+
+
+def build_manifest(
+    model: DDNN,
+    specs: dict[str, SegmentSpec],
+    name: str,
+    version: str,
+    classes: tuple[str, ...],
+    input_shape: tuple[int, int, int],
+    thresholds: dict[str, float],
+    training: dict,
+    calibration: dict,
+) -> Manifest:
+    cfg = model.cfg
+    return Manifest(
+        name=check_name("model name", name),
+        version=check_name("model version", version),
+        classes=tuple(classes),
+        views=model.views,
+        input_shape=input_shape,
+        aggregation={"local": model.local_op, "edge": model.edge_op},
+        scheme=cfg.scheme.upper(),
+        devices=tuple(specs[f"device-{i}"] for i in range(model.views)),
+        local=specs.get("local"),
+        edge=specs["edge"],
+        cloud=specs["cloud"],
+        thresholds=dict(thresholds),
+        codec={
+            "scores": "float16",
+            "device_features": "binary" if cfg.device_binary else "float16",
+            "edge_features": cfg.edge_codec,
+        },
+        training=training,
+        calibration=calibration,
+        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    )
+
+
+def publish(staging: Path, out: Path) -> None:
+    """Move a finished bundle into place, replacing an older bundle at ``out``."""
+    if out.exists():
+        if not (out / "manifest.json").is_file() and any(out.iterdir()):
+            raise BundleError(f"{out}: exists and is not a bundle; refusing to overwrite it")
+        trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+        out.rename(trash / out.name)
+        staging.rename(out)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staging.rename(out)
+
+
+def staging_dir(out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    staging.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be read by services
+    return staging
+
+
+def write_manifest(path: Path, manifest: Manifest) -> None:
+    _write_manifest(path, manifest)
+    load_bundle(path)  # what we wrote must load and verify
+
+
+def onnx_exits(path: Path, ds: MultiViewDataset) -> dict[str, np.ndarray]:
+    """Every exit's logits through ONNX Runtime, as the tiers compute them."""
+    return BundleRuntime(load_bundle(path, verify=False)).run_dataset(ds.X, ds.present)
