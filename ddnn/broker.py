@@ -1,0 +1,155 @@
+"""Starting an MQTT broker for a demo or a test: Mosquitto when installed, else amqtt.
+
+Production deployments run their own broker (see ``deploy/mosquitto``); this module exists so
+that ``ddnn demo`` and the test suite work on a machine with no services. The broker always
+runs as a child process on a loopback port and is stopped with :meth:`BrokerProcess.stop`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddnn.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host``."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
+    """Block until something accepts TCP connections on (host, port)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise ConfigError(f"process exited with code {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection((host, port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.02)  # polling readiness, not waiting for a guessed duration
+    raise ConfigError(f"nothing listens on {host}:{port} after {timeout:.0f} s")
+
+
+@dataclass
+class BrokerProcess:
+    """A broker child process listening on ``host:port``."""
+
+    kind: str  # "mosquitto" or "amqtt"
+    host: str
+    port: int
+    proc: subprocess.Popen
+    workdir: Path
+
+    @property
+    def url(self) -> str:
+        return f"mqtt://{self.host}:{self.port}"
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def restart(self) -> None:
+        """Start the broker again on the same port (used by fault tests)."""
+        self.stop()
+        fresh = start_broker(self.host, self.port, prefer=self.kind)
+        self.proc, self.workdir = fresh.proc, fresh.workdir
+
+    def __enter__(self) -> BrokerProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def mosquitto_path() -> str | None:
+    return shutil.which("mosquitto") or next(
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)), None
+    )
+
+
+def start_broker(host: str = "127.0.0.1", port: int = 0, prefer: str = "auto", timeout: float = 10.0) -> BrokerProcess:
+    """Start Mosquitto (or amqtt when Mosquitto is absent or ``prefer="amqtt"``) and wait for it."""
+    port = port or free_port(host)
+    workdir = Path(tempfile.mkdtemp(prefix="ddnn-broker-"))
+    exe = mosquitto_path()
+    if prefer not in ("auto", "mosquitto", "amqtt"):
+        raise ConfigError(f"unknown broker kind {prefer!r}")
+    if prefer == "mosquitto" and exe is None:
+        raise ConfigError("mosquitto is not installed (apt-get install mosquitto)")
+    if exe is not None and prefer != "amqtt":
+        conf = workdir / "mosquitto.conf"
+        conf.write_text(
+            f"listener {port} {host}\nallow_anonymous true\npersistence false\n"
+            "max_inflight_messages 1000\nmax_queued_messages 100000\n"
+        )
+        cmd, kind = [exe, "-c", str(conf)], "mosquitto"
+    else:
+        cmd, kind = [sys.executable, "-m", "ddnn.broker", "--host", host, "--port", str(port)], "amqtt"
+    logf = open(workdir / "broker.log", "wb")  # noqa: SIM115 - lives as long as the broker
+    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_for_port(host, port, timeout, proc)
+    except ConfigError as e:
+        proc.kill()
+        log_text = (workdir / "broker.log").read_text(errors="replace")[-2000:]
+        raise ConfigError(f"{kind} broker did not start: {e}\n{log_text}") from None
+    log.info("started %s broker on %s:%d", kind, host, port)
+    return BrokerProcess(kind, host, port, proc, workdir)
+
+
+async def _serve_amqtt(host: str, port: int) -> None:
+    from amqtt.broker import Broker
+
+    config = {
+        "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
+        "sys_interval": 0,
+        "auth": {"allow-anonymous": True},
+        "topic-check": {"enabled": False},
+    }
+    broker = Broker(config)
+    await broker.start()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.shutdown()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the embedded amqtt broker in the foreground (``python -m ddnn.broker``)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m ddnn.broker", description=main.__doc__)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=1883)
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING)
+    asyncio.run(_serve_amqtt(args.host, args.port))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

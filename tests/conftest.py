@@ -1,0 +1,59 @@
+"""Shared fixtures: small generated datasets, a trained bundle, real brokers on free ports.
+
+Everything is made by the project itself (no downloads) and sized to keep the suite fast on a
+2-core machine: 3 views, 3 classes, 16×16 images, a few epochs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from ddnn.broker import BrokerProcess, mosquitto_path, start_broker
+
+
+@dataclass(frozen=True)
+class TinyData:
+    train: Path
+    test: Path
+    views: int = 3
+    classes: int = 3
+    size: int = 16
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> TinyData:
+    """A generated train and test file in the dataset contract's layout."""
+    from models.synth import SceneConfig, save_dataset, synthesize
+
+    root = tmp_path_factory.mktemp("data")
+    cfg = SceneConfig(views=3, classes=3, size=16)
+    data = TinyData(root / "train.npz", root / "test.npz")
+    save_dataset(data.train, synthesize(360, cfg, seed=1))
+    save_dataset(data.test, synthesize(120, cfg, seed=2))
+    return data
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_data, tmp_path_factory) -> Path:
+    """A bundle trained for a few epochs on ``tiny_data`` (read-only: copy it to modify it)."""
+    from models.build import build_bundle
+    from models.config import DDNNConfig
+
+    out = tmp_path_factory.mktemp("bundles") / "tiny"
+    cfg = DDNNConfig(epochs=4, batch_size=32, seed=0)
+    build_bundle(tiny_data.train, out, cfg, name="tiny", version="1", progress=False,
+                 log=lambda *_: None)
+    return out
+
+
+@pytest.fixture
+def mosquitto() -> BrokerProcess:
+    """A real Mosquitto broker on a free loopback port, stopped after the test."""
+    if mosquitto_path() is None:
+        pytest.skip("mosquitto is not installed (apt-get install mosquitto; `make test` does)")
+    broker = start_broker(prefer="mosquitto")
+    yield broker
+    broker.stop()
