@@ -66,11 +66,12 @@ class FeatureCodec:
             return np.packbits((x > 0).ravel()).tobytes()
         if self.kind == "int8":
             peak = float(np.abs(x).max()) if x.size else 0.0
-            scale = peak / 127.0 if peak > 0 else 1.0
-            q = np.clip(np.rint(x / scale), -127, 127).astype(np.int8)
+            # The scale is stored as float32: keep it a normal number even for subnormal peaks.
+            scale = max(float(np.float32(peak / 127.0)), float(np.finfo(np.float32).tiny))
+            q = np.clip(np.rint(x / np.float32(scale)), -127, 127).astype(np.int8)
             return _SCALE.pack(scale) + q.tobytes()
         if self.kind == "float16":
-            if x.size and float(np.abs(x).max()) > np.finfo(np.float16).max:
+            if x.size and float(np.abs(x).max()) > float(np.finfo(np.float16).max):
                 raise CodecError("value out of float16 range; use float32 or int8")
             return x.astype("<f2").tobytes()
         return x.astype("<f4").tobytes()

@@ -1,0 +1,99 @@
+"""Loading the multi-view dataset file: the contract's layout, MVMC's, and bad files."""
+
+import numpy as np
+import pytest
+
+from ddnn.dataset import load_dataset
+from ddnn.errors import DatasetError
+
+
+def _write(path, **arrays):
+    np.savez(path, **arrays)
+    return path
+
+
+def _sample(n=4, v=3, h=16, classes=3, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.random((n, v, 3, h, h), dtype=np.float32)
+    label = rng.integers(0, classes, n)
+    y = np.repeat(label[:, None], v, 1)
+    return X, y, label
+
+
+def test_contract_layout_with_absent_views(tmp_path):
+    X, y, label = _sample()
+    X[1, 2] = 0.0
+    y[1, 2] = -1
+    ds = load_dataset(_write(tmp_path / "d.npz", X=X, y=y, label=label))
+    assert ds.X.dtype == np.float32 and ds.X.shape == (4, 3, 3, 16, 16)
+    assert not ds.present[1, 2] and ds.present.sum() == 11
+    np.testing.assert_array_equal(ds.label, label)
+    assert ds.classes == ("class0", "class1", "class2")
+
+
+def test_mvmc_layout_marks_absent_views_with_label_3(tmp_path):
+    # MVMC: classes 0..2, an absent view is an all-zero image labelled 3, no `label` array.
+    X, y, _ = _sample(classes=3)
+    y[:] = [[0, 1, 3], [2, 3, 3], [1, 1, 1], [0, 3, 2]]
+    for n, v in zip(*np.nonzero(y == 3), strict=True):
+        X[n, v] = 0.0
+    ds = load_dataset(_write(tmp_path / "mvmc.npz", X=X, y=y), num_classes=3)
+    np.testing.assert_array_equal(ds.y, [[0, 1, -1], [2, -1, -1], [1, 1, 1], [0, -1, 2]])
+    np.testing.assert_array_equal(ds.label, [1, 2, 1, 2])  # largest label of the present views
+
+
+def test_all_zero_view_is_absent_whatever_its_label(tmp_path):
+    X, y, label = _sample()
+    X[0, 1] = 0.0
+    ds = load_dataset(_write(tmp_path / "d.npz", X=X, y=y, label=label))
+    assert ds.y[0, 1] == -1
+
+
+def test_class_names_are_read(tmp_path):
+    X, y, label = _sample(classes=2)
+    path = _write(tmp_path / "d.npz", X=X, y=y, label=label, classes=np.array(["cat", "dog"]))
+    assert load_dataset(path).classes == ("cat", "dog")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: a.pop("X"), "missing array 'X'"),
+        (lambda a: a.update(X=a["X"][:, :, :2]), r"shape \(N, V, 3, H, W\)"),
+        (lambda a: a.update(X=a["X"] * 2), r"\[0, 1\]"),
+        (lambda a: a.update(X=(a["X"] * 255).astype(np.uint8)), "floating point"),
+        (lambda a: a.update(X=a["X"][..., :8, :8]), "at least 16x16"),
+        (lambda a: a.update(y=a["y"][:, :2]), "y must be integer"),
+        (lambda a: a.update(label=a["label"] + 5), "label out of range"),
+        (lambda a: a.update(y=a["y"] - 3), "negative label"),
+        (lambda a: a.update(label=a["label"][:2]), "label must be integer"),
+    ],
+)
+def test_bad_files_name_the_problem(tmp_path, change, message):
+    X, y, label = _sample()
+    arrays = {"X": X, "y": y, "label": label}
+    change(arrays)
+    with pytest.raises(DatasetError, match=message):
+        load_dataset(_write(tmp_path / "bad.npz", **arrays), num_classes=3)
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    with pytest.raises(DatasetError, match="no such dataset file"):
+        load_dataset(tmp_path / "nope.npz")
+    (tmp_path / "junk.npz").write_bytes(b"not a zip")
+    with pytest.raises(DatasetError, match="not a readable .npz"):
+        load_dataset(tmp_path / "junk.npz")
+
+
+def test_sample_without_any_view_is_rejected(tmp_path):
+    X, y, label = _sample()
+    X[2] = 0.0
+    with pytest.raises(DatasetError, match="sample 2 has no present view"):
+        load_dataset(_write(tmp_path / "d.npz", X=X, y=y, label=label))
+
+
+def test_pickled_arrays_are_refused(tmp_path):
+    X, y, label = _sample()
+    path = _write(tmp_path / "d.npz", X=X, y=y, label=label, classes=np.array(["a", 1], dtype=object))
+    with pytest.raises(DatasetError):
+        load_dataset(path)
