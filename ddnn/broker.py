@@ -32,12 +32,16 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def wait_for_port(host: str, port: int, timeout: float = 10.0, proc: subprocess.Popen | None = None) -> None:
+def wait_for_port(
+    host: str, port: int, timeout: float = 10.0, proc: subprocess.Popen | None = None
+) -> None:
     """Block until something accepts TCP connections on (host, port)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc is not None and proc.poll() is not None:
-            raise ConfigError(f"process exited with code {proc.returncode} before listening on {port}")
+            raise ConfigError(
+                f"process exited with code {proc.returncode} before listening on {port}"
+            )
         try:
             with socket.create_connection((host, port), timeout=0.2):
                 return
@@ -85,11 +89,14 @@ class BrokerProcess:
 
 def mosquitto_path() -> str | None:
     return shutil.which("mosquitto") or next(
-        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)), None
+        (p for p in ("/usr/sbin/mosquitto", "/usr/local/sbin/mosquitto") if os.access(p, os.X_OK)),
+        None,
     )
 
 
-def start_broker(host: str = "127.0.0.1", port: int = 0, prefer: str = "auto", timeout: float = 10.0) -> BrokerProcess:
+def start_broker(
+    host: str = "127.0.0.1", port: int = 0, prefer: str = "auto", timeout: float = 10.0
+) -> BrokerProcess:
     """Start Mosquitto (or amqtt when Mosquitto is absent or ``prefer="amqtt"``) and wait for it."""
     port = port or free_port(host)
     workdir = Path(tempfile.mkdtemp(prefix="ddnn-broker-"))
@@ -106,7 +113,10 @@ def start_broker(host: str = "127.0.0.1", port: int = 0, prefer: str = "auto", t
         )
         cmd, kind = [exe, "-c", str(conf)], "mosquitto"
     else:
-        cmd, kind = [sys.executable, "-m", "ddnn.broker", "--host", host, "--port", str(port)], "amqtt"
+        cmd, kind = (
+            [sys.executable, "-m", "ddnn.broker", "--host", host, "--port", str(port)],
+            "amqtt",
+        )
     logf = open(workdir / "broker.log", "wb")  # noqa: SIM115 - lives as long as the broker
     proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     try:

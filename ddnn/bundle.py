@@ -124,7 +124,7 @@ class Manifest:
         return ExitPolicy(dict(self.thresholds))
 
     def segments(self) -> dict[str, SegmentSpec]:
-        """Every segment by role: ``device-0`` … ``device-{V-1}``, ``local``, ``edge``, ``cloud``."""
+        """Every segment by role: ``device-{i}`` per view, ``local``, ``edge``, ``cloud``."""
         out = {f"device-{i}": s for i, s in enumerate(self.devices)}
         if self.local is not None:
             out["local"] = self.local
@@ -197,7 +197,9 @@ class Manifest:
         if len(self.classes) < 2:
             raise BundleError("manifest must name at least two classes")
         if self.views < 1 or len(self.devices) != self.views:
-            raise BundleError(f"manifest has {len(self.devices)} device segments for {self.views} views")
+            raise BundleError(
+                f"manifest has {len(self.devices)} device segments for {self.views} views"
+            )
         if len(self.input_shape) != 3 or self.input_shape[0] != 3:
             raise BundleError(f"input shape must be (3, H, W), got {self.input_shape}")
         for role, op in self.aggregation.items():

@@ -82,7 +82,8 @@ class FeatureCodec:
         expected = self.payload_size(shape)
         if len(payload) != expected:
             raise CodecError(
-                f"{self.kind} payload for shape {shape} must be {expected} bytes, got {len(payload)}"
+                f"{self.kind} payload for shape {shape} must be {expected} bytes, "
+                f"got {len(payload)}"
             )
         n = math.prod(shape)
         if self.kind == "binary":

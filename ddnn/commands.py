@@ -1,4 +1,4 @@
-"""``ddnn evaluate`` and ``ddnn data info``: commands that need only the contract and ONNX Runtime."""
+"""``ddnn evaluate`` and ``ddnn data info``: commands needing only the contract and ORT."""
 
 from __future__ import annotations
 
@@ -16,10 +16,18 @@ def register(sub, data_sub, formatter) -> None:
     p.add_argument("--bundle", required=True, help="bundle directory (from ddnn train)")
     p.add_argument("--data", required=True, help="dataset .npz file")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
-    p.add_argument("--local-threshold", type=float, default=None,
-                   help="override the bundle's local exit threshold (0..1)")
-    p.add_argument("--edge-threshold", type=float, default=None,
-                   help="override the bundle's edge exit threshold (0..1)")
+    p.add_argument(
+        "--local-threshold",
+        type=float,
+        default=None,
+        help="override the bundle's local exit threshold (0..1)",
+    )
+    p.add_argument(
+        "--edge-threshold",
+        type=float,
+        default=None,
+        help="override the bundle's edge exit threshold (0..1)",
+    )
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per session")
     p.set_defaults(func=_evaluate)
 
@@ -31,8 +39,9 @@ def register(sub, data_sub, formatter) -> None:
 def _evaluate(args) -> int:
     from ddnn.evaluate import evaluate, format_table
 
-    result = evaluate(args.bundle, args.data, args.local_threshold, args.edge_threshold,
-                      threads=args.threads)
+    result = evaluate(
+        args.bundle, args.data, args.local_threshold, args.edge_threshold, threads=args.threads
+    )
     print(json.dumps(result) if args.json else format_table(result))
     return 0
 
@@ -47,7 +56,8 @@ def _info(args) -> int:
     counts = np.bincount(ds.label, minlength=len(ds.classes))
     print(f"{args.path}: {ds.num_samples} samples, {ds.num_views} views of {ds.image_shape}")
     print("classes: " + ", ".join(f"{c} ({n})" for c, n in zip(ds.classes, counts, strict=True)))
-    print(f"present views per sample: mean {present.sum(1).mean():.2f}, "
-          f"min {present.sum(1).min()}; per view: "
-          + " ".join(f"{p:.2f}" for p in present.mean(0)))
+    print(
+        f"present views per sample: mean {present.sum(1).mean():.2f}, "
+        f"min {present.sum(1).min()}; per view: " + " ".join(f"{p:.2f}" for p in present.mean(0))
+    )
     return 0

@@ -17,7 +17,9 @@ from ddnn.exits import EXIT_TIERS, ExitPolicy, entropy_of_logits
 LOCAL, EDGE, CLOUD = range(3)
 
 
-def exit_tiers(local_entropy: np.ndarray, edge_entropy: np.ndarray, policy: ExitPolicy) -> np.ndarray:
+def exit_tiers(
+    local_entropy: np.ndarray, edge_entropy: np.ndarray, policy: ExitPolicy
+) -> np.ndarray:
     """Index of the tier (0 local, 1 edge, 2 cloud) where each sample leaves."""
     tier = np.full(np.shape(local_entropy), CLOUD, dtype=np.int64)
     tier[policy.exits("edge", edge_entropy)] = EDGE

@@ -90,8 +90,13 @@ class Histogram(_Metric):
 
     kind = "histogram"
 
-    def __init__(self, name: str, help: str, labels: Sequence[str] = (),
-                 buckets: Iterable[float] = LATENCY_BUCKETS):
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        labels: Sequence[str] = (),
+        buckets: Iterable[float] = LATENCY_BUCKETS,
+    ):
         super().__init__(name, help, labels)
         self.buckets = tuple(sorted(buckets))
         self._series: dict[tuple[str, ...], list] = {}
@@ -139,8 +144,13 @@ class Registry:
     def gauge(self, name: str, help: str, labels: Sequence[str] = ()) -> Gauge:
         return self.add(Gauge(name, help, labels))
 
-    def histogram(self, name: str, help: str, labels: Sequence[str] = (),
-                  buckets: Iterable[float] = LATENCY_BUCKETS) -> Histogram:
+    def histogram(
+        self,
+        name: str,
+        help: str,
+        labels: Sequence[str] = (),
+        buckets: Iterable[float] = LATENCY_BUCKETS,
+    ) -> Histogram:
         return self.add(Histogram(name, help, labels, buckets))
 
     def render(self) -> str:

@@ -101,7 +101,9 @@ class BundleRuntime:
     def device(self, view: int, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Device segment of ``view``: images (B, 3, H, W) → (scores (B, C), features)."""
         if not 0 <= view < self.manifest.views:
-            raise ConfigError(f"view {view} is outside the bundle's views 0..{self.manifest.views - 1}")
+            raise ConfigError(
+                f"view {view} is outside the bundle's views 0..{self.manifest.views - 1}"
+            )
         out = self.runner(f"device-{view}")(image=images)
         return out["scores"], out["features"]
 
@@ -154,7 +156,12 @@ class BundleRuntime:
             "cloud": cloud,
         }
 
-    def run_dataset(self, X: np.ndarray, present: np.ndarray, batch: int = 256) -> dict[str, np.ndarray]:
+    def run_dataset(
+        self, X: np.ndarray, present: np.ndarray, batch: int = 256
+    ) -> dict[str, np.ndarray]:
         """:meth:`all_exits` over a whole dataset in batches."""
-        parts = [self.all_exits(X[i : i + batch], present[i : i + batch]) for i in range(0, len(X), batch)]
+        parts = [
+            self.all_exits(X[i : i + batch], present[i : i + batch])
+            for i in range(0, len(X), batch)
+        ]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

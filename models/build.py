@@ -80,8 +80,17 @@ def build_bundle(
         }
 
         def manifest(thresholds: dict[str, float], calibration: dict):
-            return build_manifest(model, specs, name, version, full.classes, train_ds.image_shape,
-                                  thresholds, training, calibration)
+            return build_manifest(
+                model,
+                specs,
+                name,
+                version,
+                full.classes,
+                train_ds.image_shape,
+                thresholds,
+                training,
+                calibration,
+            )
 
         # A provisional manifest lets ONNX Runtime run the bundle exactly as the tiers will.
         write_manifest(staging, manifest({"local": 0.0, "edge": 0.0}, {}))
@@ -97,8 +106,12 @@ def build_bundle(
             "validation": summarize(ort_val, val_ds.label, val_ds.y, final, final.policy),
             "history": result.history,
         }
-        write_report(staging / "report", metrics,
-                     threshold_curves(ort_val, val_ds.label, val_ds.present, final), final)
+        write_report(
+            staging / "report",
+            metrics,
+            threshold_curves(ort_val, val_ds.label, val_ds.present, final),
+            final,
+        )
         publish(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

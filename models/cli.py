@@ -23,8 +23,12 @@ def register(sub, data_sub, formatter) -> None:
     s.add_argument("--classes", type=int, default=3, help="object classes")
     s.add_argument("--size", type=int, default=32, help="image height and width (>= 16)")
     s.add_argument("--seed", type=int, default=0, help="seed of the samples")
-    s.add_argument("--world-seed", type=int, default=0,
-                   help="seed of the class objects; keep it equal for train and test files")
+    s.add_argument(
+        "--world-seed",
+        type=int,
+        default=0,
+        help="seed of the class objects; keep it equal for train and test files",
+    )
     s.set_defaults(func=_synth)
 
     t = sub.add_parser(
@@ -37,23 +41,41 @@ def register(sub, data_sub, formatter) -> None:
     )
     t.add_argument("--data", required=True, help="training dataset .npz")
     t.add_argument("--out", required=True, help="bundle directory to write (replaced if it exists)")
-    t.add_argument("--val", default=None,
-                   help="held-out dataset for calibration (default: split off --val-fraction)")
+    t.add_argument(
+        "--val",
+        default=None,
+        help="held-out dataset for calibration (default: split off --val-fraction)",
+    )
     t.add_argument("--name", default="ddnn", help="model name (lowercase; used in topics and URLs)")
     t.add_argument("--model-version", default="1", help="model version string")
     t.add_argument("--scheme", default=d.scheme, help="aggregation scheme: MP, AP, CC, MP-CC, ...")
     t.add_argument("--epochs", type=int, default=d.epochs, help="training epochs")
     t.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per step")
     t.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
-    t.add_argument("--device-filters", type=int, default=d.device_filters,
-                   help="conv filters of each device segment")
-    t.add_argument("--float-device", action="store_true",
-                   help="float device segment (ReLU, float16 features) instead of binarized")
+    t.add_argument(
+        "--device-filters",
+        type=int,
+        default=d.device_filters,
+        help="conv filters of each device segment",
+    )
+    t.add_argument(
+        "--float-device",
+        action="store_true",
+        help="float device segment (ReLU, float16 features) instead of binarized",
+    )
     t.add_argument("--edge-filters", type=int, default=d.edge_filters, help="edge conv filters")
-    t.add_argument("--tolerance", type=float, default=d.tolerance,
-                   help="accuracy the hierarchy may lose against the cloud exit on held-out data")
-    t.add_argument("--val-fraction", type=float, default=d.val_fraction,
-                   help="share of --data held out when --val is not given")
+    t.add_argument(
+        "--tolerance",
+        type=float,
+        default=d.tolerance,
+        help="accuracy the hierarchy may lose against the cloud exit on held-out data",
+    )
+    t.add_argument(
+        "--val-fraction",
+        type=float,
+        default=d.val_fraction,
+        help="share of --data held out when --val is not given",
+    )
     t.add_argument("--seed", type=int, default=d.seed, help="seed of split, init and batches")
     t.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     t.add_argument("--json", action="store_true", help="print the training metrics as JSON")
@@ -64,14 +86,17 @@ def register(sub, data_sub, formatter) -> None:
 def _synth(args) -> int:
     from models.synth import SceneConfig, save_dataset, synthesize
 
-    cfg = SceneConfig(views=args.views, classes=args.classes, size=args.size,
-                      world_seed=args.world_seed)
+    cfg = SceneConfig(
+        views=args.views, classes=args.classes, size=args.size, world_seed=args.world_seed
+    )
     data = synthesize(args.samples, cfg, seed=args.seed)
     save_dataset(args.out, data)
     present = (data["y"] >= 0).sum(1).mean()
-    print(f"wrote {args.out}: {args.samples} samples, {args.views} views of {args.size}x"
-          f"{args.size}, {args.classes} classes, {present:.2f} views present per sample",
-          file=sys.stderr)
+    print(
+        f"wrote {args.out}: {args.samples} samples, {args.views} views of {args.size}x"
+        f"{args.size}, {args.classes} classes, {present:.2f} views present per sample",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -80,24 +105,44 @@ def _train(args) -> int:
     from models.config import DDNNConfig
 
     cfg = DDNNConfig(
-        scheme=args.scheme, epochs=args.epochs, batch_size=args.batch_size, lr=args.lr,
-        device_filters=args.device_filters, device_binary=not args.float_device,
-        edge_filters=args.edge_filters, tolerance=args.tolerance,
-        val_fraction=args.val_fraction, seed=args.seed, threads=args.threads,
+        scheme=args.scheme,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        device_filters=args.device_filters,
+        device_binary=not args.float_device,
+        edge_filters=args.edge_filters,
+        tolerance=args.tolerance,
+        val_fraction=args.val_fraction,
+        seed=args.seed,
+        threads=args.threads,
     )
     log = (lambda *a, **k: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
-    metrics = build_bundle(args.data, args.out, cfg, val_data=args.val, name=args.name,
-                           version=args.model_version, progress=not args.no_progress, log=log)
+    metrics = build_bundle(
+        args.data,
+        args.out,
+        cfg,
+        val_data=args.val,
+        name=args.name,
+        version=args.model_version,
+        progress=not args.no_progress,
+        log=log,
+    )
     if args.json:
         print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
         return 0
     v, cal = metrics["validation"], metrics["calibration"]
     print(f"bundle written to {args.out} (report in {args.out}/report)", file=sys.stderr)
-    print(f"held-out accuracy: device {v['accuracy']['device']:.3f}, local "
-          f"{v['accuracy']['local']:.3f}, edge {v['accuracy']['edge']:.3f}, cloud "
-          f"{v['accuracy']['cloud']:.3f}, overall {v['accuracy']['overall']:.3f}", file=sys.stderr)
-    print(f"thresholds: local {cal['thresholds']['local']:.3f}, edge "
-          f"{cal['thresholds']['edge']:.3f}; exits: local {v['exit_fraction']['local']:.2f}, "
-          f"edge {v['exit_fraction']['edge']:.2f}, cloud {v['exit_fraction']['cloud']:.2f}",
-          file=sys.stderr)
+    print(
+        f"held-out accuracy: device {v['accuracy']['device']:.3f}, local "
+        f"{v['accuracy']['local']:.3f}, edge {v['accuracy']['edge']:.3f}, cloud "
+        f"{v['accuracy']['cloud']:.3f}, overall {v['accuracy']['overall']:.3f}",
+        file=sys.stderr,
+    )
+    print(
+        f"thresholds: local {cal['thresholds']['local']:.3f}, edge "
+        f"{cal['thresholds']['edge']:.3f}; exits: local {v['exit_fraction']['local']:.2f}, "
+        f"edge {v['exit_fraction']['edge']:.2f}, cloud {v['exit_fraction']['cloud']:.2f}",
+        file=sys.stderr,
+    )
     return 0

@@ -19,7 +19,15 @@ import numpy as np
 import torch
 from torch import nn
 
-from ddnn.bundle import BATCH, Manifest, SegmentSpec, TensorSpec, check_name, load_bundle, sha256_file
+from ddnn.bundle import (
+    BATCH,
+    Manifest,
+    SegmentSpec,
+    TensorSpec,
+    check_name,
+    load_bundle,
+    sha256_file,
+)
 from ddnn.bundle import write_manifest as _write_manifest
 from ddnn.dataset import MultiViewDataset
 from ddnn.errors import BundleError
@@ -33,7 +41,9 @@ PARITY_ATOL = 1e-3
 PARITY_MAX_DISAGREE = 0.01
 
 
-def _export(module: nn.Module, inputs: dict[str, torch.Tensor], outputs: list[str], path: Path) -> None:
+def _export(
+    module: nn.Module, inputs: dict[str, torch.Tensor], outputs: list[str], path: Path
+) -> None:
     names = list(inputs)
     axes = {n: {0: BATCH} for n in names + outputs}
     with warnings.catch_warnings():
@@ -41,12 +51,20 @@ def _export(module: nn.Module, inputs: dict[str, torch.Tensor], outputs: list[st
         # small static graphs faster and without extra dependencies.
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            module.eval(), tuple(inputs.values()), str(path), input_names=names,
-            output_names=outputs, dynamic_axes=axes, opset_version=OPSET, dynamo=False,
+            module.eval(),
+            tuple(inputs.values()),
+            str(path),
+            input_names=names,
+            output_names=outputs,
+            dynamic_axes=axes,
+            opset_version=OPSET,
+            dynamo=False,
         )
 
 
-def _spec(path: Path, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]) -> SegmentSpec:
+def _spec(
+    path: Path, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]
+) -> SegmentSpec:
     def tensors(d: dict[str, torch.Tensor]) -> tuple[TensorSpec, ...]:
         return tuple(TensorSpec(n, (BATCH, *t.shape[1:]), "float32") for n, t in d.items())
 
@@ -64,7 +82,9 @@ class ParityReport:
         return {"max_abs_diff": self.max_abs_diff, "disagreement": self.disagreement}
 
 
-def check_parity(torch_logits: dict[str, np.ndarray], onnx_logits: dict[str, np.ndarray], present: np.ndarray) -> ParityReport:
+def check_parity(
+    torch_logits: dict[str, np.ndarray], onnx_logits: dict[str, np.ndarray], present: np.ndarray
+) -> ParityReport:
     """Compare every exit; raise :class:`BundleError` when ONNX disagrees with torch."""
     diff, disagree = {}, {}
     for k in ("device", "local", "edge", "cloud"):
@@ -80,7 +100,9 @@ def check_parity(torch_logits: dict[str, np.ndarray], onnx_logits: dict[str, np.
     return report
 
 
-def export_segments(model: DDNN, out: Path, input_shape: tuple[int, int, int]) -> dict[str, SegmentSpec]:
+def export_segments(
+    model: DDNN, out: Path, input_shape: tuple[int, int, int]
+) -> dict[str, SegmentSpec]:
     """Write every segment's ONNX file into ``out``; return their specs by role."""
     model.eval()
     specs: dict[str, SegmentSpec] = {}
@@ -103,7 +125,9 @@ def export_segments(model: DDNN, out: Path, input_shape: tuple[int, int, int]) -
         e_scores, e_feats = model.edge(f_in)
         path = out / "edge.onnx"
         _export(model.edge, {"device_features": f_in}, ["scores", "features"], path)
-        specs["edge"] = _spec(path, {"device_features": f_in}, {"scores": e_scores, "features": e_feats})
+        specs["edge"] = _spec(
+            path, {"device_features": f_in}, {"scores": e_scores, "features": e_feats}
+        )
         path = out / "cloud.onnx"
         _export(model.cloud, {"edge_features": e_feats}, ["scores"], path)
         specs["cloud"] = _spec(path, {"edge_features": e_feats}, {"scores": model.cloud(e_feats)})

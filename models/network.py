@@ -149,7 +149,9 @@ class DDNN(nn.Module):
         self.cfg = cfg
         self.views, self.classes = views, classes
         self.local_op, self.edge_op = cfg.aggregation
-        self.devices = nn.ModuleList(DeviceSegment(cfg, classes, height, width) for _ in range(views))
+        self.devices = nn.ModuleList(
+            DeviceSegment(cfg, classes, height, width) for _ in range(views)
+        )
         self.local = LocalHead(views, classes) if self.local_op == "concat" else None
         h, w = _pooled(height, 1), _pooled(width, 1)
         c_edge = cfg.device_filters * (views if self.edge_op == "concat" else 1)

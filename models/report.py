@@ -12,8 +12,13 @@ from ddnn.hierarchy import UplinkCost, raw_offload_bytes
 from models.calibrate import sweep
 
 
-def threshold_curves(exits: dict[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
-                     manifest: Manifest, points: int = 101) -> dict[str, list[float]]:
+def threshold_curves(
+    exits: dict[str, np.ndarray],
+    labels: np.ndarray,
+    present: np.ndarray,
+    manifest: Manifest,
+    points: int = 101,
+) -> dict[str, list[float]]:
     """Accuracy, exit fractions and uplink bytes per frame against the local threshold."""
     grid = np.linspace(0.0, 1.0, points)
     s = sweep(exits, labels, grid, manifest.thresholds.get("edge", 0.0))
@@ -32,7 +37,9 @@ def threshold_curves(exits: dict[str, np.ndarray], labels: np.ndarray, present: 
     }
 
 
-def write_report(out: Path, metrics: dict, curves: dict[str, list[float]], manifest: Manifest) -> list[Path]:
+def write_report(
+    out: Path, metrics: dict, curves: dict[str, list[float]], manifest: Manifest
+) -> list[Path]:
     """Write ``metrics.json`` and PNG plots into ``out``; returns the files written."""
     import matplotlib
 
@@ -51,8 +58,12 @@ def write_report(out: Path, metrics: dict, curves: dict[str, list[float]], manif
     ax.plot(t, curves["local_fraction"], label="local exit fraction")
     ax.plot(t, curves["edge_fraction"], label="edge exit fraction", linestyle="--")
     ax.axvline(t_local, color="grey", linestyle=":", label=f"calibrated T_local = {t_local:.3f}")
-    ax.set(xlabel="local exit threshold T (normalized entropy)", ylabel="fraction", ylim=(0, 1.02),
-           title=title)
+    ax.set(
+        xlabel="local exit threshold T (normalized entropy)",
+        ylabel="fraction",
+        ylim=(0, 1.02),
+        title=title,
+    )
     ax.legend(loc="lower right", fontsize=8)
     ax.grid(alpha=0.3)
     files.append(out / "accuracy_vs_threshold.png")
@@ -62,11 +73,19 @@ def write_report(out: Path, metrics: dict, curves: dict[str, list[float]], manif
 
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     ax.plot(t, curves["bytes_per_frame"], label="ddnn device uplink")
-    ax.axhline(curves["raw_offload_bytes"], color="tab:red", linestyle="--",
-               label="raw offload (8-bit images)")
+    ax.axhline(
+        curves["raw_offload_bytes"],
+        color="tab:red",
+        linestyle="--",
+        label="raw offload (8-bit images)",
+    )
     ax.axvline(t_local, color="grey", linestyle=":", label=f"calibrated T_local = {t_local:.3f}")
-    ax.set(xlabel="local exit threshold T (normalized entropy)", ylabel="bytes per frame",
-           yscale="log", title=title)
+    ax.set(
+        xlabel="local exit threshold T (normalized entropy)",
+        ylabel="bytes per frame",
+        yscale="log",
+        title=title,
+    )
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3, which="both")
     files.append(out / "bytes_vs_threshold.png")

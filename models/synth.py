@@ -88,11 +88,11 @@ def make_world(config: SceneConfig) -> World:
         side = side0 + 2 * math.pi * k / c
         az = side + rng.normal(0.0, config.part_spread, kp)
         # Parts sit half inside the body's surface: seen from their side, hidden from behind.
-        radius = rng.uniform(0.55, 0.7, kp)
+        radius = rng.uniform(0.45, 0.6, kp)
         centres[k, kb:, 0] = radius * np.cos(az)
         centres[k, kb:, 1] = radius * np.sin(az)
         centres[k, kb:, 2] = rng.uniform(-0.25, 0.2, kp)
-        sigmas[k, kb:] = rng.uniform(0.13, 0.2, (kp, 3))
+        sigmas[k, kb:] = rng.uniform(0.18, 0.25, (kp, 3))
         hue = (k / c + rng.uniform(-0.03, 0.03)) % 1.0
         colours[k, kb:] = [
             colorsys.hsv_to_rgb((hue + rng.uniform(-0.04, 0.04)) % 1.0, rng.uniform(0.75, 1.0),
@@ -269,7 +269,8 @@ def _occlude(rng: np.random.Generator, img: np.ndarray, prob: float) -> None:
     hit = rng.random(b) < prob
     size = rng.uniform(0.2, 0.5, (b, 2)) * s
     corner = rng.uniform(0.0, 1.0, (b, 2)) * (s - size)
-    fill = rng.uniform(0.0, 1.0, (b, 3)).astype(np.float32)
+    # Muted fills: a saturated one would mimic a class's part and mislead even fused views.
+    fill = (rng.uniform(0.1, 0.8, (b, 1)) + rng.normal(0.0, 0.08, (b, 3))).astype(np.float32)
     idx = np.flatnonzero(hit)
     if idx.size == 0:
         return

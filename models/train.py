@@ -17,7 +17,9 @@ from models.config import DDNNConfig
 from models.network import DDNN
 
 
-def split_holdout(ds: MultiViewDataset, fraction: float, seed: int) -> tuple[MultiViewDataset, MultiViewDataset]:
+def split_holdout(
+    ds: MultiViewDataset, fraction: float, seed: int
+) -> tuple[MultiViewDataset, MultiViewDataset]:
     """A stratified random split: (train, held-out), the same for the same seed."""
     rng = np.random.default_rng(seed)
     held = np.zeros(ds.num_samples, dtype=bool)
@@ -41,7 +43,9 @@ def _tensors(ds: MultiViewDataset) -> tuple[torch.Tensor, torch.Tensor, torch.Te
     return torch.from_numpy(ds.X), torch.from_numpy(ds.y), torch.from_numpy(ds.label)
 
 
-def joint_loss(out: dict[str, torch.Tensor], y: torch.Tensor, label: torch.Tensor, weights) -> torch.Tensor:
+def joint_loss(
+    out: dict[str, torch.Tensor], y: torch.Tensor, label: torch.Tensor, weights
+) -> torch.Tensor:
     """Weighted sum of the exits' cross-entropies; device exits learn each present view's label."""
     ce = nn.functional.cross_entropy
     present = y >= 0
@@ -89,8 +93,13 @@ def train(
     result = TrainResult(model)
     best_key, best_state = -1.0, None
     start = time.perf_counter()
-    bar = tqdm(range(1, cfg.epochs + 1), desc="training", unit="epoch", disable=not progress,
-               file=sys.stderr)
+    bar = tqdm(
+        range(1, cfg.epochs + 1),
+        desc="training",
+        unit="epoch",
+        disable=not progress,
+        file=sys.stderr,
+    )
     for epoch in bar:
         model.train()
         order = torch.randperm(len(X), generator=gen)
@@ -106,12 +115,13 @@ def train(
         sched.step()
         acc = exit_accuracy(predict(model, val_ds), val_ds)
         result.history.append({"epoch": epoch, "loss": total / steps, "val_accuracy": acc})
-        # Rank by the cloud exit, then the local one: the hierarchy is only as good as its last exit.
+        # Rank by the cloud exit, then the local one: the last exit bounds the hierarchy.
         key = acc["cloud"] + 1e-3 * acc["local"]
         if key > best_key:
             best_key, best_state, result.best_epoch = key, copy.deepcopy(model.state_dict()), epoch
-        bar.set_postfix(loss=f"{total / steps:.3f}", local=f"{acc['local']:.3f}",
-                        cloud=f"{acc['cloud']:.3f}")
+        bar.set_postfix(
+            loss=f"{total / steps:.3f}", local=f"{acc['local']:.3f}", cloud=f"{acc['cloud']:.3f}"
+        )
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()

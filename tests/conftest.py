@@ -44,8 +44,9 @@ def tiny_bundle(tiny_data, tmp_path_factory) -> Path:
 
     out = tmp_path_factory.mktemp("bundles") / "tiny"
     cfg = DDNNConfig(epochs=4, batch_size=32, seed=0)
-    build_bundle(tiny_data.train, out, cfg, name="tiny", version="1", progress=False,
-                 log=lambda *_: None)
+    build_bundle(
+        tiny_data.train, out, cfg, name="tiny", version="1", progress=False, log=lambda *_: None
+    )
     return out
 
 

@@ -8,8 +8,9 @@ import pytest
 
 
 def ddnn(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ddnn", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "ddnn", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.parametrize(("views", "classes", "size"), [(3, 3, 16), (1, 4, 24)])
@@ -17,10 +18,22 @@ def test_synth_train_evaluate(tmp_path, views, classes, size):
     train, test, bundle = tmp_path / "train.npz", tmp_path / "test.npz", tmp_path / "bundle"
     shape = ["--views", str(views), "--classes", str(classes), "--size", str(size)]
     for path, n, seed in ((train, 240, 1), (test, 80, 2)):
-        proc = ddnn("data", "synth", "--out", str(path), "--samples", str(n), "--seed", str(seed), *shape)
+        proc = ddnn(
+            "data", "synth", "--out", str(path), "--samples", str(n), "--seed", str(seed), *shape
+        )
         assert proc.returncode == 0, proc.stderr
-    proc = ddnn("train", "--data", str(train), "--out", str(bundle), "--epochs", "2", "--name",
-                "cli-test", "--no-progress")
+    proc = ddnn(
+        "train",
+        "--data",
+        str(train),
+        "--out",
+        str(bundle),
+        "--epochs",
+        "2",
+        "--name",
+        "cli-test",
+        "--no-progress",
+    )
     assert proc.returncode == 0, proc.stderr
     assert "thresholds: local" in proc.stderr
 
@@ -37,8 +50,18 @@ def test_synth_train_evaluate(tmp_path, views, classes, size):
     assert result["bytes_per_frame"]["ddnn"] < result["bytes_per_frame"]["raw_offload"]
 
     # Run-time override of the thresholds: 0 sends everything to the cloud.
-    proc = ddnn("evaluate", "--bundle", str(bundle), "--data", str(test), "--json",
-                "--local-threshold", "0", "--edge-threshold", "0")
+    proc = ddnn(
+        "evaluate",
+        "--bundle",
+        str(bundle),
+        "--data",
+        str(test),
+        "--json",
+        "--local-threshold",
+        "0",
+        "--edge-threshold",
+        "0",
+    )
     forced = json.loads(proc.stdout)
     assert forced["exit_fraction"]["cloud"] == 1.0
     assert forced["accuracy"]["overall"] == forced["accuracy"]["cloud"]
@@ -52,20 +75,32 @@ def test_synth_train_evaluate(tmp_path, views, classes, size):
     [
         (["evaluate", "--bundle", "/nonexistent", "--data", "x.npz"], "no such bundle directory"),
         (["train", "--data", "/nonexistent.npz", "--out", "b"], "no such dataset file"),
-        (["train", "--data", "x.npz", "--out", "b", "--scheme", "ZZ"], "unknown aggregation scheme"),
+        (
+            ["train", "--data", "x.npz", "--out", "b", "--scheme", "ZZ"],
+            "unknown aggregation scheme",
+        ),
     ],
 )
 def test_user_errors_are_one_line_without_traceback(args, message, tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "ddnn", *args], capture_output=True, text=True,
-                          timeout=120, cwd=tmp_path)
+    proc = subprocess.run(
+        [sys.executable, "-m", "ddnn", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 1
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
 def test_wrong_dataset_for_bundle(tiny_bundle, tmp_path):
     other = tmp_path / "other.npz"
-    assert ddnn("data", "synth", "--out", str(other), "--samples", "8", "--views", "2",
-                "--size", "16").returncode == 0
+    assert (
+        ddnn(
+            "data", "synth", "--out", str(other), "--samples", "8", "--views", "2", "--size", "16"
+        ).returncode
+        == 0
+    )
     proc = ddnn("evaluate", "--bundle", str(tiny_bundle), "--data", str(other))
     assert proc.returncode == 1 and "the bundle expects 3 views" in proc.stderr
 

@@ -90,8 +90,19 @@ def test_not_a_bundle(tmp_path):
 def test_cli_reports_a_tampered_bundle_in_one_line(bundle_copy, tiny_data):
     (bundle_copy / "device-0.onnx").write_bytes(b"garbage")
     proc = subprocess.run(
-        [sys.executable, "-m", "ddnn", "evaluate", "--bundle", str(bundle_copy), "--data",
-         str(tiny_data.test)], capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "ddnn",
+            "evaluate",
+            "--bundle",
+            str(bundle_copy),
+            "--data",
+            str(tiny_data.test),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 1
     assert proc.stderr.startswith("ddnn: error:") and "checksum mismatch" in proc.stderr

@@ -10,7 +10,7 @@ from ddnn.dataset import load_dataset  # noqa: E402
 from ddnn.runtime import BundleRuntime  # noqa: E402
 from models.build import build_bundle  # noqa: E402
 from models.config import DDNNConfig  # noqa: E402
-from models.export import check_parity, export_segments, onnx_exits, write_manifest, build_manifest  # noqa: E402
+from models.export import build_manifest, check_parity, export_segments, onnx_exits, write_manifest  # noqa: E402
 from models.network import DDNN  # noqa: E402
 from models.train import predict  # noqa: E402
 
@@ -22,8 +22,12 @@ def test_every_exit_matches_torch(tiny_data, tmp_path, scheme):
     torch.manual_seed(0)
     model = DDNN(cfg, ds.num_views, len(ds.classes), 16, 16).eval()
     specs = export_segments(model, tmp_path, ds.image_shape)
-    write_manifest(tmp_path, build_manifest(model, specs, "p", "1", ds.classes, ds.image_shape,
-                                            {"local": 0.1, "edge": 0.1}, {}, {}))
+    write_manifest(
+        tmp_path,
+        build_manifest(
+            model, specs, "p", "1", ds.classes, ds.image_shape, {"local": 0.1, "edge": 0.1}, {}, {}
+        ),
+    )
     torch_out = predict(model, ds)
     ort_out = onnx_exits(tmp_path, ds)
     report = check_parity(torch_out, ort_out, ds.present)
@@ -38,7 +42,10 @@ def test_float_device_variant_exports_and_calibrates(tiny_data, tmp_path):
     cfg = DDNNConfig(device_binary=False, epochs=1, scheme="AP-CC")
     build_bundle(tiny_data.train, tmp_path / "f", cfg, progress=False, log=lambda *_: None)
     m = load_bundle(tmp_path / "f").manifest
-    assert m.codec["device_features"] == "float16" and m.aggregation == {"local": "avg", "edge": "concat"}
+    assert m.codec["device_features"] == "float16" and m.aggregation == {
+        "local": "avg",
+        "edge": "concat",
+    }
     ds = load_dataset(tiny_data.test)
     exits = BundleRuntime(load_bundle(tmp_path / "f")).run_dataset(ds.X, ds.present)
     assert exits["cloud"].shape == (ds.num_samples, 3) and np.isfinite(exits["cloud"]).all()

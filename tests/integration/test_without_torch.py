@@ -10,12 +10,20 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 # Any import of these fails inside the child, as on a board where they are not installed.
-BLOCK = "import sys\nfor m in ('torch', 'onnx', 'onnxscript', 'models'):\n    sys.modules[m] = None\n"
+BLOCK = (
+    "import sys\nfor m in ('torch', 'onnx', 'onnxscript', 'models'):\n    sys.modules[m] = None\n"
+)
 
 
 def _run(code: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", BLOCK + textwrap.dedent(code)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=180, **kw)
+    return subprocess.run(
+        [sys.executable, "-c", BLOCK + textwrap.dedent(code)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        **kw,
+    )
 
 
 def test_device_segment_and_hierarchy_run_without_torch(tiny_bundle, tiny_data):
@@ -62,12 +70,17 @@ def test_device_extra_installs_and_runs_in_a_fresh_venv(tiny_bundle, tmp_path):
     py = venv / "bin" / "python"
     install = subprocess.run(
         [str(py), "-m", "pip", "install", "-q", "--disable-pip-version-check", f"{ROOT}[device]"],
-        capture_output=True, text=True, timeout=600,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     if install.returncode != 0:
         pytest.fail(f"pip install .[device] failed:\n{install.stderr[-3000:]}")
     check = subprocess.run(
-        [str(py), "-c", textwrap.dedent(f"""
+        [
+            str(py),
+            "-c",
+            textwrap.dedent(f"""
             import importlib.util, numpy as np
             assert importlib.util.find_spec("torch") is None, "torch was installed"
             assert importlib.util.find_spec("onnx") is None, "onnx was installed"
@@ -76,8 +89,12 @@ def test_device_extra_installs_and_runs_in_a_fresh_venv(tiny_bundle, tmp_path):
             rt = BundleRuntime(load_bundle({str(tiny_bundle)!r}))
             s, f = rt.device(0, np.zeros((1, 3, 16, 16), np.float32))
             print(s.shape, f.shape)
-        """)],
-        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+        """),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
     )
     assert check.returncode == 0, check.stderr
     assert check.stdout.strip() == "(1, 3) (1, 4, 8, 8)"

@@ -94,6 +94,8 @@ def test_sample_without_any_view_is_rejected(tmp_path):
 
 def test_pickled_arrays_are_refused(tmp_path):
     X, y, label = _sample()
-    path = _write(tmp_path / "d.npz", X=X, y=y, label=label, classes=np.array(["a", 1], dtype=object))
+    path = _write(
+        tmp_path / "d.npz", X=X, y=y, label=label, classes=np.array(["a", 1], dtype=object)
+    )
     with pytest.raises(DatasetError):
         load_dataset(path)

@@ -29,7 +29,9 @@ def test_entropy_of_any_logits_lies_in_unit_interval(logits):
 
 def test_policy_exits_below_threshold_only():
     policy = ExitPolicy({"local": 0.3, "edge": 0.5})
-    np.testing.assert_array_equal(policy.exits("local", np.array([0.1, 0.3, 0.6])), [True, False, False])
+    np.testing.assert_array_equal(
+        policy.exits("local", np.array([0.1, 0.3, 0.6])), [True, False, False]
+    )
     assert policy.exits("cloud", np.array([0.99])).all()
     assert not ExitPolicy().exits("edge", np.array([0.0])).any()  # no threshold: never early
 

@@ -1,0 +1,78 @@
+"""``ddnn bench``: run the benchmark suite and write JSON and plots into ``docs/benchmarks``."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+# name → (module, how to call its run()). Each writes <name>.json (and plots) into the output.
+BENCHMARKS = {
+    "training": "benchmarks.training",
+    "paper_tables": "benchmarks.paper_tables",
+    "device_footprint": "benchmarks.device_footprint",
+    "cloud_throughput": "benchmarks.cloud_throughput",
+    "hierarchy_latency": "benchmarks.hierarchy_latency",
+    "edge_ingest": "benchmarks.edge_ingest",
+    "raw_vs_hierarchy": "benchmarks.raw_vs_hierarchy",
+    "bandwidth": "benchmarks.bandwidth",
+}
+
+
+def register(sub, data_sub, formatter) -> None:
+    p = sub.add_parser(
+        "bench",
+        help="run the benchmark suite (results and plots into docs/benchmarks)",
+        description="Run the benchmarks, each beside its baseline in the same run, and write "
+        "JSON and PNG plots. The default generated dataset and bundle are made once under "
+        "--work and reused.",
+        formatter_class=formatter,
+    )
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=sorted(BENCHMARKS),
+        metavar="NAME",
+        help=f"run only these: {', '.join(BENCHMARKS)}",
+    )
+    p.add_argument("--out", default="docs/benchmarks", help="where results and plots go")
+    p.add_argument("--work", default="runs/bench", help="datasets and bundles (cached)")
+    p.add_argument("--quick", action="store_true", help="small data and short runs (smoke test)")
+    p.set_defaults(func=_bench)
+
+
+def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
+    module = importlib.import_module(BENCHMARKS[name])
+    if name in ("training", "paper_tables"):
+        return module.run(out, work, quick=quick)
+    from benchmarks.common import workspace
+
+    ws = workspace(work, quick=quick)
+    if name == "cloud_throughput":
+        return module.run(out, ws.bundle, quick=quick)
+    return module.run(out, ws.bundle, ws.test, quick=quick)
+
+
+def _bench(args) -> int:
+    out, work = Path(args.out), Path(args.work)
+    names = args.only or list(BENCHMARKS)
+    failed = []
+    for name in names:
+        print(f"== {name}", file=sys.stderr, flush=True)
+        start = time.perf_counter()
+        try:
+            result = _call(name, out, work, args.quick)
+        except ModuleNotFoundError as e:
+            print(f"   skipped: {e}", file=sys.stderr)
+            continue
+        except Exception as e:  # one broken benchmark must not hide the others' results
+            print(f"   failed: {type(e).__name__}: {e}", file=sys.stderr)
+            failed.append(name)
+            continue
+        took = time.perf_counter() - start
+        brief = {k: v for k, v in result.items() if k in ("ratios", "aims", "skipped", "summary")}
+        print(f"   done in {took:.0f} s: {json.dumps(brief)[:400]}", file=sys.stderr)
+    print(f"results in {out}/", file=sys.stderr)
+    return 1 if failed else 0

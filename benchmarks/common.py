@@ -1,0 +1,70 @@
+"""What the benchmarks share: the default generated dataset and bundle, cached, and JSON output."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# The default generated set of the docs: MVMC's shape (6 cameras, 3 classes, 32×32).
+TRAIN_SAMPLES, TEST_SAMPLES = 3000, 1000
+QUICK_TRAIN, QUICK_TEST = 600, 200
+
+
+@dataclass(frozen=True)
+class Workspace:
+    """Datasets and the bundle a benchmark run uses, under ``root`` (reused when present)."""
+
+    root: Path
+    train: Path
+    test: Path
+    bundle: Path
+    train_seconds: float | None  # None when the bundle was reused from an earlier run
+
+
+def ddnn(*args: str, check: bool = True, quiet: bool = False) -> subprocess.CompletedProcess:
+    """Run the ``ddnn`` CLI in a child process, as a user would."""
+    out = subprocess.DEVNULL if quiet else None
+    return subprocess.run([sys.executable, "-m", "ddnn", *args], check=check, stdout=out)
+
+
+def workspace(root: Path, quick: bool = False, epochs: int | None = None) -> Workspace:
+    """Generate the default dataset and train the default bundle unless already there."""
+    root.mkdir(parents=True, exist_ok=True)
+    n_train, n_test = (QUICK_TRAIN, QUICK_TEST) if quick else (TRAIN_SAMPLES, TEST_SAMPLES)
+    train, test, bundle = root / "train.npz", root / "test.npz", root / "bundle"
+    if not train.exists():
+        ddnn("data", "synth", "--out", str(train), "--samples", str(n_train), "--seed", "1")
+    if not test.exists():
+        ddnn("data", "synth", "--out", str(test), "--samples", str(n_test), "--seed", "2")
+    seconds = None
+    if not (bundle / "manifest.json").exists():
+        start = time.perf_counter()
+        args = ["train", "--data", str(train), "--out", str(bundle), "--name", "mvmc"]
+        if epochs or quick:
+            args += ["--epochs", str(epochs or 5)]
+        ddnn(*args)
+        seconds = time.perf_counter() - start
+    return Workspace(root, train, test, bundle, seconds)
+
+
+def write_json(out_dir: Path, name: str, result: dict) -> Path:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}.json"
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return path
+
+
+def machine() -> dict:
+    """Where the numbers were taken: they only compare within one run on one machine."""
+    import os
+    import platform
+
+    return {
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(terse=True),
+    }
