@@ -33,6 +33,9 @@ def _session(path: Path, threads: int | None) -> Any:
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
     opts.log_severity_level = 3  # warnings about unused initializers are noise to users
+    # Spinning worker threads burn the CPU between runs that the MQTT and HTTP threads of the
+    # same process need; these segments are small, so waking up costs less than spinning.
+    opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
     try:
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as e:  # ORT raises its own types for a corrupt or unsupported graph

@@ -1,0 +1,73 @@
+"""The cloud service's settings: one typed, frozen object from flags or ``DDNN_CLOUD_*``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from ddnn.errors import ConfigError
+
+ENV_PREFIX = "DDNN_CLOUD_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class CloudSettings:
+    """Everything ``ddnn cloud`` can be told; every field is a flag and an environment variable."""
+
+    bundle: Path | None = None  # serve this one bundle directory (a repository of one)
+    repository: Path | None = None  # serve every bundle directory found under this directory
+    host: str = "127.0.0.1"  # loopback by default: exposing the service is a deliberate choice
+    port: int = 8000
+    batching: bool = True  # gather concurrent requests into one ONNX Runtime call
+    max_batch_size: int = 64  # samples per ONNX Runtime call when batching
+    max_queue_delay_ms: float = 2.0  # how long a request may wait for others to join its batch
+    max_queue: int = 1024  # samples waiting per model before new requests get 503
+    inference_threads: int = 1  # worker threads calling ONNX Runtime (batches run one at a time)
+    # ONNX Runtime intra-op threads per session. 1 by default: ORT's own pool spin-waits between
+    # runs and starves the event loop of CPU; None lets ORT pick (all cores).
+    ort_threads: int | None = 1
+    poll_interval: float = 2.0  # seconds between repository scans; 0 turns hot reload off
+    max_body_bytes: int = 32 << 20  # larger request bodies get 413 before they are read
+    token: str | None = None  # require "Authorization: Bearer TOKEN" (health checks exempt)
+    ssl_certfile: Path | None = None  # TLS certificate (PEM); with ssl_keyfile turns on HTTPS
+    ssl_keyfile: Path | None = None
+    ssl_keyfile_password: str | None = None
+    ssl_ca_certs: Path | None = None  # CA bundle to verify client certificates against
+    access_log: bool = False  # one log line per request (off: it costs throughput)
+
+    def __post_init__(self) -> None:
+        if (self.bundle is None) == (self.repository is None):
+            raise ConfigError("give exactly one of --bundle DIR or --repository DIR")
+        root = self.bundle or self.repository
+        if not Path(root).is_dir():
+            raise ConfigError(f"{root}: no such directory")
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
+        for name in ("max_batch_size", "max_queue", "inference_threads", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.ort_threads is not None and self.ort_threads < 1:
+            raise ConfigError(f"ort_threads must be at least 1, got {self.ort_threads}")
+        if self.max_queue_delay_ms < 0 or self.poll_interval < 0:
+            raise ConfigError("max_queue_delay_ms and poll_interval must not be negative")
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ConfigError("TLS needs both --ssl-certfile and --ssl-keyfile")
+        if self.token is not None and not self.token.strip():
+            raise ConfigError("the bearer token must not be empty")
+
+    @property
+    def root(self) -> Path:
+        """The directory the model repository scans."""
+        return Path(self.bundle or self.repository)  # type: ignore[arg-type]
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.ssl_certfile else "http"
+
+    def describe(self) -> dict:
+        """The resolved settings for the start-up log, secrets masked."""
+        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
+        for secret in ("token", "ssl_keyfile_password"):
+            if out[secret] is not None:
+                out[secret] = "***"
+        return out

@@ -1,0 +1,378 @@
+"""The Open Inference Protocol (KServe v2) inference bodies, with the binary tensor extension.
+
+Both sides live here so that the edge tier (a client) and the cloud service (a server) agree
+byte for byte: :func:`encode_request` / :func:`decode_response` for clients,
+:func:`decode_request` / :func:`encode_response` for servers. Numpy and the standard library only.
+
+A body is a JSON object, optionally followed by raw tensor bytes; the header
+``Inference-Header-Content-Length`` then gives the length of the JSON part, and each tensor sent
+in binary carries ``"parameters": {"binary_data_size": n}`` instead of ``"data"``, its bytes
+appended in order, row-major, little-endian. Everything is validated — sizes, header length
+against body length, datatype and shape against byte count, JSON structure — and any problem
+raises :class:`OipError` with a message fit to return to the caller.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ddnn.codec import MAX_ELEMENTS
+from ddnn.errors import DdnnError
+
+HEADER_LENGTH = "Inference-Header-Content-Length"
+JSON_TYPE = "application/json"
+BINARY_TYPE = "application/octet-stream"
+# Bounds, so a hostile body cannot make a receiver allocate without limit.
+MAX_BODY = 256 << 20
+MAX_TENSORS = 64
+MAX_RANK = 8
+MAX_NAME = 256
+
+# v2 datatype <-> numpy dtype (little-endian on the wire). BYTES is not supported.
+DATATYPES: dict[str, np.dtype] = {
+    "BOOL": np.dtype("bool"),
+    "UINT8": np.dtype("<u1"),
+    "INT8": np.dtype("<i1"),
+    "INT16": np.dtype("<i2"),
+    "INT32": np.dtype("<i4"),
+    "INT64": np.dtype("<i8"),
+    "FP16": np.dtype("<f2"),
+    "FP32": np.dtype("<f4"),
+    "FP64": np.dtype("<f8"),
+}
+# JSON values each datatype accepts, by numpy kind of the parsed list: bools are not numbers here
+# and floats are not integers, so a client's type confusion is an error rather than a cast.
+_JSON_KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
+
+
+class OipError(DdnnError, ValueError):
+    """A request or response that breaks the protocol; ``status`` is the HTTP code to answer."""
+
+    status: int = 400
+
+
+class ModelNotFoundError(OipError):
+    """The model or version named in a request is not served."""
+
+    status = 404
+
+
+class PayloadTooLargeError(OipError):
+    """A body larger than the receiver accepts."""
+
+    status = 413
+
+
+def datatype_of(dtype: np.dtype | type) -> str:
+    """The v2 datatype name of a numpy dtype; raises :class:`OipError` for unsupported ones."""
+    dt = np.dtype(dtype)
+    for name, d in DATATYPES.items():
+        if d.kind == dt.kind and d.itemsize == dt.itemsize:
+            return name
+    raise OipError(f"numpy dtype {dt} has no Open Inference Protocol datatype")
+
+
+def _header(headers: Mapping[str, str], name: str) -> str | None:
+    value = headers.get(name)
+    if value is None:  # plain dicts are case-sensitive; HTTP header names are not
+        lower = name.lower()
+        value = next((v for k, v in headers.items() if k.lower() == lower), None)
+    return value
+
+
+def _json_length(body: bytes, headers: Mapping[str, str]) -> int:
+    raw = _header(headers, HEADER_LENGTH)
+    if raw is None:
+        return len(body)
+    try:
+        n = int(raw.strip())
+    except ValueError:
+        raise OipError(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None
+    if not 0 < n <= len(body):
+        raise OipError(
+            f"{HEADER_LENGTH} is {n} but the body has {len(body)} bytes; the JSON header must "
+            "be 1..body length bytes"
+        )
+    return n
+
+
+def _parse_json(data: bytes, what: str) -> dict[str, Any]:
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise OipError(f"{what} is not valid JSON: {e}") from None
+    except RecursionError:
+        raise OipError(f"{what} is nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise OipError(f"{what} must be a JSON object, got {type(obj).__name__}")
+    return obj
+
+
+def _field(obj: Mapping[str, Any], key: str, kind: type, where: str,
+           default: Any = ...) -> Any:
+    if key not in obj:
+        if default is ...:
+            raise OipError(f"{where} lacks the required field {key!r}")
+        return default
+    value = obj[key]
+    # JSON true is a Python int: never accept it where a number or string is due.
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
+        raise OipError(f"{where}: field {key!r} must be a {kind.__name__}, "
+                       f"got {type(value).__name__}")
+    return value
+
+
+def _parameters(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
+    return _field(obj, "parameters", dict, where, default={})
+
+
+def _name(obj: Mapping[str, Any], where: str) -> str:
+    name = _field(obj, "name", str, where)
+    if not name or len(name) > MAX_NAME:
+        raise OipError(f"{where}: tensor name must be 1..{MAX_NAME} characters")
+    return name
+
+
+def _shape(obj: Mapping[str, Any], where: str) -> tuple[int, ...]:
+    shape = _field(obj, "shape", list, where)
+    if len(shape) > MAX_RANK:
+        raise OipError(f"{where}: rank {len(shape)} exceeds the limit of {MAX_RANK}")
+    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise OipError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+    if math.prod(shape) > MAX_ELEMENTS:
+        raise OipError(f"{where}: {math.prod(shape)} elements exceed the limit of {MAX_ELEMENTS}")
+    return tuple(shape)
+
+
+def _dtype(obj: Mapping[str, Any], where: str) -> tuple[str, np.dtype]:
+    name = _field(obj, "datatype", str, where)
+    if name not in DATATYPES:
+        extra = " (BYTES tensors are not supported)" if name == "BYTES" else ""
+        raise OipError(f"{where}: unknown datatype {name!r}{extra}; use one of {list(DATATYPES)}")
+    return name, DATATYPES[name]
+
+
+def _from_json_data(data: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...],
+                    where: str) -> np.ndarray:
+    if not isinstance(data, list):
+        raise OipError(f"{where}: 'data' must be a list")
+    try:
+        raw = np.asarray(data)
+    except ValueError as e:  # ragged nesting
+        raise OipError(f"{where}: 'data' is not a regular array: {e}") from None
+    n = math.prod(shape)
+    if raw.size != n:
+        raise OipError(f"{where}: 'data' holds {raw.size} values but shape {list(shape)} needs {n}")
+    if n and raw.dtype.kind not in _JSON_KINDS.get(datatype, "iu"):
+        raise OipError(f"{where}: 'data' holds {raw.dtype.kind!r}-kind values, not {datatype}")
+    if raw.dtype.kind in "iu" and n and dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if raw.min() < info.min or raw.max() > info.max:
+            raise OipError(f"{where}: 'data' has values outside the range of {datatype}")
+    with np.errstate(over="ignore"):
+        return raw.astype(dtype.newbyteorder("=")).reshape(shape)
+
+
+def _from_bytes(buf: memoryview, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+    expected = math.prod(shape) * dtype.itemsize
+    if len(buf) != expected:
+        raise OipError(f"{where}: binary_data_size is {len(buf)} bytes but shape {list(shape)} "
+                       f"of {dtype} needs {expected}")
+    if dtype.kind == "b":
+        raw = np.frombuffer(buf, dtype=np.uint8)
+        if raw.size and raw.max() > 1:
+            raise OipError(f"{where}: BOOL bytes must be 0 or 1")
+        return raw.astype(bool).reshape(shape)
+    return np.frombuffer(buf, dtype=dtype).astype(dtype.newbyteorder("=")).reshape(shape)
+
+
+def _read_tensors(items: Any, binary: memoryview, where: str, *, allow_data: bool = True
+                  ) -> tuple[dict[str, np.ndarray], int]:
+    """Tensors of an ``inputs``/``outputs`` list; returns them and the binary bytes consumed."""
+    if not isinstance(items, list):
+        raise OipError(f"{where} must be a list")
+    if len(items) > MAX_TENSORS:
+        raise OipError(f"{where} holds {len(items)} tensors, more than the limit of {MAX_TENSORS}")
+    tensors: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, item in enumerate(items):
+        if not isinstance(item, dict):
+            raise OipError(f"{where}[{i}] must be a JSON object")
+        name = _name(item, f"{where}[{i}]")
+        at = f"tensor {name!r}"
+        if name in tensors:
+            raise OipError(f"{at} appears twice")
+        shape = _shape(item, at)
+        datatype, dtype = _dtype(item, at)
+        size = _parameters(item, at).get("binary_data_size")
+        if size is not None:
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise OipError(f"{at}: binary_data_size must be a non-negative integer")
+            if "data" in item:
+                raise OipError(f"{at} has both 'data' and binary_data_size")
+            if offset + size > len(binary):
+                raise OipError(f"{at}: binary_data_size {size} runs past the end of the body "
+                               f"({len(binary) - offset} bytes left): truncated body?")
+            tensors[name] = _from_bytes(binary[offset:offset + size], dtype, shape, at)
+            offset += size
+        elif "data" in item and allow_data:
+            tensors[name] = _from_json_data(item["data"], datatype, dtype, shape, at)
+        else:
+            raise OipError(f"{at} has neither 'data' nor a binary_data_size parameter")
+    return tensors, offset
+
+
+def _split(body: bytes, headers: Mapping[str, str], what: str
+           ) -> tuple[dict[str, Any], memoryview]:
+    if len(body) > MAX_BODY:
+        raise PayloadTooLargeError(f"{what} of {len(body)} bytes exceeds the limit of {MAX_BODY}")
+    if not body:
+        raise OipError(f"{what} is empty")
+    n = _json_length(body, headers)
+    return _parse_json(body[:n], what), memoryview(body)[n:]
+
+
+def _check_consumed(binary: memoryview, used: int) -> None:
+    if used != len(binary):
+        raise OipError(f"the body has {len(binary) - used} bytes after the last binary tensor; "
+                       f"binary_data_size values and {HEADER_LENGTH} disagree with the body")
+
+
+# --- server side --------------------------------------------------------------------------------
+
+
+@dataclass
+class InferRequest:
+    """A decoded inference request."""
+
+    id: str | None
+    inputs: dict[str, np.ndarray]
+    outputs: list[str] | None = None  # the requested outputs, in order; None: all of them
+    binary_outputs: set[str] | bool = False  # which outputs to answer in binary (True: all)
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+    def wants_binary(self, name: str) -> bool:
+        if isinstance(self.binary_outputs, bool):
+            return self.binary_outputs
+        return name in self.binary_outputs
+
+
+def decode_request(body: bytes, headers: Mapping[str, str]) -> InferRequest:
+    """Parse and validate an inference request body (JSON, or JSON plus binary tensors)."""
+    obj, binary = _split(body, headers, "request body")
+    req_id = _field(obj, "id", str, "request", default=None)
+    params = _parameters(obj, "request")
+    binary_default = params.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise OipError("request parameter binary_data_output must be true or false")
+    inputs, used = _read_tensors(_field(obj, "inputs", list, "request"), binary, "inputs")
+    if not inputs:
+        raise OipError("request 'inputs' is empty")
+    _check_consumed(binary, used)
+    outputs: list[str] | None = None
+    binary_outputs: set[str] | bool = binary_default
+    if "outputs" in obj:
+        items = _field(obj, "outputs", list, "request")
+        if len(items) > MAX_TENSORS:
+            raise OipError(f"request asks for {len(items)} outputs, more than {MAX_TENSORS}")
+        outputs, binary_outputs = [], set()
+        for i, item in enumerate(items):
+            if not isinstance(item, dict):
+                raise OipError(f"outputs[{i}] must be a JSON object")
+            name = _name(item, f"outputs[{i}]")
+            if name in outputs:
+                raise OipError(f"output {name!r} is requested twice")
+            flag = _parameters(item, f"output {name!r}").get("binary_data", binary_default)
+            if not isinstance(flag, bool):
+                raise OipError(f"output {name!r}: parameter binary_data must be true or false")
+            outputs.append(name)
+            if flag:
+                binary_outputs.add(name)
+    return InferRequest(req_id, inputs, outputs, binary_outputs, params)
+
+
+def _tensor_json(name: str, x: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes]:
+    entry: dict[str, Any] = {"name": name, "datatype": datatype_of(x.dtype), "shape": list(x.shape)}
+    if binary:
+        le = x.astype(x.dtype.newbyteorder("<"), copy=False)
+        raw = np.ascontiguousarray(le).tobytes()
+        entry["parameters"] = {"binary_data_size": len(raw)}
+        return entry, raw
+    entry["data"] = x.ravel().tolist()
+    return entry, b""
+
+
+def _assemble(obj: dict[str, Any], chunks: list[bytes]) -> tuple[bytes, dict[str, str]]:
+    head = json.dumps(obj, separators=(",", ":")).encode()
+    if not any(chunks):
+        return head, {"Content-Type": JSON_TYPE}
+    return head + b"".join(chunks), {"Content-Type": BINARY_TYPE, HEADER_LENGTH: str(len(head))}
+
+
+def encode_response(model_name: str, model_version: str, outputs: dict[str, np.ndarray], *,
+                    request_id: str | None, binary_outputs: set[str] | bool
+                    ) -> tuple[bytes, dict[str, str]]:
+    """Build a response body and its headers; outputs named in ``binary_outputs`` go binary."""
+    obj: dict[str, Any] = {"model_name": model_name, "model_version": model_version}
+    if request_id is not None:
+        obj["id"] = request_id
+    entries, chunks = [], []
+    for name, x in outputs.items():
+        wanted = binary_outputs if isinstance(binary_outputs, bool) else name in binary_outputs
+        entry, raw = _tensor_json(name, np.asarray(x), wanted)
+        entries.append(entry)
+        chunks.append(raw)
+    obj["outputs"] = entries
+    return _assemble(obj, chunks)
+
+
+def error_body(message: str) -> bytes:
+    """The protocol's error object."""
+    return json.dumps({"error": message}).encode()
+
+
+# --- client side --------------------------------------------------------------------------------
+
+
+def encode_request(inputs: dict[str, np.ndarray], *, binary: bool = True,
+                   outputs: list[str] | None = None, binary_outputs: bool = True,
+                   request_id: str | None = None, parameters: dict | None = None
+                   ) -> tuple[bytes, dict[str, str]]:
+    """Build a request body and its headers; ``binary`` sends the inputs as raw bytes."""
+    if not inputs:
+        raise OipError("a request needs at least one input")
+    obj: dict[str, Any] = {}
+    if request_id is not None:
+        obj["id"] = request_id
+    params = dict(parameters or {})
+    if outputs is None:
+        if binary_outputs:
+            params["binary_data_output"] = True
+    else:
+        obj["outputs"] = [{"name": n, "parameters": {"binary_data": bool(binary_outputs)}}
+                          for n in outputs]
+    if params:
+        obj["parameters"] = params
+    entries, chunks = [], []
+    for name, x in inputs.items():
+        entry, raw = _tensor_json(name, np.asarray(x), binary)
+        entries.append(entry)
+        chunks.append(raw)
+    obj["inputs"] = entries
+    return _assemble(obj, chunks)
+
+
+def decode_response(body: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:
+    """Parse a response body into its output tensors; an error body raises :class:`OipError`."""
+    obj, binary = _split(body, headers, "response body")
+    if "error" in obj:
+        raise OipError(f"server error: {obj['error']}")
+    tensors, used = _read_tensors(_field(obj, "outputs", list, "response"), binary, "outputs")
+    _check_consumed(binary, used)
+    return tensors
