@@ -67,7 +67,12 @@ class SegmentRunner:
 
 
 def transmit(x: np.ndarray, codec: FeatureCodec) -> np.ndarray:
-    """What the receiver sees after ``x`` crosses a link with ``codec`` (lossy for int8/fp16)."""
+    """What the receiver sees after each sample of ``x`` crosses a link with ``codec``.
+
+    Every sample travels in its own message, so int8 quantizes each with its own scale.
+    """
+    if codec.kind == "int8":
+        return np.stack([codec.decode(codec.encode(s), s.shape) for s in x]) if len(x) else x
     return codec.decode(codec.encode(x), x.shape)
 
 

@@ -1,0 +1,192 @@
+"""The device agent: one camera's frames through the bundle's device segment, out to the edge.
+
+With several views (the paper's setting) a device publishes its class scores for every frame
+and keeps its packed features for a while: the edge pulls them for the frames that do not exit
+locally (``pull``), or the device sends them along with the scores (``push``: no round trip,
+but features for every frame). With one view the device decides its own exit with the local
+threshold: a confident frame produces its result here; the others send their features up.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ddnn import envelope as env
+from ddnn.envelope import DecodeError, MessageType
+from ddnn.exits import entropy_of_logits
+from ddnn.runtime import BundleRuntime, transmit
+from device.buffer import Outbox, OutMessage
+from device.sources import is_absent
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DeviceConfig:
+    """What one device agent does; the CLI fills it from options and ``DDNN_DEVICE_*``."""
+
+    view: int  # which of the bundle's device segments (and camera position) this is
+    device_id: str  # the id in topics and messages; the edge maps it to ``view``
+    deployment: str = "default"  # deployments sharing a broker are kept apart by topic
+    edge_id: str = "edge0"  # whose feature pulls to answer
+    mode: str = "pull"  # "pull": features on request; "push": features with every score
+    fps: float = 0.0  # frames per second to replay at; 0 = as fast as the device can
+    keep: int = 1024  # frames whose features are kept for pulls (covers a broker outage)
+    grace: float = 2.0  # seconds to keep answering pulls after the last frame
+    drain_timeout: float = 60.0  # longest wait to deliver the outbox after the last frame
+    local_threshold: float | None = None  # single-view only: override the bundle's threshold
+    peers: list[str] = field(default_factory=list)  # devices to wait for before replaying
+    wait_peers: float = 0.0  # seconds to wait for the edge and the peers; 0 = do not wait
+    start_at: float | None = None  # Unix time of the first frame: cameras triggered together
+
+
+@dataclass
+class DeviceStats:
+    """Counts of one run, logged at exit."""
+
+    frames: int = 0
+    absent: int = 0
+    local_exits: int = 0
+    sent: collections.Counter = field(default_factory=collections.Counter)
+    payload_bytes: int = 0
+    header_bytes: int = 0
+    pulls_answered: int = 0
+    pulls_missed: int = 0
+    bad_requests: int = 0
+
+
+class DeviceAgent:
+    """Runs the device segment of ``config.view`` on frames and queues messages in ``outbox``."""
+
+    def __init__(self, runtime: BundleRuntime, config: DeviceConfig, outbox: Outbox):
+        m = runtime.manifest
+        self.runtime, self.config, self.outbox = runtime, config, outbox
+        # Where messages go: the outbox, or DeviceService.deliver (sends at once when it can).
+        self.emit = outbox.put
+        self.manifest = m
+        self.single_view = m.views == 1
+        self.threshold = m.policy.with_overrides(local=config.local_threshold).threshold("local")
+        self.stats = DeviceStats()
+        self._features: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self._last_request = time.monotonic()
+        self._ids = dict(model=m.name, version=m.version, deployment=config.deployment,
+                         device=config.device_id)
+
+    # --- per frame --------------------------------------------------------------------------
+
+    def process(self, frame: int, image: np.ndarray, captured: float | None = None) -> None:
+        """Run one frame and queue what it sends (``captured``: wall-clock capture time)."""
+        ts = time.time() if captured is None else captured
+        self.stats.frames += 1
+        if is_absent(image):
+            self.stats.absent += 1
+            self._queue("absent", env.pack(MessageType.ABSENT, frame=frame, timestamp=ts,
+                                           **self._ids))
+            return
+        scores, features = self.runtime.device(self.config.view, image[None])
+        m = self.manifest
+        feat_msg = env.pack(MessageType.FEATURES, frame=frame, timestamp=ts, tensor=features,
+                            codec=m.codec["device_features"], **self._ids)
+        if self.single_view:
+            self._single_view_exit(frame, scores, feat_msg, ts)
+            return
+        self._queue("scores", env.pack(MessageType.SCORES, frame=frame, timestamp=ts,
+                                       tensor=scores, codec=m.codec["scores"], **self._ids))
+        if self.config.mode == "push":
+            self._queue("features", feat_msg)
+        else:
+            with self._lock:
+                self._features[frame] = env.encode(feat_msg)
+                while len(self._features) > self.config.keep:
+                    self._features.popitem(last=False)
+
+    def _single_view_exit(self, frame: int, scores: np.ndarray, feat_msg: env.Envelope,
+                          ts: float) -> None:
+        # The same path as ddnn evaluate: scores through their codec, then the local exit layer.
+        received = transmit(scores, self.runtime.scores_codec)[:, None]
+        local = self.runtime.local(received, np.ones((1, 1), bool))
+        eta = float(entropy_of_logits(local)[0])
+        if eta < self.threshold:
+            self.stats.local_exits += 1
+            cls = int(np.argmax(local[0]))
+            result = {
+                "frame": frame, "class": cls, "label": self.manifest.classes[cls],
+                "exit": "local", "entropy": round(eta, 6), "views": [self.config.device_id],
+                "degraded": False, "latency_ms": round((time.time() - ts) * 1000, 3),
+            }
+            self.emit(OutMessage("results", json.dumps(result).encode(), frame))
+            self.stats.sent["results"] += 1
+        else:
+            self._queue("features", feat_msg)
+
+    def _queue(self, kind: str, message: env.Envelope) -> None:
+        data = env.encode(message)
+        self.emit(OutMessage(kind, data, message.frame))
+        self.stats.sent[kind] += 1
+        self.stats.payload_bytes += len(message.payload)
+        self.stats.header_bytes += len(data) - len(message.payload)
+
+    # --- feature pulls (transport thread) ----------------------------------------------------
+
+    def handle_request(self, data: bytes) -> None:
+        """Answer the edge's pull for a frame if this device's view is in its mask."""
+        self._last_request = time.monotonic()
+        try:
+            req = env.decode(data)
+            if req.kind != MessageType.REQUEST:
+                raise DecodeError(f"expected a request, got {req.kind.name.lower()}")
+            if (req.model, req.version) != (self.manifest.name, self.manifest.version):
+                raise DecodeError(f"request for model {req.model}:{req.version}")
+            mask = req.tensor()
+        except DecodeError as e:
+            self.stats.bad_requests += 1
+            if self.stats.bad_requests == 1:
+                log.warning("dropping a bad feature request (logged once): %s", e)
+            return
+        view = self.config.view
+        if mask.ndim != 1 or mask.shape[0] <= view or mask[view] <= 0:
+            return
+        with self._lock:
+            data = self._features.get(req.frame)
+        if data is None:
+            self.stats.pulls_missed += 1
+            log.debug("pull for frame %d: features no longer kept", req.frame)
+            return
+        self.emit(OutMessage("features", data, req.frame))
+        self.stats.pulls_answered += 1
+        self.stats.sent["features"] += 1
+        payload = self.runtime.device_codec.payload_size(
+            (1, *self.manifest.devices[view].output("features").sample_shape))
+        self.stats.payload_bytes += payload
+        self.stats.header_bytes += len(data) - payload
+
+    def seconds_since_request(self) -> float:
+        return time.monotonic() - self._last_request
+
+    # --- a whole replay ---------------------------------------------------------------------
+
+    def replay(self, source, stop: threading.Event) -> None:
+        """Process every frame of ``source`` at ``config.fps`` until done or ``stop`` is set."""
+        period = 1.0 / self.config.fps if self.config.fps > 0 else 0.0
+        start = time.time()
+        if self.config.start_at is not None:
+            if start > self.config.start_at:
+                log.warning("started %.3f s after --start-at; catching up",
+                            start - self.config.start_at)
+            start = self.config.start_at
+        for n, (frame, image) in enumerate(source):
+            if stop.is_set():
+                return
+            # Wall-clock schedule, so devices given one --start-at capture frame n together.
+            delay = start + n * period - time.time()
+            if delay > 0 and stop.wait(delay):
+                return
+            self.process(frame, image)

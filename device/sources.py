@@ -1,0 +1,200 @@
+"""Frame sources of a device agent: a replay of one view of a dataset file, a folder of images,
+or a camera (OpenCV, optional).
+
+A source yields ``(frame id, image)`` with the image float32 ``(3, H, W)`` in [0, 1]. An
+all-zero image means "this view sees nothing" (the dataset contract's absent view).
+"""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from ddnn.errors import ConfigError, DatasetError
+
+IMAGE_SUFFIXES = (".png", ".ppm", ".pgm", ".jpg", ".jpeg")
+
+
+def is_absent(image: np.ndarray) -> bool:
+    """True for an all-zero image: the view does not see the object."""
+    return not np.any(image)
+
+
+class NpzReplay:
+    """One view of a dataset ``.npz``, frames numbered by their index in the file."""
+
+    def __init__(self, path: str | Path, view: int, num_classes: int | None = None,
+                 limit: int | None = None, start: int = 0):
+        from ddnn.dataset import load_dataset
+
+        ds = load_dataset(path, num_classes=num_classes)
+        if not 0 <= view < ds.num_views:
+            raise DatasetError(f"{path}: has views 0..{ds.num_views - 1}, not {view}")
+        self.path = Path(path)
+        self.image_shape = ds.image_shape
+        # The contract marks absent views by label; make their images exactly zero so the
+        # device's absence test (all-zero) agrees with the file whatever a writer stored.
+        self._images = np.where(ds.present[:, view, None, None, None], ds.X[:, view], 0.0)
+        end = len(self._images) if limit is None else min(len(self._images), start + limit)
+        self._range = range(start, end)
+
+    def __len__(self) -> int:
+        return len(self._range)
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        for i in self._range:
+            yield i, self._images[i].astype(np.float32, copy=False)
+
+
+class ImageFolder:
+    """Images of a folder in name order (PNG and PPM/PGM need numpy only; JPEG needs Pillow)."""
+
+    def __init__(self, path: str | Path, image_shape: tuple[int, int, int],
+                 limit: int | None = None):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise ConfigError(f"{path}: not a folder of images")
+        files = sorted(p for p in self.path.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
+        if not files:
+            raise ConfigError(f"{path}: no {'/'.join(IMAGE_SUFFIXES)} images")
+        self.files = files[:limit] if limit is not None else files
+        self.image_shape = image_shape
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        for i, f in enumerate(self.files):
+            yield i, to_chw(read_image(f), self.image_shape)
+
+
+class Camera:
+    """Frames of a camera through OpenCV (``pip install opencv-python-headless``)."""
+
+    def __init__(self, index: int, image_shape: tuple[int, int, int], limit: int | None = None):
+        try:
+            import cv2
+        except ImportError:
+            raise ConfigError(
+                "a camera source needs OpenCV: pip install opencv-python-headless"
+            ) from None
+        self._cv2 = cv2
+        self._cap = cv2.VideoCapture(index)
+        if not self._cap.isOpened():
+            raise ConfigError(f"camera {index} cannot be opened")
+        self.image_shape, self.limit = image_shape, limit
+
+    def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
+        i = 0
+        while self.limit is None or i < self.limit:
+            ok, bgr = self._cap.read()
+            if not ok:
+                return
+            yield i, to_chw(bgr[:, :, ::-1], self.image_shape)
+            i += 1
+
+
+def to_chw(rgb: np.ndarray, image_shape: tuple[int, int, int]) -> np.ndarray:
+    """An (H, W, 3) uint8 image as float32 (3, h, w) in [0, 1], nearest-neighbour resized."""
+    _, h, w = image_shape
+    rows = (np.arange(h) * rgb.shape[0] // h).clip(0, rgb.shape[0] - 1)
+    cols = (np.arange(w) * rgb.shape[1] // w).clip(0, rgb.shape[1] - 1)
+    small = rgb[rows][:, cols]
+    return np.ascontiguousarray(small.transpose(2, 0, 1), dtype=np.float32) / 255.0
+
+
+def read_image(path: Path) -> np.ndarray:
+    """An image file as (H, W, 3) uint8."""
+    data = path.read_bytes()
+    suffix = path.suffix.lower()
+    if suffix == ".png":
+        return _read_png(data, path)
+    if suffix in (".ppm", ".pgm"):
+        return _read_pnm(data, path)
+    try:
+        from PIL import Image
+    except ImportError:
+        raise ConfigError(f"{path}: JPEG needs Pillow (pip install pillow), or use PNG/PPM"
+                          ) from None
+    with Image.open(path) as im:
+        return np.asarray(im.convert("RGB"))
+
+
+def _read_pnm(data: bytes, path: Path) -> np.ndarray:
+    tokens: list[bytes] = []
+    pos = 0
+    while len(tokens) < 4:
+        while pos < len(data) and data[pos : pos + 1].isspace():
+            pos += 1
+        if data[pos : pos + 1] == b"#":
+            pos = data.index(b"\n", pos)
+            continue
+        start = pos
+        while pos < len(data) and not data[pos : pos + 1].isspace():
+            pos += 1
+        tokens.append(data[start:pos])
+    magic, w, h, maxval = tokens[0], int(tokens[1]), int(tokens[2]), int(tokens[3])
+    channels = {b"P6": 3, b"P5": 1}.get(magic)
+    if channels is None or maxval != 255:
+        raise ConfigError(f"{path}: only binary 8-bit PPM (P6) and PGM (P5) are read")
+    pixels = np.frombuffer(data, np.uint8, w * h * channels, pos + 1).reshape(h, w, channels)
+    return np.repeat(pixels, 3, axis=2) if channels == 1 else pixels
+
+
+def _read_png(data: bytes, path: Path) -> np.ndarray:
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ConfigError(f"{path}: not a PNG file")
+    pos, idat, header = 8, [], None
+    while pos < len(data):
+        (length,), kind = struct.unpack(">I", data[pos : pos + 4]), data[pos + 4 : pos + 8]
+        body = data[pos + 8 : pos + 8 + length]
+        pos += 12 + length
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat.append(body)
+        elif kind == b"IEND":
+            break
+    if header is None:
+        raise ConfigError(f"{path}: PNG without a header")
+    w, h, depth, color, _, _, interlace = header
+    channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color)
+    if depth != 8 or channels is None or interlace:
+        raise ConfigError(f"{path}: only 8-bit, non-interlaced, non-palette PNG is read")
+    raw = np.frombuffer(zlib.decompress(b"".join(idat)), np.uint8).reshape(h, 1 + w * channels)
+    out = np.zeros((h, w * channels), np.int32)
+    for y in range(h):
+        _unfilter(raw[y, 0], raw[y, 1:].astype(np.int32), out, y, channels)
+    img = out.astype(np.uint8).reshape(h, w, channels)
+    if channels in (1, 2):
+        return np.repeat(img[:, :, :1], 3, axis=2)
+    return img[:, :, :3]
+
+
+def _unfilter(kind: int, line: np.ndarray, out: np.ndarray, y: int, bpp: int) -> None:
+    prior = out[y - 1] if y else np.zeros_like(line)
+    if kind == 0:
+        out[y] = line
+    elif kind == 2:
+        out[y] = (line + prior) & 0xFF
+    elif kind in (1, 3, 4):  # these depend on the pixel to the left: byte by byte
+        cur = out[y]
+        for x in range(len(line)):
+            a = int(cur[x - bpp]) if x >= bpp else 0
+            b = int(prior[x])
+            c = int(prior[x - bpp]) if x >= bpp else 0
+            if kind == 1:
+                pred = a
+            elif kind == 3:
+                pred = (a + b) // 2
+            else:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+            cur[x] = (int(line[x]) + pred) & 0xFF
+    else:
+        raise ConfigError(f"unknown PNG filter type {kind}")

@@ -1,0 +1,179 @@
+"""How a device reaches its edge: MQTT (the normal case) or HTTP POSTs (no broker configured).
+
+Both take :class:`device.buffer.OutMessage` from the agent's sender thread. ``send`` returns
+False when the message could not be handed over now; it then stays in the outbox and is sent
+after reconnection, in order.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import threading
+import time
+import urllib.parse
+from collections.abc import Callable
+
+from ddnn.errors import ConfigError
+from ddnn.mqtt import (
+    QOS_FEATURES,
+    QOS_RESULTS,
+    QOS_SCORES,
+    QOS_STATUS,
+    MqttClient,
+    MqttOptions,
+    parse_status,
+)
+from ddnn.topics import Topics
+from device.buffer import OutMessage
+
+log = logging.getLogger(__name__)
+
+
+class MqttTransport:
+    """Publishes a device's messages and receives the edge's feature pulls over MQTT."""
+
+    supports_pull = True
+
+    def __init__(self, url: str, topics: Topics, device_id: str, edge_id: str,
+                 options: MqttOptions, status_info: dict, on_request: Callable[[bytes], None],
+                 max_pending: int = 1000):
+        self.topics, self.device_id, self.edge_id = topics, device_id, edge_id
+        self.max_pending = max_pending  # bounds what paho holds beyond our outbox
+        self.peers: dict[str, str] = {}  # device or edge id -> "online"/"offline"
+        self._peers_changed = threading.Condition()
+        self._on_request = on_request
+        self._routes = {
+            "scores": (topics.device(device_id, "scores"), QOS_SCORES),
+            "absent": (topics.device(device_id, "scores"), QOS_SCORES),
+            "features": (topics.device(device_id, "features"), QOS_FEATURES),
+            "results": (topics.results, QOS_RESULTS),
+        }
+        self._requests = topics.requests(edge_id)
+        self._edge_status = topics.edge_status(edge_id)
+        options.subscriptions = [(self._requests, 1), (topics.all_devices("status"), QOS_STATUS),
+                                 (self._edge_status, QOS_STATUS)]
+        self.client = MqttClient(url, f"ddnn-{topics.deployment}-{device_id}", options,
+                                 status_topic=topics.device(device_id, "status"),
+                                 status_info=status_info, on_message=self._message)
+
+    def _message(self, topic: str, payload: bytes) -> None:
+        if topic == self._requests:
+            self._on_request(payload)
+            return
+        if topic == self._edge_status:
+            peer = f"edge:{self.edge_id}"
+        else:
+            parsed = self.topics.parse_device(topic)
+            if parsed is None:
+                return
+            peer = parsed[0]
+        state = parse_status(payload)
+        if state:
+            with self._peers_changed:
+                self.peers[peer] = state
+                self._peers_changed.notify_all()
+
+    def start(self) -> None:
+        self.client.start()
+
+    @property
+    def connected(self) -> bool:
+        return self.client.connected.is_set()
+
+    def can_send(self) -> bool:
+        return self.connected and self.client.pending() < self.max_pending
+
+    def send(self, msg: OutMessage) -> bool:
+        topic, qos = self._routes[msg.kind]
+        self.client.publish(topic, msg.payload, qos)
+        return True
+
+    def idle(self) -> bool:
+        """Everything handed over has been acknowledged by the broker."""
+        return self.client.pending() == 0
+
+    def wait_peers(self, devices: list[str], timeout: float) -> bool:
+        """Block until the edge and every listed device announce themselves online."""
+        wanted = [*devices, f"edge:{self.edge_id}"]
+        with self._peers_changed:
+            return self._peers_changed.wait_for(
+                lambda: all(self.peers.get(p) == "online" for p in wanted), timeout)
+
+    def stop(self) -> None:
+        self.client.stop()
+
+
+class HttpTransport:
+    """POSTs envelopes to the edge's HTTP ingest (``/v1/ingest``): the fallback without a broker.
+
+    There is no channel for the edge to pull features, so a device on HTTP runs in push mode.
+    """
+
+    supports_pull = False
+
+    def __init__(self, edge_url: str, token: str | None = None, timeout: float = 5.0):
+        u = urllib.parse.urlsplit(edge_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ConfigError(f"edge URL {edge_url!r} must be http://host:port")
+        self._u, self._timeout = u, timeout
+        self._headers = {"Content-Type": "application/octet-stream"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._conn: http.client.HTTPConnection | None = None
+        self._retry_at = 0.0
+        self._backoff = 0.5
+        self.connected = False
+        self.refused = 0
+        self.peers: dict[str, str] = {}
+
+    def start(self) -> None:
+        pass
+
+    def _connection(self) -> http.client.HTTPConnection:
+        if self._conn is None:
+            https = self._u.scheme == "https"
+            cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
+            self._conn = cls(self._u.hostname, self._u.port, timeout=self._timeout)
+        return self._conn
+
+    def can_send(self) -> bool:
+        return time.monotonic() >= self._retry_at
+
+    def send(self, msg: OutMessage) -> bool:
+        path = "/v1/results" if msg.kind == "results" else "/v1/ingest"
+        headers = dict(self._headers)
+        if msg.kind == "results":
+            headers["Content-Type"] = "application/json"
+        try:
+            conn = self._connection()
+            conn.request("POST", self._u.path.rstrip("/") + path, msg.payload, headers)
+            resp = conn.getresponse()
+            body = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            if self.connected or self._backoff == 0.5:
+                log.warning("edge %s unreachable (%s); retrying with backoff", self._u.netloc, e)
+            self.connected = False
+            self._conn = None
+            self._retry_at = time.monotonic() + self._backoff
+            self._backoff = min(self._backoff * 2, 10.0)
+            return False
+        if not self.connected:
+            log.info("edge %s reachable over HTTP", self._u.netloc)
+        self.connected, self._backoff = True, 0.5
+        if resp.status >= 400:  # the edge refused this message: resending cannot help
+            self.refused += 1
+            if self.refused == 1 or self.refused % 1000 == 0:
+                log.warning("edge refused a %s message (%d so far): %d %s", msg.kind,
+                            self.refused, resp.status, body[:200])
+        return True
+
+    def idle(self) -> bool:
+        return True
+
+    def wait_peers(self, devices: list[str], timeout: float) -> bool:
+        return True
+
+    def stop(self) -> None:
+        if self._conn is not None:
+            self._conn.close()

@@ -1,0 +1,367 @@
+"""The edge aggregator: fuses the devices' views of each frame and walks it up the exits.
+
+1. local exit: the devices' scores aggregated over the views present (``BundleRuntime.local``);
+2. else pull the present views' features, run the edge segment (``BundleRuntime.edge``);
+3. else send the edge features to the cloud (:class:`edge.cloud_client.CloudClient`); when the
+   cloud cannot answer, the edge answers with its own exit, flagged ``degraded``.
+
+Every step is the one ``ddnn evaluate`` runs (``BundleRuntime.all_exits``), fed with the tensors
+as they crossed the wire, so the live hierarchy's answers equal the offline evaluation's. Bad
+messages are counted by reason, logged once per reason, and dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ddnn import envelope as env
+from ddnn.envelope import DecodeError, MessageType
+from ddnn.exits import entropy_of_logits
+from ddnn.mqtt import QOS_REQUESTS, QOS_RESULTS, status_info
+from ddnn.runtime import BundleRuntime, transmit
+from ddnn.topics import Topics
+from edge.assembler import SCORES, Drop, Frame, FrameAssembler
+from edge.cloud_client import CloudClient, CloudError
+from edge.metrics import EdgeMetrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class EdgeConfig:
+    """What one edge aggregator does; the CLI fills it from options and ``DDNN_EDGE_*``."""
+
+    devices: list[str]  # device ids in view order: devices[i] runs the bundle's view i
+    deployment: str = "default"
+    edge_id: str = "edge0"
+    deadline: float = 0.2  # seconds a frame waits for its views' scores after the first one
+    feature_deadline: float = 0.5  # seconds a frame waits for pulled features
+    suspect_after: int = 3  # missed deadlines in a row before a silent device is not waited for
+    local_threshold: float | None = None  # overrides of the bundle's exit thresholds
+    edge_threshold: float | None = None
+    cloud_batch: int = 32  # frames per cloud call at most
+    results_ring: int = 1000  # recent results kept for GET /v1/results
+    results_path: Path | None = None  # also append every result to this JSON-lines file
+    expect_frames: int | None = None  # set ``done`` after this many results (tests, demos)
+
+
+class EdgeAggregator:
+    """Consumes device messages, publishes requests and results through ``publish``."""
+
+    def __init__(self, runtime: BundleRuntime, config: EdgeConfig, topics: Topics,
+                 metrics: EdgeMetrics | None = None, cloud: CloudClient | None = None,
+                 publish: Callable[[str, bytes, int], object] | None = None,
+                 connected: Callable[[], bool] = lambda: True):
+        m = runtime.manifest
+        self.runtime, self.config, self.topics, self.manifest = runtime, config, topics, m
+        if len(config.devices) != m.views:
+            raise ValueError(f"{len(config.devices)} device ids for {m.views} views")
+        self.metrics = metrics or EdgeMetrics()
+        self.cloud = cloud
+        self._publish = publish
+        self._connected = connected
+        self.policy = m.policy.with_overrides(local=config.local_threshold,
+                                              edge=config.edge_threshold)
+        self.views = {d: i for i, d in enumerate(config.devices)}
+        self.single_view = m.views == 1
+        self.assembler = FrameAssembler(m.views, config.deadline, config.feature_deadline,
+                                        config.suspect_after, single_view=self.single_view)
+        self._scores_shape = (1, m.num_classes)
+        self._feature_shape = tuple(m.devices[0].output("features").sample_shape)
+        self._ready: queue.SimpleQueue[Frame] = queue.SimpleQueue()
+        self._to_cloud: queue.SimpleQueue = queue.SimpleQueue()
+        self.results: collections.deque[dict] = collections.deque(maxlen=config.results_ring)
+        self.answered = 0
+        self.done = threading.Event()
+        self._results_lock = threading.Lock()
+        self._results_file = open(config.results_path, "a", encoding="utf-8") \
+            if config.results_path else None  # noqa: SIM115 - lives as long as the aggregator
+        self._logged: set[str] = set()
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+
+    # --- incoming (MQTT thread or HTTP handler) ---------------------------------------------
+
+    def on_message(self, topic: str, payload: bytes) -> None:
+        parsed = self.topics.parse_device(topic)
+        if parsed is None:
+            self._drop("topic", f"message on unexpected topic {topic!r}")
+            return
+        device, kind = parsed
+        if kind == "status":
+            self.on_status(device, payload)
+        else:
+            self.ingest(payload, device)
+
+    def on_status(self, device: str, payload: bytes) -> None:
+        view = self.views.get(device)
+        info = status_info(payload)
+        state = info.get("state")
+        if view is None or state not in ("online", "offline"):
+            return  # other deployments' or tools' devices, or an empty retained message
+        self.assembler.set_online(view, state == "online")
+        if state == "online" and "mode" in info:  # a pushing device is never asked for features
+            self.assembler.pushing[view] = info["mode"] == "push"
+        self.metrics.devices_online.set(1 if state == "online" else 0, device=device)
+        log.info("device %s (view %d) is %s", device, view, state)
+        if state == "online":
+            self._request_again()
+
+    def ingest(self, payload: bytes, device: str | None = None) -> str | None:
+        """Take one device message; returns the drop reason, or ``None`` when accepted."""
+        try:
+            self._ingest(payload, device)
+        except Drop as d:
+            self._drop(d.reason, str(d))
+            return d.reason
+        return None
+
+    def _ingest(self, payload: bytes, device: str | None) -> None:
+        if len(payload) > env.MAX_MESSAGE:
+            raise Drop("oversized", f"message of {len(payload)} bytes")
+        try:
+            e = env.decode(payload)
+        except DecodeError as err:
+            raise Drop("malformed", str(err)) from None
+        m = self.manifest
+        if device is not None and e.device != device:
+            raise Drop("malformed", f"device {e.device!r} publishing on {device!r}'s topic")
+        if e.deployment != self.topics.deployment:
+            raise Drop("deployment", f"message for deployment {e.deployment!r}")
+        if (e.model, e.version) != (m.name, m.version):
+            raise Drop("model", f"message for model {e.model}:{e.version}, serving "
+                                f"{m.name}:{m.version}")
+        view = self.views.get(e.device)
+        if view is None:
+            raise Drop("unknown_device", f"device {e.device!r} is not one of {self.config.devices}")
+        kind = e.kind.name.lower()
+        self.metrics.messages.inc(kind=kind)
+        self.metrics.bytes.inc(len(e.payload), kind=kind, part="payload")
+        self.metrics.bytes.inc(len(payload) - len(e.payload), kind=kind, part="header")
+        now = time.monotonic()
+        if e.kind == MessageType.SCORES and not self.single_view:
+            x = self._tensor(e, m.codec["scores"], self._scores_shape)
+            f = self.assembler.add_scores(view, e.frame, x[0], e.timestamp, now, len(e.payload))
+        elif e.kind == MessageType.ABSENT:
+            f = self.assembler.add_scores(view, e.frame, None, e.timestamp, now)
+        elif e.kind == MessageType.FEATURES:
+            x = self._tensor(e, m.codec["device_features"], (1, *self._feature_shape))
+            f = self.assembler.add_features(view, e.frame, x, e.timestamp, now, len(e.payload))
+        else:
+            raise Drop("malformed", f"a device cannot send {kind} messages")
+        if f is None:
+            return
+        # The local exit is cheap: take it right here rather than pay a thread hop; only
+        # frames going on to the edge segment (ONNX Runtime) are handed to the worker.
+        if f.stage == SCORES:
+            if f.missing:
+                self.metrics.missing.inc(len(f.missing), stage=f.stage)
+            if not self._local_stage(f):
+                return
+        self._ready.put(f)
+
+    def _tensor(self, e: env.Envelope, codec: str, shape: tuple[int, ...]) -> np.ndarray:
+        if e.codec != codec or e.shape != shape:
+            raise Drop("shape", f"{e.kind.name.lower()} of {e.device} is {e.codec} {e.shape}, "
+                                f"expected {codec} {shape}")
+        try:
+            return e.tensor()
+        except DecodeError as err:
+            raise Drop("malformed", str(err)) from None
+
+    def _drop(self, reason: str, detail: str) -> None:
+        self.metrics.dropped.inc(reason=reason)
+        if reason == "late":
+            self.metrics.late.inc()
+        # One line per kind, the counters say the rest; push mode's extra features are normal.
+        if reason not in self._logged and reason != "unneeded":
+            self._logged.add(reason)
+            log.warning("dropped a message (%s): %s; further ones are only counted", reason, detail)
+
+    # --- the worker: exits --------------------------------------------------------------------
+
+    def _process(self, f: Frame) -> None:
+        if f.missing:
+            self.metrics.missing.inc(len(f.missing), stage=f.stage)
+        if f.stage == SCORES and not self._local_stage(f):
+            return
+        self._edge_stage(f)
+
+    def _local_stage(self, f: Frame) -> bool:
+        """The local exit; True when the frame goes on to the edge segment now."""
+        m = self.manifest
+        t0 = time.perf_counter()
+        present = f.present
+        scores = np.zeros((1, m.views, m.num_classes), np.float32)
+        mask = np.zeros((1, m.views), bool)
+        for v in present:
+            scores[0, v] = f.scores[v]
+            mask[0, v] = True
+        local = self.runtime.local(scores, mask)
+        eta = float(entropy_of_logits(local)[0])
+        self.metrics.segment.observe(time.perf_counter() - t0, step="local")
+        if self.policy.exits("local", eta):
+            self._answer(f, local[0], eta, "local")
+            return False
+        pushing = self.assembler.pushing
+        pull = [v for v in present if v not in f.features and not pushing[v]]
+        if pull and self._publish is not None:  # (over HTTP the devices push their features)
+            self._request(f.id, pull)
+        return self.assembler.await_features(f, present, time.monotonic()) is not None
+
+    def _request(self, frame: int, views: list[int]) -> None:
+        mask = np.full(self.manifest.views, -1.0, np.float32)
+        mask[views] = 1.0
+        req = env.pack(MessageType.REQUEST, model=self.manifest.name,
+                       version=self.manifest.version, deployment=self.topics.deployment,
+                       device=self.config.edge_id, frame=frame, tensor=mask, codec="binary")
+        self._publish(self.topics.requests(self.config.edge_id), env.encode(req), QOS_REQUESTS)
+        self.metrics.requests.inc()
+
+    def _request_again(self) -> None:
+        # After an outage a device may have missed pulls: ask again for what is still awaited.
+        if self._publish is None:
+            return
+        for f in self.assembler.pending():
+            missing = [v for v in f.requested if v not in f.features]
+            if missing:
+                self._request(f.id, missing)
+
+    def _edge_stage(self, f: Frame) -> None:
+        m = self.manifest
+        t0 = time.perf_counter()
+        feats = np.zeros((1, m.views, *self._feature_shape), np.float32)
+        mask = np.zeros((1, m.views), bool)
+        for v in f.requested:
+            if v in f.features:  # a view whose features never came is fused without
+                feats[0, v] = f.features[v][0]
+                mask[0, v] = True
+        edge_scores, edge_feats = self.runtime.edge(feats, mask)
+        eta = float(entropy_of_logits(edge_scores)[0])
+        self.metrics.segment.observe(time.perf_counter() - t0, step="edge")
+        if self.policy.exits("edge", eta):
+            self._answer(f, edge_scores[0], eta, "edge")
+            return
+        self._to_cloud.put((f, transmit(edge_feats, self.runtime.edge_codec), edge_scores[0], eta))
+
+    def on_reconnect(self) -> None:
+        """The broker is back: waiting frames get a fresh deadline, missed pulls are redone."""
+        self.assembler.extend_deadlines(time.monotonic())
+        self._request_again()
+
+    def _work_loop(self) -> None:
+        while not self._stop.is_set():
+            wait = self.assembler.next_deadline() - time.monotonic()
+            try:
+                f = self._ready.get(timeout=min(max(wait, 0.001), 0.05))
+            except queue.Empty:
+                f = None
+            try:
+                if f is not None:
+                    self._process(f)
+                # No expiry while the broker is away: the views are not late, the link is down.
+                if self._connected():
+                    for g in self.assembler.expire(time.monotonic()):
+                        self._process(g)
+            except Exception:  # one bad frame must not stop the edge
+                log.exception("processing a frame failed")
+            self.metrics.pending.set(len(self.assembler))
+
+    # --- the cloud ----------------------------------------------------------------------------
+
+    def _cloud_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = [self._to_cloud.get(timeout=0.05)]
+            except queue.Empty:
+                continue
+            while len(batch) < self.config.cloud_batch:
+                try:
+                    batch.append(self._to_cloud.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self._cloud_batch(batch)
+            except Exception:
+                log.exception("cloud stage failed")
+
+    def _cloud_batch(self, batch: list) -> None:
+        if self.cloud is not None and self.cloud.available():
+            t0 = time.perf_counter()
+            try:
+                scores, _ = self.cloud.infer(np.concatenate([b[1] for b in batch]))
+            except CloudError:
+                self.metrics.cloud.inc(outcome="error")
+                self.metrics.cloud_up.set(0)
+            else:
+                self.metrics.cloud.inc(outcome="ok")
+                self.metrics.cloud_up.set(1)
+                self.metrics.segment.observe(time.perf_counter() - t0, step="cloud_call")
+                etas = entropy_of_logits(scores)
+                for (f, *_), s, eta in zip(batch, scores, etas, strict=True):
+                    self._answer(f, s, float(eta), "cloud")
+                return
+        # No cloud: the best answer this edge has is its own exit, marked degraded.
+        for f, _, edge_scores, eta in batch:
+            self._answer(f, edge_scores, eta, "edge", degraded=True)
+
+    # --- results --------------------------------------------------------------------------
+
+    def _answer(self, f: Frame, scores: np.ndarray, eta: float, tier: str,
+                degraded: bool = False) -> None:
+        self.assembler.finish(f)
+        cls = int(np.argmax(scores))
+        latency = max(time.time() - f.captured, 0.0)
+        result = {
+            "frame": f.id, "class": cls, "label": self.manifest.classes[cls], "exit": tier,
+            "entropy": round(eta, 6), "views": [self.config.devices[v] for v in f.present],
+            "degraded": degraded, "latency_ms": round(latency * 1000, 3),
+        }
+        self.metrics.frames.inc(exit=tier, degraded=str(degraded).lower())
+        self.metrics.latency.observe(latency, exit=tier)
+        self.publish_result(result)
+
+    def publish_result(self, result: dict) -> None:
+        """Publish one result (the edge's own, or a one-view device's posted over HTTP)."""
+        body = json.dumps(result)
+        if self._publish is not None:
+            self._publish(self.topics.results, body.encode(), QOS_RESULTS)
+        with self._results_lock:
+            self.results.append(result)
+            self.answered += 1
+            if self._results_file:
+                self._results_file.write(body + "\n")
+                self._results_file.flush()
+            if self.config.expect_frames and self.answered >= self.config.expect_frames:
+                self.done.set()
+
+    # --- lifecycle ------------------------------------------------------------------------
+
+    def start(self) -> EdgeAggregator:
+        self.runtime.runner("edge")  # load now, so the first frame does not pay for it
+        if self.manifest.local is not None:
+            self.runtime.runner("local")
+        for target, name in ((self._work_loop, "edge-worker"), (self._cloud_loop, "edge-cloud")):
+            t = threading.Thread(target=target, name=name, daemon=True)
+            t.start()
+            self._threads.append(t)
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        for t in self._threads:
+            t.join(timeout=5)
+        if self.cloud is not None:
+            self.cloud.close()
+        if self._results_file:
+            self._results_file.close()

@@ -1,0 +1,218 @@
+"""Assembling frames from the views that arrive, by a deadline.
+
+A frame starts when its first message arrives. It is ready for the local exit as soon as every
+device expected to report has sent its scores (or said "absent"), or when the deadline passes:
+a missing or dead device never blocks a frame, the frame is fused over the views present (the
+paper's fault-tolerance result). Devices are expected unless their status says offline (the
+last will), or they missed ``suspect_after`` deadlines in a row; any message revives them.
+Feature pulls get their own deadline. Thread-safe: messages arrive on the MQTT thread, deadlines
+are checked on the worker.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SCORES, FEATURES, DONE = "scores", "features", "done"
+
+
+class Drop(Exception):
+    """A message that is valid but not wanted; ``reason`` is the metric label."""
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(detail or reason)
+        self.reason = reason
+
+
+@dataclass
+class Frame:
+    """One frame being assembled from per-view messages."""
+
+    id: int
+    started: float  # monotonic time of the first message
+    captured: float  # earliest wall-clock capture time among the views (for latency)
+    deadline: float
+    stage: str = SCORES
+    scores: dict[int, np.ndarray] = field(default_factory=dict)
+    absent: set[int] = field(default_factory=set)
+    features: dict[int, np.ndarray] = field(default_factory=dict)
+    requested: tuple[int, ...] = ()
+    missing: set[int] = field(default_factory=set)  # views expected but not heard by the deadline
+    payload_bytes: int = 0
+    taken: bool = False  # handed to the worker: its views are frozen until it is given back
+
+    @property
+    def present(self) -> list[int]:
+        """Views that sent scores: the views the local and edge exits fuse over."""
+        return sorted(self.scores)
+
+
+class FrameAssembler:
+    """Per-frame bookkeeping of which views arrived, with deadlines and dead-device tracking."""
+
+    def __init__(self, views: int, deadline: float = 0.2, feature_deadline: float = 0.5,
+                 suspect_after: int = 3, history: int = 65536, single_view: bool = False):
+        self.views = views
+        self.deadline, self.feature_deadline = deadline, feature_deadline
+        self.suspect_after = suspect_after
+        self.single_view = single_view
+        self._frames: dict[int, Frame] = {}
+        self._done: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()
+        self._history = history
+        self._low_water = -1  # frames at or below this id are forgotten: anything for them is late
+        self._offline = [False] * views
+        self._misses = [0] * views
+        # Devices in push mode send features unasked; the edge learns it from the first ones.
+        self.pushing = [False] * views
+        self._lock = threading.Lock()
+
+    # --- devices ----------------------------------------------------------------------------
+
+    def set_online(self, view: int, online: bool) -> None:
+        with self._lock:
+            self._offline[view] = not online
+            self._misses[view] = 0
+
+    def expected(self) -> list[int]:
+        """Views a frame waits for right now."""
+        return [v for v in range(self.views)
+                if not self._offline[v] and self._misses[v] < self.suspect_after]
+
+    # --- messages ---------------------------------------------------------------------------
+
+    def _frame(self, frame: int, now: float, captured: float) -> Frame:
+        f = self._frames.get(frame)
+        if f is None:
+            if frame in self._done or frame <= self._low_water:
+                raise Drop("late", f"frame {frame} is already answered")
+            f = self._frames[frame] = Frame(frame, now, captured, now + self.deadline)
+        f.captured = min(f.captured, captured)
+        return f
+
+    def _heard(self, view: int) -> None:
+        self._offline[view] = False
+        self._misses[view] = 0
+
+    def add_scores(self, view: int, frame: int, scores: np.ndarray | None, captured: float,
+                   now: float, nbytes: int = 0) -> Frame | None:
+        """Scores (or ``None`` for an absent view) of one view; returns the frame if now ready."""
+        with self._lock:
+            self._heard(view)
+            f = self._frame(frame, now, captured)
+            if f.stage != SCORES or f.taken:
+                raise Drop("late", f"view {view} of frame {frame} came after its deadline")
+            if view in f.scores or view in f.absent:
+                raise Drop("duplicate", f"view {view} of frame {frame} arrived twice")
+            if scores is None:
+                f.absent.add(view)
+            else:
+                f.scores[view] = scores
+                f.payload_bytes += nbytes
+            return self._take_if_ready(f)
+
+    def add_features(self, view: int, frame: int, features: np.ndarray, captured: float,
+                     now: float, nbytes: int = 0) -> Frame | None:
+        """Features of one view (pulled, pushed, or a one-view device's uplink)."""
+        with self._lock:
+            self._heard(view)
+            if frame in self._done and view not in self._done[frame] and not self.single_view:
+                # Pushed features of a frame that exited locally are the price of push mode.
+                reason = "unneeded" if self.pushing[view] else "unrequested"
+                raise Drop(reason, f"features of view {view} for answered frame {frame}")
+            f = self._frame(frame, now, captured)
+            if view in f.features:
+                raise Drop("duplicate", f"features of view {view} of frame {frame} arrived twice")
+            if self.single_view:
+                # A one-view device sends features only for frames it did not exit itself.
+                f.scores.setdefault(view, np.zeros(0, np.float32))
+                f.features[view] = features
+                f.payload_bytes += nbytes
+                f.stage, f.requested = FEATURES, (view,)
+                return self._take(f)
+            if f.stage == SCORES and view not in f.scores:
+                raise Drop("unrequested", f"features of view {view} before its scores")
+            if f.stage == SCORES:
+                self.pushing[view] = True
+            if f.stage == FEATURES and f.taken:
+                raise Drop("late", f"features of view {view} of frame {frame} after the deadline")
+            if f.stage == FEATURES and view not in f.requested:
+                raise Drop("unrequested", f"features of view {view} were not pulled")
+            f.features[view] = features
+            f.payload_bytes += nbytes
+            if f.stage == FEATURES and all(v in f.features for v in f.requested):
+                return self._take(f)
+            return None
+
+    def _take_if_ready(self, f: Frame) -> Frame | None:
+        if all(v in f.scores or v in f.absent for v in self.expected()):
+            return self._take(f)
+        return None
+
+    def _take(self, f: Frame) -> Frame:
+        # A frame handed to the worker leaves the deadline watch until it is given back.
+        f.deadline = float("inf")
+        f.taken = True
+        return f
+
+    # --- the worker's side ------------------------------------------------------------------
+
+    def await_features(self, f: Frame, views: list[int], now: float) -> Frame | None:
+        """Move a frame to the feature stage; returns it at once if nothing needs pulling."""
+        with self._lock:
+            f.stage, f.requested = FEATURES, tuple(views)
+            if all(v in f.features for v in views):
+                return self._take(f)
+            f.deadline = now + self.feature_deadline
+            f.taken = False
+            return None
+
+    def finish(self, f: Frame) -> None:
+        with self._lock:
+            f.stage = DONE
+            self._frames.pop(f.id, None)
+            self._done[f.id] = f.requested
+            while len(self._done) > self._history:
+                old, _ = self._done.popitem(last=False)
+                self._low_water = max(self._low_water, old)
+
+    def expire(self, now: float) -> list[Frame]:
+        """Frames whose deadline passed: ready with the views they have."""
+        out = []
+        with self._lock:
+            for f in self._frames.values():
+                if f.taken or f.deadline > now:
+                    continue
+                if f.stage == SCORES:
+                    expected = self.expected()
+                    f.missing = {v for v in expected if v not in f.scores and v not in f.absent}
+                    for v in f.missing:
+                        self._misses[v] += 1
+                else:
+                    f.missing = {v for v in f.requested if v not in f.features}
+                out.append(self._take(f))
+        return out
+
+    def pending(self) -> list[Frame]:
+        """Frames waiting for features (to pull again after a reconnection)."""
+        with self._lock:
+            return [f for f in self._frames.values() if f.stage == FEATURES and not f.taken]
+
+    def extend_deadlines(self, now: float) -> None:
+        """Restart every waiting frame's clock (after the broker was unreachable)."""
+        with self._lock:
+            for f in self._frames.values():
+                if not f.taken:
+                    wait = self.deadline if f.stage == SCORES else self.feature_deadline
+                    f.deadline = now + wait
+
+    def next_deadline(self) -> float:
+        with self._lock:
+            return min((f.deadline for f in self._frames.values() if not f.taken),
+                       default=float("inf"))
+
+    def __len__(self) -> int:
+        return len(self._frames)

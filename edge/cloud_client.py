@@ -1,0 +1,119 @@
+"""The edge's client of the cloud tier: the Open Inference Protocol v2 over ``http.client``.
+
+``POST {cloud}/v2/models/{name}-cloud/infer`` with the edge features as FP32 in the binary tensor
+extension; the answer holds ``scores`` (B, C) and ``entropy`` (B,). One keep-alive connection,
+a timeout, an optional bearer token, and a circuit breaker: after a failure the edge stops
+calling for a backoff that doubles up to ``max_backoff``, then tries again by itself.
+"""
+
+from __future__ import annotations
+
+import http.client
+import logging
+import threading
+import time
+import urllib.parse
+
+import numpy as np
+
+from ddnn import oip
+from ddnn.errors import ConfigError, DdnnError
+
+log = logging.getLogger(__name__)
+
+
+class CloudError(DdnnError):
+    """The cloud could not be reached or did not answer properly."""
+
+
+class CloudClient:
+    """Calls ``{name}-cloud`` of a cloud service; safe to share between threads (one at a time)."""
+
+    def __init__(self, base_url: str, model: str, *, token: str | None = None,
+                 timeout: float = 2.0, min_backoff: float = 0.25, max_backoff: float = 5.0):
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ConfigError(f"cloud URL {base_url!r} must be http(s)://host[:port]")
+        self.url, self._u = base_url, u
+        self.model, self.timeout = model, timeout
+        self.min_backoff, self.max_backoff = min_backoff, max_backoff
+        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._conn: http.client.HTTPConnection | None = None
+        self._lock = threading.Lock()
+        self._backoff = 0.0
+        self._retry_at = 0.0
+        self.up = True
+        self.path = f"{u.path.rstrip('/')}/v2/models/{model}/infer"
+
+    def available(self) -> bool:
+        """False while the circuit is open (the last call failed and the backoff runs)."""
+        return time.monotonic() >= self._retry_at
+
+    def _request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]
+                 ) -> tuple[int, bytes, dict[str, str]]:
+        for attempt in (0, 1):
+            if self._conn is None:
+                cls = (http.client.HTTPSConnection if self._u.scheme == "https"
+                       else http.client.HTTPConnection)
+                self._conn = cls(self._u.hostname, self._u.port, timeout=self.timeout)
+            try:
+                self._conn.request(method, path, body, {**self._headers, **headers})
+                resp = self._conn.getresponse()
+                data = resp.read()
+                return resp.status, data, dict(resp.getheaders())
+            except (OSError, http.client.HTTPException) as e:
+                self._conn.close()
+                self._conn = None
+                # A keep-alive connection the server closed fails once: retry on a fresh one.
+                stale = isinstance(e, http.client.RemoteDisconnected | BrokenPipeError |
+                                   ConnectionResetError)
+                if attempt or not stale:
+                    raise CloudError(f"cloud {self._u.netloc} unreachable: {e}") from None
+        raise AssertionError("unreachable")
+
+    def infer(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """Cloud scores (B, C) and, when the cloud sends it, the entropy (B,) of a batch."""
+        body, headers = oip.encode_request({"edge_features": np.asarray(features, np.float32)},
+                                           outputs=["scores", "entropy"])
+        with self._lock:
+            try:
+                status, data, resp_headers = self._request("POST", self.path, body, headers)
+                if status != 200:
+                    raise CloudError(f"cloud answered {status}: {data[:200]!r}")
+                out = oip.decode_response(data, resp_headers)
+                scores = out.get("scores")
+                if scores is None or scores.shape[0] != len(features):
+                    raise CloudError("cloud response lacks scores for every frame")
+            except (CloudError, oip.OipError) as e:
+                self._failed(e)
+                raise CloudError(str(e)) from None
+            self._succeeded()
+        return np.asarray(scores, np.float32), out.get("entropy")
+
+    def ready(self) -> bool:
+        """``GET /v2/health/ready`` answered 200."""
+        with self._lock:
+            try:
+                status, _, _ = self._request("GET", "/v2/health/ready", None, {})
+            except CloudError:
+                return False
+        return status == 200
+
+    def _failed(self, error: Exception) -> None:
+        self._backoff = min(max(self._backoff * 2, self.min_backoff), self.max_backoff)
+        self._retry_at = time.monotonic() + self._backoff
+        if self.up:
+            log.warning("cloud failed (%s): answering from the edge, degraded, until it returns",
+                        error)
+        self.up = False
+
+    def _succeeded(self) -> None:
+        if not self.up:
+            log.info("cloud %s is back", self._u.netloc)
+        self.up, self._backoff, self._retry_at = True, 0.0, 0.0
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None

@@ -1,0 +1,136 @@
+"""The edge's HTTP side: ``/metrics``, health, recent results, and the devices' HTTP fallback.
+
+``GET /metrics`` (Prometheus text), ``GET /healthz``, ``GET /v1/results?after=N`` (recent
+results, for tools without MQTT), ``POST /v1/ingest`` (one message envelope, what a device
+publishes over MQTT) and ``POST /v1/results`` (a one-view device's own local-exit result).
+Standard library only: a threading server in a background thread.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from ddnn import envelope as env
+from ddnn.metrics import CONTENT_TYPE
+from edge.aggregator import EdgeAggregator
+
+log = logging.getLogger(__name__)
+
+# Drop reasons that mean the sender is wrong (400); the others are normal in a live system.
+BAD_REQUEST = {"malformed", "shape", "oversized", "model", "deployment", "unknown_device"}
+RESULT_KEYS = {"frame", "class", "label", "exit", "entropy", "views", "degraded", "latency_ms"}
+
+
+class EdgeHttpServer:
+    """Serves an :class:`EdgeAggregator` over HTTP on ``host:port`` (port 0: any free port)."""
+
+    def __init__(self, aggregator: EdgeAggregator, host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None):
+        handler = _make_handler(aggregator, token)
+        self.server = ThreadingHTTPServer((host, port), handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.host = host
+        self._thread = threading.Thread(target=self.server.serve_forever, name="edge-http",
+                                        daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self) -> EdgeHttpServer:
+        self._thread.start()
+        log.info("edge HTTP on %s (/metrics, /healthz, /v1/ingest, /v1/results)", self.url)
+        return self
+
+    def stop(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(timeout=5)
+
+
+def _make_handler(agg: EdgeAggregator, token: str | None):
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive for devices posting every frame
+        disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms stalls
+
+        def log_message(self, format, *args):
+            log.debug("%s " + format, self.address_string(), *args)
+
+        def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, status: int, obj) -> None:
+            self._send(status, json.dumps(obj).encode())
+
+        def _authorized(self) -> bool:
+            if token and self.headers.get("Authorization") != f"Bearer {token}":
+                self._json(401, {"error": "missing or wrong bearer token"})
+                return False
+            return True
+
+        def do_GET(self) -> None:
+            url = urllib.parse.urlsplit(self.path)
+            if url.path == "/metrics":
+                self._send(200, agg.metrics.render().encode(), CONTENT_TYPE)
+            elif url.path == "/healthz":
+                self._json(200, {"status": "ok", "results": agg.answered,
+                                 "pending_frames": len(agg.assembler),
+                                 "cloud_up": bool(agg.cloud and agg.cloud.up)})
+            elif url.path == "/v1/results":
+                q = urllib.parse.parse_qs(url.query)
+                try:
+                    after = int(q.get("after", ["-1"])[0])
+                except ValueError:
+                    self._json(400, {"error": "after must be an integer frame id"})
+                    return
+                self._json(200, [r for r in list(agg.results) if r["frame"] > after])
+            else:
+                self._json(404, {"error": f"no route {url.path}"})
+
+        def do_POST(self) -> None:
+            if not self._authorized():
+                return
+            try:
+                length = int(self.headers.get("Content-Length", "-1"))
+            except ValueError:
+                length = -1
+            if length < 0:
+                self._json(411, {"error": "Content-Length required"})
+                return
+            if length > env.MAX_MESSAGE:
+                agg.metrics.dropped.inc(reason="oversized")
+                self.close_connection = True  # the unread body makes the connection unusable
+                self._json(413, {"error": f"body over {env.MAX_MESSAGE} bytes"})
+                return
+            body = self.rfile.read(length)
+            path = urllib.parse.urlsplit(self.path).path
+            if path == "/v1/ingest":
+                reason = agg.ingest(body)
+                if reason in BAD_REQUEST:
+                    self._json(400, {"accepted": False, "reason": reason})
+                else:  # taken, or valid but not wanted (late, duplicate): nothing to fix
+                    self._json(202, {"accepted": reason is None, "reason": reason})
+            elif path == "/v1/results":
+                try:
+                    result = json.loads(body)
+                    if not isinstance(result, dict) or set(result) != RESULT_KEYS:
+                        raise ValueError(f"a result has exactly the keys {sorted(RESULT_KEYS)}")
+                except ValueError as e:
+                    agg.metrics.dropped.inc(reason="malformed")
+                    self._json(400, {"error": str(e)})
+                    return
+                agg.publish_result(result)
+                self._json(202, {"accepted": True})
+            else:
+                self._json(404, {"error": f"no route {path}"})
+
+    return Handler

@@ -1,0 +1,53 @@
+"""The edge aggregator's Prometheus metrics (served at ``/metrics`` by :mod:`edge.http`)."""
+
+from __future__ import annotations
+
+from ddnn.metrics import Registry
+
+_SEGMENT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+
+
+class EdgeMetrics:
+    """Every series the edge exports; names start with ``ddnn_edge_``."""
+
+    def __init__(self) -> None:
+        r = self.registry = Registry()
+        self.frames = r.counter("ddnn_edge_frames_total",
+                                "Frames answered, by exit tier and whether the answer is degraded",
+                                ("exit", "degraded"))
+        self.latency = r.histogram("ddnn_edge_latency_seconds",
+                                   "Capture to result, by exit tier (needs synchronized clocks)",
+                                   ("exit",))
+        self.segment = r.histogram("ddnn_edge_segment_seconds",
+                                   "Compute time of each step at the edge", ("step",),
+                                   _SEGMENT_BUCKETS)
+        self.messages = r.counter("ddnn_edge_messages_total",
+                                  "Device messages received, by kind", ("kind",))
+        self.bytes = r.counter("ddnn_edge_received_bytes_total",
+                               "Bytes received from devices: tensor payload or envelope header",
+                               ("kind", "part"))
+        self.dropped = r.counter("ddnn_edge_dropped_total",
+                                 "Messages counted and dropped, by reason", ("reason",))
+        self.late = r.counter("ddnn_edge_late_views_total",
+                              "Views that arrived after their frame's deadline")
+        self.missing = r.counter("ddnn_edge_missing_views_total",
+                                 "Views a frame expected but fused without, by stage", ("stage",))
+        self.requests = r.counter("ddnn_edge_feature_requests_total", "Feature pulls published")
+        self.cloud = r.counter("ddnn_edge_cloud_requests_total",
+                               "Calls to the cloud, by outcome", ("outcome",))
+        self.cloud_up = r.gauge("ddnn_edge_cloud_up", "1 while the cloud answers, else 0")
+        self.devices_online = r.gauge("ddnn_edge_device_online",
+                                      "1 while a device's status is online", ("device",))
+        self.pending = r.gauge("ddnn_edge_pending_frames", "Frames being assembled")
+        self.broker_up = r.gauge("ddnn_edge_broker_connected", "1 while connected to the broker")
+
+    def render(self) -> str:
+        return self.registry.render()
+
+    def results(self) -> int:
+        """Frames answered so far, all tiers."""
+        total = 0.0
+        for tier in ("local", "edge", "cloud"):
+            for degraded in ("false", "true"):
+                total += self.frames.value(exit=tier, degraded=degraded)
+        return int(total)

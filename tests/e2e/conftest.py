@@ -1,0 +1,89 @@
+"""Real processes for the hierarchy's end-to-end tests: the cloud, an edge, V devices."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from ddnn.broker import free_port
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+
+def ddnn_process(args: list[str], log: Path) -> subprocess.Popen:
+    """``python -m ddnn ARGS`` in its own process group, output to ``log``."""
+    with open(log, "wb") as f:
+        return subprocess.Popen([sys.executable, "-m", "ddnn", *args], stdout=f,
+                                stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+
+
+def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int:
+    """SIGTERM, then SIGKILL if it does not exit in ``timeout``; returns the exit code."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def wait_until(condition, timeout: float, what: str, procs=()) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        for p in procs:
+            if p.poll() is not None and p.returncode != 0:
+                raise AssertionError(f"{what}: {p.args[3:5]} exited with {p.returncode}")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.05)  # polling readiness or progress, not guessing a duration
+
+
+def http_ok(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=1) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def read_results(path: Path) -> list[dict]:
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+@pytest.fixture(scope="module")
+def cloud_url(tiny_bundle, tmp_path_factory) -> Iterator[str]:
+    """The cloud tier: ``ddnn cloud`` when installed, else the minimal v2 endpoint, both real
+    processes on a free loopback port, ready before the test starts."""
+    logs = tmp_path_factory.mktemp("cloud")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = None
+    try:
+        import cloud.cli  # noqa: F401 - is the cloud tier part of this install?
+
+        proc = ddnn_process(["cloud", "--bundle", str(tiny_bundle), "--host", "127.0.0.1",
+                             "--port", str(port), "--ort-threads", "1"], logs / "cloud.log")
+        wait_until(lambda: http_ok(f"{url}/v2/health/ready"), 60, "ddnn cloud ready", [proc])
+    except (ImportError, AssertionError):
+        if proc is not None:
+            stop_process(proc)
+        proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.v2_endpoint", "--bundle",
+                                 str(tiny_bundle), "--port", str(port)], env=ENV,
+                                start_new_session=True)
+        wait_until(lambda: http_ok(f"{url}/v2/health/ready"), 30, "v2 endpoint ready", [proc])
+    yield url
+    stop_process(proc)

@@ -1,0 +1,280 @@
+"""Devices and an edge in this process (threads), a real Mosquitto broker, a real v2 endpoint.
+
+The live hierarchy must answer every frame exactly once with the answers ``ddnn evaluate``
+computes offline, and count on the wire the bytes the offline accounting predicts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ddnn import envelope as env
+from ddnn.broker import free_port
+from ddnn.bundle import load_bundle
+from ddnn.dataset import load_dataset
+from ddnn.envelope import MessageType
+from ddnn.evaluate import evaluate
+from ddnn.mqtt import MqttClient, MqttOptions
+from ddnn.runtime import BundleRuntime
+from ddnn.topics import Topics, default_device_ids
+from device.agent import DeviceAgent, DeviceConfig
+from device.buffer import Outbox
+from device.service import DeviceService
+from device.sources import NpzReplay
+from device.transport import HttpTransport, MqttTransport
+from edge.aggregator import EdgeAggregator, EdgeConfig
+from edge.cloud_client import CloudClient
+from edge.service import EdgeService
+from tests.e2e.thresholds import mixed_thresholds
+from tests.e2e.v2_endpoint import V2Endpoint
+
+# ddnn.broker leaves the broker's log file open for the garbage collector (reported upstream).
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
+
+
+def wait_for(condition, timeout: float = 60.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)  # polling a condition, not guessing a duration
+
+
+class Edge:
+    """An edge aggregator in this process."""
+
+    def __init__(self, bundle: Path, broker: str | None, cloud: str | None, *, deployment="it",
+                 http_port: int | None = None, **config):
+        b = load_bundle(bundle)
+        self.runtime = BundleRuntime(b, threads=1)
+        cfg = EdgeConfig(devices=default_device_ids(b.manifest.views), deployment=deployment,
+                         **{"deadline": 2.0, "feature_deadline": 2.0, **config})
+        client = (CloudClient(cloud, f"{b.manifest.name}-cloud", min_backoff=0.05,
+                              max_backoff=0.2) if cloud else None)
+        self.agg = EdgeAggregator(self.runtime, cfg, Topics(deployment), cloud=client)
+        opts = MqttOptions(keepalive=5, reconnect_max=1)
+        self.service = EdgeService(self.agg, broker, opts, http_port=http_port).start()
+        if broker:
+            assert self.service.mqtt.wait_connected(10)
+
+    def stop(self) -> None:
+        self.service.stop()
+
+
+def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", deployment="it",
+                edge_url: str | None = None, start=0, limit=None, views=None
+                ) -> list[DeviceService]:
+    """Replay every view of ``data`` from threads; returns when every device is done."""
+    b = load_bundle(bundle)
+    m = b.manifest
+    views = range(m.views) if views is None else views
+    services = []
+    for v in views:
+        cfg = DeviceConfig(view=v, device_id=f"cam{v}", deployment=deployment, mode=mode,
+                           grace=0.5, drain_timeout=30, peers=[f"cam{i}" for i in views],
+                           wait_peers=20 if broker else 0)
+        runtime = BundleRuntime(b, threads=1)
+        outbox = Outbox(10_000)
+        agent = DeviceAgent(runtime, cfg, outbox)
+        if broker:
+            transport = MqttTransport(broker, Topics(deployment), cfg.device_id, "edge0",
+                                      MqttOptions(keepalive=5, reconnect_max=1),
+                                      {"device": cfg.device_id, "mode": mode},
+                                      agent.handle_request)
+        else:
+            transport = HttpTransport(edge_url)
+        services.append(DeviceService(agent, outbox, transport).start())
+    sources = [NpzReplay(data, v, m.num_classes, limit, start) for v in views]
+    threads = [threading.Thread(target=s.run, args=(src,)) for s, src in zip(services, sources,
+                                                                              strict=True)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    for s in services:
+        s.stop()
+    return services
+
+
+class ResultsListener:
+    """Subscribes to a deployment's results topic."""
+
+    def __init__(self, broker: str, deployment="it"):
+        self.results: list[dict] = []
+        topic = Topics(deployment).results
+        opts = MqttOptions(subscriptions=[(topic, 1)])
+        self.client = MqttClient(broker, f"listener-{deployment}", opts,
+                                 on_message=lambda t, p: self.results.append(json.loads(p)))
+        self.client.start()
+        assert self.client.wait_connected(10)
+        time.sleep(0.2)  # SUBACK is not surfaced by the wrapper: let the subscription settle
+
+    def stop(self) -> None:
+        self.client.stop()
+
+
+def check_against_evaluate(results: list[dict], bundle: Path, data: Path,
+                           thresholds: dict[str, float]) -> dict:
+    """Every frame once; accuracy and exit fractions equal to ``ddnn evaluate``."""
+    ds = load_dataset(data)
+    frames = sorted(r["frame"] for r in results)
+    assert frames == list(range(len(ds.label))), "every frame exactly once"
+    expected = evaluate(bundle, data, thresholds["local"], thresholds["edge"])
+    assert all(f > 0 for f in expected["exit_fraction"].values()), "every tier is exercised"
+    by_frame = {r["frame"]: r for r in results}
+    pred = np.array([by_frame[i]["class"] for i in range(len(frames))])
+    tiers = [by_frame[i]["exit"] for i in range(len(frames))]
+    assert not any(r["degraded"] for r in results)
+    assert float((pred == ds.label).mean()) == pytest.approx(expected["accuracy"]["overall"],
+                                                             abs=1e-12)
+    for tier in ("local", "edge", "cloud"):
+        assert tiers.count(tier) / len(tiers) == pytest.approx(expected["exit_fraction"][tier],
+                                                               abs=1e-12)
+    for r in results:
+        assert r["label"] == load_bundle(bundle).manifest.classes[r["class"]]
+        present = [f"cam{v}" for v in np.flatnonzero(ds.present[r["frame"]])]
+        assert r["views"] == present
+    return expected
+
+
+@pytest.fixture(scope="module")
+def thresholds(tiny_bundle, tiny_data) -> dict[str, float]:
+    return mixed_thresholds(tiny_bundle, tiny_data.test)
+
+
+def mixed(thresholds: dict[str, float]) -> dict[str, float]:
+    return {"local_threshold": thresholds["local"], "edge_threshold": thresholds["edge"]}
+
+
+@pytest.fixture
+def cloud(tiny_bundle):
+    with V2Endpoint(tiny_bundle) as endpoint:
+        yield endpoint
+
+
+def test_live_hierarchy_equals_offline_evaluation(mosquitto, tiny_bundle, tiny_data, cloud,
+                                                  thresholds):
+    listener = ResultsListener(mosquitto.url)
+    edge = Edge(tiny_bundle, mosquitto.url, cloud.url, **mixed(thresholds))
+    try:
+        run_devices(tiny_bundle, tiny_data.test, mosquitto.url)
+        wait_for(lambda: edge.agg.answered >= 120, what="120 results")
+        edge.service.flush()
+        wait_for(lambda: len(listener.results) >= 120, what="results on MQTT")
+    finally:
+        edge.stop()
+        listener.stop()
+    expected = check_against_evaluate(listener.results, tiny_bundle, tiny_data.test, thresholds)
+    assert sorted(r["frame"] for r in listener.results) == list(range(120))
+    m = edge.agg.metrics
+    payload = sum(m.bytes.value(kind=k, part="payload") for k in ("scores", "features", "absent"))
+    assert payload / 120 == pytest.approx(expected["bytes_per_frame"]["ddnn"], abs=1e-9)
+    assert m.dropped.value(reason="late") == 0 and m.missing.value(stage="scores") == 0
+    if expected["exit_fraction"]["cloud"] > 0:
+        assert cloud.calls > 0
+    text = m.render()
+    assert 'ddnn_edge_frames_total{exit="local",degraded="false"}' in text
+    assert "ddnn_edge_latency_seconds_bucket" in text
+
+
+def test_push_mode_sends_more_bytes_for_the_same_answers(mosquitto, tiny_bundle, tiny_data,
+                                                         cloud, thresholds):
+    edge = Edge(tiny_bundle, mosquitto.url, cloud.url, deployment="push", **mixed(thresholds))
+    try:
+        run_devices(tiny_bundle, tiny_data.test, mosquitto.url, mode="push", deployment="push")
+        wait_for(lambda: edge.agg.answered >= 120, what="120 results")
+    finally:
+        edge.stop()
+    expected = check_against_evaluate(list(edge.agg.results), tiny_bundle, tiny_data.test,
+                                      thresholds)
+    m = edge.agg.metrics
+    assert m.requests.value() == 0  # no round trips
+    payload = sum(m.bytes.value(kind=k, part="payload") for k in ("scores", "features"))
+    assert payload / 120 > expected["bytes_per_frame"]["ddnn"]
+
+
+def test_bad_messages_are_counted_and_dropped(mosquitto, tiny_bundle, tiny_data, cloud):
+    edge = Edge(tiny_bundle, mosquitto.url, cloud.url, deployment="bad")
+    t = Topics("bad")
+    pub = MqttClient(mosquitto.url, "vandal", MqttOptions()).start()
+    assert pub.wait_connected(10)
+    good = dict(model="tiny", version="1", deployment="bad", device="cam0")
+    scores = np.zeros((1, 3), np.float32)
+    bad = {
+        "malformed": b"not an envelope",
+        "oversized": bytes(env.MAX_MESSAGE + 10),
+        "shape": env.encode(env.pack(MessageType.SCORES, frame=1000, tensor=np.zeros((1, 5)),
+                                     codec="float16", **good)),
+        "model": env.encode(env.pack(MessageType.SCORES, frame=1000, tensor=scores,
+                                     codec="float16", **{**good, "version": "2"})),
+        "unknown_device": env.encode(env.pack(MessageType.SCORES, frame=1000, tensor=scores,
+                                              codec="float16", **{**good, "device": "cam9"})),
+    }
+    try:
+        for reason, payload in bad.items():
+            device = "cam9" if reason == "unknown_device" else "cam0"
+            pub.publish(t.device(device, "scores"), payload, 1)
+        wait_for(lambda: all(edge.agg.metrics.dropped.value(reason=r) >= 1 for r in bad),
+                 what="every bad message counted")
+        run_devices(tiny_bundle, tiny_data.test, mosquitto.url, deployment="bad", limit=30)
+        wait_for(lambda: edge.agg.answered >= 30, what="30 results")
+        # A duplicate and a very late view of an answered frame: dropped, nothing else lost.
+        dup = env.encode(env.pack(MessageType.SCORES, frame=3, tensor=scores, codec="float16",
+                                  **good))
+        pub.publish(t.device("cam0", "scores"), dup, 1)
+        wait_for(lambda: edge.agg.metrics.dropped.value(reason="late") >= 1, what="late view")
+    finally:
+        pub.stop()
+        edge.stop()
+    assert sorted(r["frame"] for r in edge.agg.results) == list(range(30))
+
+
+def test_cloud_outage_degrades_then_recovers(mosquitto, tiny_bundle, tiny_data):
+    port = free_port()
+    edge = Edge(tiny_bundle, mosquitto.url, f"http://127.0.0.1:{port}", deployment="outage",
+                local_threshold=0.0, edge_threshold=0.0)  # every frame needs the cloud
+    try:
+        run_devices(tiny_bundle, tiny_data.test, mosquitto.url, deployment="outage", limit=40)
+        wait_for(lambda: edge.agg.answered >= 40, what="40 results")
+        first = list(edge.agg.results)
+        assert all(r["degraded"] and r["exit"] == "edge" for r in first)
+        with V2Endpoint(tiny_bundle, port=port) as endpoint:
+            run_devices(tiny_bundle, tiny_data.test, mosquitto.url, deployment="outage",
+                        start=40, limit=40)
+            wait_for(lambda: edge.agg.answered >= 80, what="80 results")
+            later = [r for r in edge.agg.results if r["frame"] >= 40]
+            assert endpoint.calls > 0
+    finally:
+        edge.stop()
+    # The circuit reopens within its backoff: the last frames went to the cloud again.
+    tail = sorted(later, key=lambda r: r["frame"])[-5:]
+    assert all(r["exit"] == "cloud" and not r["degraded"] for r in tail)
+    assert edge.agg.metrics.cloud.value(outcome="error") >= 1
+
+
+def test_http_fallback_without_a_broker(tiny_bundle, tiny_data, cloud, thresholds):
+    port = free_port()
+    edge = Edge(tiny_bundle, None, cloud.url, deployment="http", http_port=port,
+                **mixed(thresholds))
+    try:
+        run_devices(tiny_bundle, tiny_data.test, None, mode="push", deployment="http",
+                    edge_url=f"http://127.0.0.1:{port}")
+        wait_for(lambda: edge.agg.answered >= 120, what="120 results")
+        import urllib.request
+
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics") as r:
+            assert b"ddnn_edge_frames_total" in r.read()
+        with contextlib.closing(urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/v1/results?after=100")) as r:
+            assert sorted(x["frame"] for x in json.loads(r.read())) == list(range(101, 120))
+    finally:
+        edge.stop()
+    check_against_evaluate(list(edge.agg.results), tiny_bundle, tiny_data.test, thresholds)

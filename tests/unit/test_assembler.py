@@ -1,0 +1,111 @@
+"""Frame assembly: deadlines, absent and dead devices, duplicates and late views."""
+
+import numpy as np
+import pytest
+
+from edge.assembler import FEATURES, SCORES, Drop, FrameAssembler
+
+S = np.zeros(3, np.float32)
+F = np.zeros((1, 4, 2, 2), np.float32)
+
+
+def test_a_frame_is_ready_when_every_view_reported():
+    a = FrameAssembler(3, deadline=1.0)
+    assert a.add_scores(0, 5, S, 10.0, now=0.0) is None
+    assert a.add_scores(2, 5, None, 9.0, now=0.1) is None  # absent
+    f = a.add_scores(1, 5, S, 11.0, now=0.2)
+    assert f is not None and f.present == [0, 1] and f.absent == {2}
+    assert f.captured == 9.0 and f.stage == SCORES
+
+
+def test_a_missing_view_never_blocks_a_frame():
+    a = FrameAssembler(3, deadline=0.5)
+    a.add_scores(0, 1, S, 0.0, now=0.0)
+    assert a.expire(now=0.4) == []
+    (f,) = a.expire(now=0.6)
+    assert f.present == [0] and f.missing == {1, 2}
+
+
+def test_an_offline_device_is_not_waited_for():
+    a = FrameAssembler(2, deadline=5.0)
+    a.set_online(1, False)
+    f = a.add_scores(0, 1, S, 0.0, now=0.0)
+    assert f is not None and f.present == [0]
+    a.add_scores(1, 2, S, 0.0, now=0.0)  # any message revives it
+    assert a.expected() == [0, 1]
+
+
+def test_a_silent_device_becomes_suspect_after_missed_deadlines():
+    a = FrameAssembler(2, deadline=0.1, suspect_after=2)
+    for frame in range(2):
+        a.add_scores(0, frame, S, 0.0, now=frame)
+        (f,) = a.expire(now=frame + 0.2)
+        a.finish(f)
+    assert a.expected() == [0]
+    assert a.add_scores(0, 2, S, 0.0, now=3.0) is not None  # no wait any more
+
+
+def test_duplicates_and_late_views_are_dropped():
+    a = FrameAssembler(2, deadline=0.1)
+    a.add_scores(0, 1, S, 0.0, now=0.0)
+    with pytest.raises(Drop) as d:
+        a.add_scores(0, 1, S, 0.0, now=0.0)
+    assert d.value.reason == "duplicate"
+    (f,) = a.expire(now=1.0)
+    with pytest.raises(Drop) as d:
+        a.add_scores(1, 1, S, 0.0, now=1.0)  # taken by the worker already
+    assert d.value.reason == "late"
+    a.finish(f)
+    with pytest.raises(Drop) as d:
+        a.add_scores(1, 1, S, 0.0, now=1.0)
+    assert d.value.reason == "late"
+
+
+def test_forgotten_frames_are_late_not_new():
+    a = FrameAssembler(1, deadline=0.1, history=2)
+    for frame in range(4):
+        a.finish(a.add_scores(0, frame, S, 0.0, now=0.0))
+    with pytest.raises(Drop, match="already answered"):
+        a.add_scores(0, 0, S, 0.0, now=0.0)
+
+
+def test_feature_pull_completes_or_expires():
+    a = FrameAssembler(2, deadline=1.0, feature_deadline=0.5)
+    a.add_scores(0, 1, S, 0.0, now=0.0)
+    f = a.add_scores(1, 1, S, 0.0, now=0.0)
+    assert a.await_features(f, [0, 1], now=0.0) is None
+    assert f.stage == FEATURES
+    assert a.add_features(0, 1, F, 0.0, now=0.1) is None
+    (g,) = a.expire(now=0.6)
+    assert g is f and g.missing == {1}
+    with pytest.raises(Drop) as d:
+        a.add_features(1, 1, F, 0.0, now=0.7)
+    assert d.value.reason == "late"
+
+
+def test_pushed_features_wait_for_the_decision():
+    a = FrameAssembler(1, deadline=1.0)
+    f = a.add_scores(0, 3, S, 0.0, now=0.0)
+    assert a.add_features(0, 3, F, 0.0, now=0.0) is None  # push mode: kept, not ready
+    assert a.await_features(f, [0], now=0.0) is f  # nothing to pull
+
+
+def test_unrequested_features_are_dropped():
+    a = FrameAssembler(2, deadline=1.0)
+    with pytest.raises(Drop) as d:
+        a.add_features(0, 1, F, 0.0, now=0.0)
+    assert d.value.reason == "unrequested"
+
+
+def test_single_view_features_make_a_frame_ready():
+    a = FrameAssembler(1, single_view=True)
+    f = a.add_features(0, 4, F, 0.0, now=0.0)
+    assert f is not None and f.stage == FEATURES and f.requested == (0,) and f.present == [0]
+
+
+def test_extend_deadlines_after_an_outage():
+    a = FrameAssembler(2, deadline=0.1)
+    a.add_scores(0, 1, S, 0.0, now=0.0)
+    a.extend_deadlines(now=5.0)
+    assert a.expire(now=5.05) == []
+    assert len(a.expire(now=5.2)) == 1
