@@ -1,0 +1,411 @@
+"""``ddnn demo``: the whole hierarchy on one machine, with no external services.
+
+It trains a bundle on generated data when none is given, starts a broker (Mosquitto when
+installed, else the embedded amqtt), the cloud service, the edge aggregator and one device
+process per view, replays the test split, shows live progress, and ends with a summary of the
+live hierarchy beside the offline evaluation. Every role runs as its own ``ddnn`` process, as it
+would in a deployment; the demo only starts them, listens to the results topic and stops them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from ddnn.errors import ConfigError
+
+DEPLOYMENT = "demo"
+
+
+def register(sub, data_sub, formatter) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="run the whole hierarchy locally: broker, cloud, edge, one device per view",
+        description=__doc__,
+        formatter_class=formatter,
+    )
+    p.add_argument(
+        "--work", default="runs/demo", help="working directory (data, bundle, logs, report)"
+    )
+    p.add_argument("--bundle", default=None, help="use this bundle instead of training one")
+    p.add_argument("--data", default=None, help="replay this test .npz instead of a generated one")
+    p.add_argument("--train-samples", type=int, default=2000, help="generated training samples")
+    p.add_argument("--frames", type=int, default=300, help="frames to replay (from the test file)")
+    p.add_argument(
+        "--epochs", type=int, default=None, help="training epochs (default: ddnn train's)"
+    )
+    p.add_argument("--fps", type=float, default=25.0, help="replay rate of every device")
+    p.add_argument("--mode", choices=["pull", "push"], default="pull", help="device feature mode")
+    p.add_argument(
+        "--broker", default=None, help="use this MQTT broker URL instead of starting one"
+    )
+    p.add_argument(
+        "--broker-kind",
+        choices=["auto", "mosquitto", "amqtt"],
+        default="auto",
+        help="which broker to start when --broker is not given",
+    )
+    p.add_argument("--cloud", default=None, help="use this cloud URL instead of starting one")
+    p.add_argument(
+        "--retrain", action="store_true", help="train again even if the work dir has a bundle"
+    )
+    p.set_defaults(func=run)
+
+
+@dataclass
+class Processes:
+    """The child processes of the demo, stopped in reverse order of start."""
+
+    logs: Path
+    children: list[tuple[str, subprocess.Popen]] = field(default_factory=list)
+
+    def start(self, name: str, *args: str) -> subprocess.Popen:
+        with open(self.logs / f"{name}.log", "wb") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ddnn", *args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.children.append((name, proc))
+        return proc
+
+    def stop_all(self, timeout: float = 10.0) -> None:
+        for _, proc in reversed(self.children):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for _, proc in reversed(self.children):
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def _ddnn(*args: str) -> None:
+    proc = subprocess.run([sys.executable, "-m", "ddnn", *args])
+    if proc.returncode != 0:
+        raise ConfigError(f"`ddnn {' '.join(args[:2])}` failed with exit code {proc.returncode}")
+
+
+def _prepare(args, work: Path) -> tuple[Path, Path]:
+    """The bundle and test file to use, generating and training what is missing."""
+    data = Path(args.data) if args.data else work / "test.npz"
+    if not args.data and not data.exists():
+        _say("generating the test split")
+        _ddnn(
+            "data",
+            "synth",
+            "--out",
+            str(data),
+            "--samples",
+            str(max(args.frames, 1)),
+            "--seed",
+            "2",
+        )
+    if args.bundle:
+        return Path(args.bundle), data
+    bundle = work / "bundle"
+    if (bundle / "manifest.json").exists() and not args.retrain:
+        _say(f"reusing the bundle in {bundle} (--retrain to train again)")
+        return bundle, data
+    train = work / "train.npz"
+    if not train.exists():
+        _say("generating the training split")
+        _ddnn(
+            "data",
+            "synth",
+            "--out",
+            str(train),
+            "--samples",
+            str(args.train_samples),
+            "--seed",
+            "1",
+        )
+    _say("training the DDNN (all exits jointly), exporting to ONNX, calibrating thresholds")
+    extra = ["--epochs", str(args.epochs)] if args.epochs else []
+    _ddnn("train", "--data", str(train), "--out", str(bundle), "--name", "demo", *extra)
+    return bundle, data
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ConfigError(f"the process serving {url} exited with code {proc.returncode}")
+        with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=1) as r:
+            if r.status == 200:
+                return
+        time.sleep(0.1)  # readiness poll
+    raise ConfigError(f"{url} not ready after {timeout:.0f} s")
+
+
+def _edge_payload_bytes(http: str) -> float | None:
+    """Device payload bytes the edge counted, from its Prometheus metrics."""
+    try:
+        with urllib.request.urlopen(f"{http}/metrics", timeout=2) as r:
+            text = r.read().decode()
+    except OSError:
+        return None
+    pattern = r'^ddnn_edge_received_bytes_total\{[^}]*part="payload"[^}]*\} (\S+)$'
+    return sum(float(v) for v in re.findall(pattern, text, re.M))
+
+
+def run(args) -> int:
+    import paho.mqtt.client as mqtt
+    from tqdm import tqdm
+
+    from ddnn.broker import free_port, start_broker
+    from ddnn.bundle import load_bundle
+    from ddnn.dataset import load_dataset
+    from ddnn.hierarchy import summarize
+    from ddnn.mqtt import BrokerUrl
+    from ddnn.runtime import BundleRuntime
+
+    work = Path(args.work)
+    logs = work / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    bundle_dir, data_path = _prepare(args, work)
+    bundle = load_bundle(bundle_dir)
+    m = bundle.manifest
+    ds = load_dataset(data_path, num_classes=m.num_classes)
+    n = min(args.frames, ds.num_samples)
+    sub = ds.subset(np.arange(n))
+    _say(f"offline evaluation of {bundle.ref} on {n} frames (ONNX Runtime)")
+    offline = summarize(
+        BundleRuntime(bundle).run_dataset(sub.X, sub.present), sub.label, sub.y, m, m.policy
+    )
+
+    procs = Processes(logs)
+    broker = None
+    results: dict[int, dict] = {}
+    try:
+        if args.broker:
+            broker_url = args.broker
+        else:
+            broker = start_broker(prefer=args.broker_kind)
+            broker_url = broker.url
+            _say(f"started {broker.kind} on {broker_url}")
+        cloud_url = args.cloud
+        if not cloud_url:
+            port = free_port()
+            cloud_url = f"http://127.0.0.1:{port}"
+            proc = procs.start(
+                "cloud",
+                "cloud",
+                "--bundle",
+                str(bundle_dir),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(port),
+            )
+            _wait_http(f"{cloud_url}/v2/health/ready", proc)
+            _say(f"cloud service ready on {cloud_url} (models {m.name}-cloud, {m.name}-full)")
+
+        url = BrokerUrl.parse(broker_url)
+        got_all = threading.Event()
+        bar = tqdm(total=n, desc="frames", unit="frame", file=sys.stderr, mininterval=0.5)
+        counts = {"local": 0, "edge": 0, "cloud": 0}
+
+        def on_message(_c, _u, msg):
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                r = json.loads(msg.payload)
+                if int(r["frame"]) in results:
+                    return
+                results[int(r["frame"])] = r
+                counts[r["exit"]] = counts.get(r["exit"], 0) + 1
+                bar.update(1)
+                bar.set_postfix(counts)
+                if len(results) >= n:
+                    got_all.set()
+
+        listener = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="ddnn-demo-listener")
+        listener.on_message = on_message
+        listener.on_connect = lambda c, *_a: c.subscribe(f"ddnn/{DEPLOYMENT}/results", qos=1)
+        if url.username:
+            listener.username_pw_set(url.username, url.password)
+        if url.tls:
+            listener.tls_set()
+        listener.connect(url.host, url.port)
+        listener.loop_start()
+
+        edge_port = free_port()
+        edge_http = f"http://127.0.0.1:{edge_port}"
+        edge = procs.start(
+            "edge",
+            "edge",
+            "--bundle",
+            str(bundle_dir),
+            "--broker",
+            broker_url,
+            "--cloud",
+            cloud_url,
+            "--deployment",
+            DEPLOYMENT,
+            "--http-port",
+            str(edge_port),
+            "--expect-frames",
+            str(n),
+            "--results-out",
+            str(work / "results.jsonl"),
+        )
+        _wait_http(f"{edge_http}/healthz", edge)
+        _say(f"edge aggregator up; starting {m.views} device agents at {args.fps:g} fps")
+        for view in range(m.views):
+            procs.start(
+                f"device-{view}",
+                "device",
+                "--bundle",
+                str(bundle_dir),
+                "--broker",
+                broker_url,
+                "--view",
+                str(view),
+                "--data",
+                str(data_path),
+                "--fps",
+                str(args.fps),
+                "--limit",
+                str(n),
+                "--deployment",
+                DEPLOYMENT,
+                "--mode",
+                args.mode,
+                "--wait-peers",
+                "30",
+            )
+        budget = n / max(args.fps, 1e-3) + 90
+        if not got_all.wait(budget):
+            _say(
+                f"warning: {len(results)} of {n} frames answered after {budget:.0f} s; "
+                f"see the logs in {logs}"
+            )
+        bar.close()
+        payload = _edge_payload_bytes(edge_http)
+        listener.loop_stop()
+        listener.disconnect()
+    except KeyboardInterrupt:
+        _say("interrupted: stopping every process")
+        raise
+    finally:
+        procs.stop_all()
+        if broker is not None:
+            broker.stop()
+
+    summary = _summary(results, sub, offline, payload, m)
+    _say("")
+    print(_table(summary))
+    report = _write_report(work / "report", summary, results)
+    _say(f"\nreport: {report}   logs: {logs}")
+    return 0 if summary["answered"] == n else 1
+
+
+def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None, m) -> dict:
+    n = ds.num_samples
+    tiers = ("local", "edge", "cloud")
+    answered = [results[f] for f in sorted(results) if f < n]
+    correct = [r["class"] == int(ds.label[r["frame"]]) for r in answered]
+    lat = {t: [r["latency_ms"] for r in answered if r["exit"] == t] for t in tiers}
+    raw = offline["bytes_per_frame"]["raw_offload"]
+    return {
+        "frames": n,
+        "answered": len(answered),
+        "degraded": sum(bool(r.get("degraded")) for r in answered),
+        "exits": {t: sum(r["exit"] == t for r in answered) for t in tiers},
+        "live_accuracy": float(np.mean(correct)) if correct else 0.0,
+        "offline": offline,
+        "bytes_per_frame": {
+            "live": payload / n if payload is not None else None,
+            "offline": offline["bytes_per_frame"]["ddnn"],
+            "raw_offload": raw,
+        },
+        "latency_ms": {
+            t: (
+                {
+                    "p50": float(np.percentile(v, 50)),
+                    "p99": float(np.percentile(v, 99)),
+                    "count": len(v),
+                }
+                if v
+                else None
+            )
+            for t, v in lat.items()
+        },
+        "model": f"{m.name}:{m.version}",
+    }
+
+
+def _table(s: dict) -> str:
+    off = s["offline"]
+    lines = [
+        f"DDNN demo — {s['model']}, {s['frames']} frames, {s['answered']} answered, "
+        f"{s['degraded']} degraded",
+        "",
+        f"{'exit':<8}{'frames':>8}{'live share':>12}{'offline share':>15}"
+        f"{'p50 ms':>9}{'p99 ms':>9}",
+    ]
+    for t in ("local", "edge", "cloud"):
+        lat = s["latency_ms"][t]
+        p50, p99 = (f"{lat['p50']:.1f}", f"{lat['p99']:.1f}") if lat else ("-", "-")
+        share = s["exits"][t] / max(s["answered"], 1)
+        lines.append(
+            f"{t:<8}{s['exits'][t]:>8}{share:>12.3f}{off['exit_fraction'][t]:>15.3f}"
+            f"{p50:>9}{p99:>9}"
+        )
+    b = s["bytes_per_frame"]
+    live_b = f"{b['live']:.1f}" if b["live"] is not None else "n/a"
+    lines += [
+        "",
+        f"accuracy: live hierarchy {s['live_accuracy']:.3f}   offline evaluation "
+        f"{off['accuracy']['overall']:.3f}   (cloud exit alone {off['accuracy']['cloud']:.3f})",
+        f"uplink bytes per frame: live {live_b}   offline {b['offline']:.1f}   raw offload "
+        f"{b['raw_offload']:.1f}   ({b['raw_offload'] / max(b['offline'], 1e-9):.0f}x fewer)",
+    ]
+    return "\n".join(lines)
+
+
+def _write_report(out: Path, s: dict, results: dict[int, dict]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    tiers = ("local", "edge", "cloud")
+    axes[0].bar(
+        tiers, [s["exits"][t] for t in tiers], color=["tab:green", "tab:orange", "tab:blue"]
+    )
+    axes[0].set(title="frames per exit tier", ylabel="frames")
+    for t in tiers:
+        v = [r["latency_ms"] for r in results.values() if r["exit"] == t]
+        if v:
+            axes[1].hist(v, bins=30, alpha=0.6, label=t)
+    axes[1].set(title="end-to-end latency", xlabel="ms", ylabel="frames")
+    axes[1].legend()
+    fig.tight_layout()
+    fig.savefig(out / "demo.png", dpi=110)
+    plt.close(fig)
+    md = out / "report.md"
+    md.write_text(
+        f"# DDNN demo report\n\n```\n{_table(s)}\n```\n\n![exits and latency](demo.png)\n"
+    )
+    return md
