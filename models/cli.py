@@ -63,6 +63,11 @@ def register(sub, data_sub, formatter) -> None:
         action="store_true",
         help="float device segment (ReLU, float16 features) instead of binarized",
     )
+    t.add_argument(
+        "--per-view-devices",
+        action="store_true",
+        help="train one device segment per view (the paper) instead of one shared",
+    )
     t.add_argument("--edge-filters", type=int, default=d.edge_filters, help="edge conv filters")
     t.add_argument(
         "--tolerance",
@@ -111,6 +116,7 @@ def _train(args) -> int:
         lr=args.lr,
         device_filters=args.device_filters,
         device_binary=not args.float_device,
+        share_device_weights=not args.per_view_devices,
         edge_filters=args.edge_filters,
         tolerance=args.tolerance,
         val_fraction=args.val_fraction,

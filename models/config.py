@@ -19,6 +19,9 @@ class DDNNConfig:
     device_filters: int = 4  # conv filters per device; the paper uses 4 to fit embedded memory
     device_binary: bool = True  # binarized weights and sign activations on the device (eBNN);
     # False gives a float conv with ReLU features sent as float16
+    share_device_weights: bool = True  # one device segment for every view (identical
+    # cameras learn from every view's images; robust with few samples per camera); False
+    # trains one per view as in the paper
     edge_filters: int = 16  # filters of the edge ConvP block
     cloud_filters: tuple[int, ...] = (32, 32)  # one ConvP block per entry: the deep segment
     edge_codec: str = "binary"  # how edge features travel to the cloud; binary keeps them 1-bit

@@ -82,7 +82,8 @@ class DeviceSegment(nn.Module):
         self.exit = ExitHead(cfg.device_filters * h * w, classes)
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        features = self.block(image)
+        # Centre the [0, 1] pixels: ±1 weights on all-positive inputs mostly measure brightness.
+        features = self.block(image * 2.0 - 1.0)
         return self.exit(features), features
 
 
@@ -149,9 +150,13 @@ class DDNN(nn.Module):
         self.cfg = cfg
         self.views, self.classes = views, classes
         self.local_op, self.edge_op = cfg.aggregation
-        self.devices = nn.ModuleList(
-            DeviceSegment(cfg, classes, height, width) for _ in range(views)
-        )
+        if cfg.share_device_weights:
+            shared = DeviceSegment(cfg, classes, height, width)
+            self.devices = nn.ModuleList([shared] * views)
+        else:
+            self.devices = nn.ModuleList(
+                DeviceSegment(cfg, classes, height, width) for _ in range(views)
+            )
         self.local = LocalHead(views, classes) if self.local_op == "concat" else None
         h, w = _pooled(height, 1), _pooled(width, 1)
         c_edge = cfg.device_filters * (views if self.edge_op == "concat" else 1)
