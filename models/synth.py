@@ -25,7 +25,7 @@ _CHUNK = 128  # samples rendered at once: keeps the (views, H, W) work arrays in
 
 @dataclass(frozen=True)
 class SceneConfig:
-    """How scenes are made; the defaults give single views ~0.7 accuracy and fused views ~0.95."""
+    """How scenes are made; the defaults give a small CNN ~0.8 per view and ~0.98 fused."""
 
     views: int = 6  # cameras around the object, as MVMC's six
     classes: int = 3  # object classes; 3 gets MVMC's names (car, bus, person)
