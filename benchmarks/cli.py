@@ -74,5 +74,7 @@ def _bench(args) -> int:
         took = time.perf_counter() - start
         brief = {k: v for k, v in result.items() if k in ("ratios", "aims", "skipped", "summary")}
         print(f"   done in {took:.0f} s: {json.dumps(brief)[:400]}", file=sys.stderr)
-    print(f"results in {out}/", file=sys.stderr)
+    from benchmarks.report import write_readme
+
+    print(f"results in {out}/, summary in {write_readme(out)}", file=sys.stderr)
     return 1 if failed else 0
