@@ -12,13 +12,11 @@ sizes, measured in the same run. Results are medians over repeats; nothing is as
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import json
 import os
 import platform
-import signal
 import statistics
 import subprocess
 import sys
@@ -27,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import stop_process
 from ddnn import oip
 from ddnn.broker import free_port
 
@@ -132,15 +131,6 @@ def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> Non
     raise RuntimeError("server not ready in time")
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
 
 def _serve_and_drive(bundle: Path, model: str, sample: dict, batching: bool, seconds: float,
                      repeats: int, ort_threads: int | None) -> dict[int, dict]:
@@ -154,7 +144,7 @@ def _serve_and_drive(bundle: Path, model: str, sample: dict, batching: bool, sec
         return {c: _median([_stats(*asyncio.run(_drive(port, request, c, seconds)))
                             for _ in range(repeats)]) for c in CONCURRENCY}
     finally:
-        _stop(proc)
+        stop_process(proc)
 
 
 # --- the limit: in-process ONNX Runtime on the same batches -------------------------------------
@@ -270,26 +260,3 @@ def run(out_dir: Path, bundle: Path, quick: bool = False, kind: str = "full",
     with contextlib.suppress(ImportError):
         _plot(result, out_dir / "cloud_throughput.png")
     return result
-
-
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.cloud_throughput", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=Path, required=True)
-    p.add_argument("--out", type=Path, default=Path("bench-out"))
-    p.add_argument("--model", choices=["full", "cloud"], default="full")
-    p.add_argument("--ort-threads", type=int, default=1, help="0: ONNX Runtime's default")
-    p.add_argument("--quick", action="store_true")
-    args = p.parse_args(argv)
-    result = run(args.out, args.bundle, quick=args.quick, kind=args.model,
-                 ort_threads=args.ort_threads or None)
-    for key in ("in_process", "batching", "no_batching"):
-        for c, r in result["results"][key].items():
-            print(f"{key:>12} c={c:>2}: {r['throughput']:9.0f} samples/s  "
-                  f"p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms")
-    print(json.dumps(result["ratios"], indent=1))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -51,6 +51,17 @@ def workspace(root: Path, quick: bool = False, epochs: int | None = None) -> Wor
     return Workspace(root, train, test, bundle, seconds)
 
 
+def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM a child, then SIGKILL it if it has not exited within ``timeout`` seconds."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def write_json(out_dir: Path, name: str, result: dict) -> Path:
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{name}.json"

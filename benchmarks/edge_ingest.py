@@ -13,7 +13,6 @@ ONNX Runtime. Rates are medians over repeats; nothing is asserted.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -193,17 +192,3 @@ def _plot(path: Path, r: dict) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", default="docs/benchmarks")
-    p.add_argument("--quick", action="store_true")
-    a = p.parse_args()
-    print(json.dumps(run(Path(a.out), Path(a.bundle), Path(a.data), a.quick), indent=2))
-
-
-if __name__ == "__main__":
-    main()

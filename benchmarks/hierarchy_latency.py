@@ -13,10 +13,8 @@ HTTP call. Thresholds are set so that every tier gets frames. Nothing is asserte
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -28,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import stop_process
 from ddnn.broker import BrokerProcess, free_port, mosquitto_path, start_broker, wait_for_port
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
@@ -140,15 +139,6 @@ def _start(args: list[str], log: Path) -> subprocess.Popen:
                                 stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
 
-def _stop(p: subprocess.Popen) -> None:
-    if p.poll() is None:
-        p.send_signal(signal.SIGTERM)
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
 
 def _ready(url: str, timeout: float, proc: subprocess.Popen) -> bool:
     deadline = time.monotonic() + timeout
@@ -218,7 +208,7 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
         rows = [json.loads(line) for line in results.read_text().splitlines()]
     finally:
         for p in reversed(procs):
-            _stop(p)
+            stop_process(p)
         broker.stop()
     lat = {t: [r["latency_ms"] for r in rows if r["exit"] == t and not r["degraded"]]
            for t in TIERS}
@@ -261,17 +251,3 @@ def _plot(path: Path, per_tier: dict) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
-
-
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--bundle", required=True)
-    p.add_argument("--data", required=True)
-    p.add_argument("--out", default="docs/benchmarks")
-    p.add_argument("--quick", action="store_true")
-    a = p.parse_args()
-    print(json.dumps(run(Path(a.out), Path(a.bundle), Path(a.data), a.quick), indent=2))
-
-
-if __name__ == "__main__":
-    main()
