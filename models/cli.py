@@ -48,7 +48,9 @@ def register(sub, data_sub, formatter) -> None:
     )
     t.add_argument("--name", default="ddnn", help="model name (lowercase; used in topics and URLs)")
     t.add_argument("--model-version", default="1", help="model version string")
-    t.add_argument("--scheme", default=d.scheme, help="aggregation scheme: MP, AP, CC, MP-CC, ...")
+    t.add_argument(
+        "--scheme", default=d.scheme, help="aggregation scheme: MP-AP, MP-CC, MP, AP, CC, ..."
+    )
     t.add_argument("--epochs", type=int, default=d.epochs, help="training epochs")
     t.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per step")
     t.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")

@@ -14,8 +14,9 @@ class DDNNConfig:
     """Architecture, training and calibration settings; the defaults follow the paper."""
 
     # --- architecture ---------------------------------------------------------------------
-    scheme: str = "MP-CC"  # local-edge aggregation; the paper's best: max of the device scores,
-    # concatenation of the device features (any of ddnn.aggregation.SCHEMES)
+    scheme: str = "MP-AP"  # local-edge aggregation: max of the device scores, average of the
+    # device features; averaging keeps the edge input the same whichever views are missing
+    # (the paper's MP-CC zero-fills them) and gave a stronger cloud exit (docs/training.md)
     device_filters: int = 4  # conv filters per device; the paper uses 4 to fit embedded memory
     device_binary: bool = True  # binarized weights and sign activations on the device (eBNN);
     # False gives a float conv with ReLU features sent as float16

@@ -28,7 +28,7 @@ def test_manifest_describes_the_model(tiny_bundle):
     m = load_bundle(tiny_bundle).manifest
     assert (m.name, m.version, m.views, m.input_shape) == ("tiny", "1", 3, (3, 16, 16))
     assert m.classes == ("car", "bus", "person")
-    assert m.aggregation == {"local": "max", "edge": "concat"} and m.scheme == "MP-CC"
+    assert m.aggregation == {"local": "max", "edge": "avg"} and m.scheme == "MP-AP"
     assert set(m.thresholds) == {"local", "edge"}
     assert m.codec == {"scores": "float16", "device_features": "binary", "edge_features": "binary"}
     assert m.devices[0].output("features").shape == ("batch", 4, 8, 8)
