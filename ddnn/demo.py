@@ -391,14 +391,13 @@ def _write_report(out: Path, s: dict, results: dict[int, dict]) -> Path:
     (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     tiers = ("local", "edge", "cloud")
-    axes[0].bar(
-        tiers, [s["exits"][t] for t in tiers], color=["tab:green", "tab:orange", "tab:blue"]
-    )
+    colours = {"local": "tab:green", "edge": "tab:orange", "cloud": "tab:blue"}
+    axes[0].bar(tiers, [s["exits"][t] for t in tiers], color=[colours[t] for t in tiers])
     axes[0].set(title="frames per exit tier", ylabel="frames")
     for t in tiers:
         v = [r["latency_ms"] for r in results.values() if r["exit"] == t]
         if v:
-            axes[1].hist(v, bins=30, alpha=0.6, label=t)
+            axes[1].hist(v, bins=30, alpha=0.6, label=t, color=colours[t])
     axes[1].set(title="end-to-end latency", xlabel="ms", ylabel="frames")
     axes[1].legend()
     fig.tight_layout()
