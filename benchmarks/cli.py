@@ -18,6 +18,7 @@ BENCHMARKS = {
     "edge_ingest": "benchmarks.edge_ingest",
     "raw_vs_hierarchy": "benchmarks.raw_vs_hierarchy",
     "bandwidth": "benchmarks.bandwidth",
+    "soak": "benchmarks.soak",  # minutes of the full hierarchy: memory and every frame
 }
 
 

@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
+from cloud.bundles import add_bundle_routes
 from cloud.service import CloudService
 from cloud.settings import CloudSettings
 from ddnn import __version__
@@ -60,6 +61,9 @@ class BearerAuth:
             return await self.app(scope, receive, send)
         self.on_refuse()
         message = "missing bearer token" if not given else "invalid bearer token"
+        client = (scope.get("client") or ("?",))[0]
+        log.warning("refused %s %s from %s: %s", scope.get("method", "?"), scope["path"][:100],
+                    client, message)
         reply = _error(401, message, {"WWW-Authenticate": 'Bearer realm="ddnn"'})
         return await reply(scope, receive, send)
 
@@ -152,6 +156,7 @@ def create_app(settings: CloudSettings) -> FastAPI:
         return _error(500, "internal server error")
 
     add_routes(app, service)
+    add_bundle_routes(app, service)
     return app
 
 

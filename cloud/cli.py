@@ -61,6 +61,9 @@ _OPTIONS = [
     ("ssl-keyfile-password", str, "TEXT", "password of the TLS private key"),
     ("ssl-ca-certs", Path, "FILE", "CA certificates to verify client certificates against"),
     ("access-log", _flag, "BOOL", "log one line per request"),
+    ("bundle-key", Path, "FILE", "Ed25519 public key (PEM): serve only bundles whose manifest "
+                                 "it signed (ddnn bundle sign); others are refused and listed "
+                                 "UNAVAILABLE"),
 ]
 
 
@@ -110,6 +113,7 @@ def _run(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     if settings.bundle is not None:
-        load_bundle(settings.bundle)  # refuse a bad bundle with a one-line error before binding
+        # Refuse a bad (or unsigned, with a key) bundle with a one-line error before binding.
+        load_bundle(settings.bundle, public_key=settings.bundle_key)
     serve(settings)
     return 0

@@ -23,6 +23,7 @@ from ddnn.bundle import MANIFEST, load_bundle, read_manifest
 from ddnn.errors import DdnnError
 from ddnn.oip import ModelNotFoundError
 from ddnn.runtime import BundleRuntime
+from ddnn.signing import SIGNATURE
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def signature(path: Path) -> Signature:
     out = []
     try:
         for f in sorted(path.iterdir()):
-            if f.name == MANIFEST or f.suffix == ".onnx":
+            if f.name in (MANIFEST, SIGNATURE) or f.suffix == ".onnx":
                 st = f.stat()
                 out.append((f.name, st.st_size, st.st_mtime_ns))
     except OSError:  # the directory vanished mid-scan: it is seen as empty this time
@@ -86,8 +87,10 @@ class ModelRepository:
     def __init__(self, root: Path, *, single: bool = False, ort_threads: int | None = None,
                  on_load: Callable[[ServedModel], None] | None = None,
                  on_unload: Callable[[ServedModel], None] | None = None,
-                 on_failure: Callable[[Failure], None] | None = None):
+                 on_failure: Callable[[Failure], None] | None = None,
+                 public_key: Path | None = None):
         self.root = Path(root)
+        self.public_key = public_key  # with it, only bundles signed by this key are served
         self.single = single
         self.ort_threads = ort_threads
         self._on_load = on_load or (lambda m: None)
@@ -123,6 +126,13 @@ class ModelRepository:
                                      f"versions: {', '.join(self.versions(name))}")
         return versions[version]
 
+    def bundle_path(self, name: str, version: str) -> Path | None:
+        """The directory of the served bundle ``name`` at ``version`` (for downloads)."""
+        for entry in self._bundles.values():
+            if entry.key == (name, version):
+                return entry.path
+        return None
+
     def failures(self) -> list[Failure]:
         return list(self._failures.values())
 
@@ -151,7 +161,8 @@ class ModelRepository:
         return {p: signature(p) for p in dirs}
 
     def _load(self, path: Path) -> BundleRuntime:
-        runtime = BundleRuntime(load_bundle(path), threads=self.ort_threads)
+        runtime = BundleRuntime(load_bundle(path, public_key=self.public_key),
+                                threads=self.ort_threads)
         runtime.load_all()  # every session now, so a bad graph fails here and not on a request
         return runtime
 

@@ -36,7 +36,8 @@ class CloudService:
         self.metrics = CloudMetrics()
         self.repository = ModelRepository(
             settings.root, single=settings.bundle is not None, ort_threads=settings.ort_threads,
-            on_load=self._attach, on_unload=self._detach, on_failure=self._failed)
+            on_load=self._attach, on_unload=self._detach, on_failure=self._failed,
+            public_key=settings.bundle_key)
         self._batchers: dict[ServedModel, Batcher] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._tasks: set[asyncio.Task] = set()

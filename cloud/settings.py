@@ -34,6 +34,7 @@ class CloudSettings:
     ssl_keyfile_password: str | None = None
     ssl_ca_certs: Path | None = None  # CA bundle to verify client certificates against
     access_log: bool = False  # one log line per request (off: it costs throughput)
+    bundle_key: Path | None = None  # Ed25519 public key (PEM): serve only bundles signed by it
 
     def __post_init__(self) -> None:
         if (self.bundle is None) == (self.repository is None):
@@ -52,6 +53,8 @@ class CloudSettings:
             raise ConfigError("max_queue_delay_ms and poll_interval must not be negative")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ConfigError("TLS needs both --ssl-certfile and --ssl-keyfile")
+        if self.bundle_key is not None and not Path(self.bundle_key).is_file():
+            raise ConfigError(f"bundle key {self.bundle_key}: no such file")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the bearer token must not be empty")
 

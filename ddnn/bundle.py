@@ -235,25 +235,40 @@ class Bundle:
         return f"{self.manifest.name}:{self.manifest.version}"
 
 
-def read_manifest(path: str | Path) -> Manifest:
-    """Parse ``manifest.json`` of a bundle directory without verifying the files."""
+def read_manifest(path: str | Path, raw: bytes | None = None) -> Manifest:
+    """Parse ``manifest.json`` of a bundle directory without verifying the files.
+
+    ``raw``: the manifest's bytes when the caller already read (and verified) them.
+    """
     path = Path(path)
     mf = path / MANIFEST
     if not path.is_dir():
         raise BundleError(f"{path}: no such bundle directory")
-    if not mf.is_file():
+    if raw is None and not mf.is_file():
         raise BundleError(f"{path}: not a bundle (no {MANIFEST})")
     try:
-        data = json.loads(mf.read_text(encoding="utf-8"))
+        data = json.loads((mf.read_bytes() if raw is None else raw).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BundleError(f"{mf}: unreadable manifest ({e})") from None
     return Manifest.from_dict(data)
 
 
-def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
-    """Load a bundle directory, verifying every segment file's sha256 unless ``verify=False``."""
+def load_bundle(path: str | Path, verify: bool = True,
+                public_key: str | Path | None = None) -> Bundle:
+    """Load a bundle directory, verifying every segment file's sha256 unless ``verify=False``.
+
+    With ``public_key`` (an Ed25519 PEM file, see :mod:`ddnn.signing`) the manifest's signature
+    is checked first, whatever ``verify`` says: an unsigned or tampered bundle is refused.
+    """
     path = Path(path)
-    manifest = read_manifest(path)
+    raw = None
+    if public_key is not None:
+        from ddnn.signing import verify_bundle
+
+        if not path.is_dir():
+            raise BundleError(f"{path}: no such bundle directory")
+        raw = verify_bundle(path, public_key)
+    manifest = read_manifest(path, raw)
     if verify:
         for role, seg in manifest.segments().items():
             f = path / seg.file

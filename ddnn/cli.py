@@ -23,10 +23,12 @@ from ddnn.errors import DdnnError
 COMMAND_MODULES = (
     "models.cli",  # data synth, train
     "ddnn.commands",  # data info, evaluate
+    "ddnn.bundle_cli",  # bundle keygen, sign, verify
     "device.cli",
     "edge.cli",
     "cloud.cli",
     "ddnn.demo",
+    "ddnn.ota",  # announce (over-the-air bundle updates)
     "benchmarks.cli",
 )
 
@@ -81,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args) or 0)
     except DdnnError as e:
         print(f"ddnn: error: {e}", file=sys.stderr)
-        return 1
+        return getattr(e, "exit_code", 1)
     except KeyboardInterrupt:
         print("ddnn: interrupted", file=sys.stderr)
         return 130

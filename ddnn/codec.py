@@ -94,6 +94,10 @@ class FeatureCodec:
             if not math.isfinite(scale) or scale <= 0:
                 raise CodecError(f"invalid int8 scale {scale!r}")
             q = np.frombuffer(payload, dtype=np.int8, offset=_SCALE.size)
+            # Found by fuzzing: a scale near the float32 limit times 127 (or -128) overflows.
+            peak = max(-int(q.min()), int(q.max())) if q.size else 0
+            if scale * peak > float(np.finfo(np.float32).max):
+                raise CodecError(f"int8 scale {scale!r} overflows float32")
             return (q.astype(np.float32) * np.float32(scale)).reshape(shape)
         dtype = "<f2" if self.kind == "float16" else "<f4"
         x = np.frombuffer(payload, dtype=dtype).astype(np.float32).reshape(shape)

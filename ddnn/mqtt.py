@@ -12,6 +12,8 @@ import contextlib
 import json
 import logging
 import socket
+import ssl
+import sys
 import threading
 import time
 import urllib.parse
@@ -32,6 +34,18 @@ QOS_STATUS = 1  # retained, so late subscribers learn who is alive
 
 class MqttError(DdnnError):
     """The broker cannot be used (bad URL, connection refused for good, timeout)."""
+
+
+class BrokerRefusedError(MqttError):
+    """A refusal that retrying cannot fix: bad credentials, not authorized, or a certificate that
+    one side would not accept. The client stops reconnecting and reports it once."""
+
+    exit_code = 78  # EX_CONFIG: systemd units can skip restarting (RestartPreventExitStatus=78)
+
+
+# CONNACK reason codes (MQTT 5 numbering; paho maps 3.1.1's 4 and 5 onto them) that no retry fixes.
+_REFUSED_FOR_GOOD = {134: "bad user name or password", 135: "not authorized",
+                     133: "client identifier not valid", 138: "banned"}
 
 
 @dataclass(frozen=True)
@@ -89,6 +103,81 @@ def status_info(payload: bytes) -> dict[str, Any]:
     return info if isinstance(info, dict) else {}
 
 
+@dataclass(frozen=True, kw_only=True)
+class MqttSecurity:
+    """TLS files and credentials; each overrides what the broker URL says.
+
+    TLS needs an ``mqtts://`` URL. The broker's certificate is always verified (chain and host
+    name) against ``ca_file``, or the system's CAs without it; there is no insecure mode.
+    """
+
+    ca_file: str | None = None  # CA certificate(s) the broker's certificate must chain to
+    cert_file: str | None = None  # this client's certificate (PEM), for brokers requiring one
+    key_file: str | None = None  # its private key (PEM); default: inside cert_file
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)  # never printed
+
+    def describe(self) -> str:
+        """For start-up logs: which files and user, never the password."""
+        parts = [f"{k}={v}" for k, v in (("ca", self.ca_file), ("cert", self.cert_file),
+                                          ("user", self.username)) if v]
+        if self.password:
+            parts.append("password=***")
+        return " ".join(parts) or "none"
+
+
+class _ClosingSSLSocket(ssl.SSLSocket):
+    """Closes itself when the handshake fails: paho leaves the socket open, for the collector."""
+
+    def do_handshake(self, *args, **kwargs):
+        try:
+            return super().do_handshake(*args, **kwargs)
+        except BaseException:
+            self.close()
+            raise
+
+
+def tls_context(security: MqttSecurity) -> ssl.SSLContext:
+    """A client TLS context verifying the broker against ``ca_file`` (or the system CAs)."""
+    try:
+        ctx = ssl.create_default_context(cafile=security.ca_file)
+        ctx.sslsocket_class = _ClosingSSLSocket
+        if security.cert_file:
+            ctx.load_cert_chain(security.cert_file, security.key_file)
+    except (OSError, ssl.SSLError) as e:  # FileNotFoundError, a PEM that does not parse
+        which = ", ".join(f for f in (security.ca_file, security.cert_file, security.key_file)
+                          if f)
+        raise ConfigError(f"cannot load the MQTT TLS files ({which}): {e}") from None
+    return ctx
+
+
+# Appended to the help of a secret option: "%(default).0s" prints the default as "", which also
+# stops ArgumentDefaultsHelpFormatter from showing a secret taken from the environment in --help.
+HIDE_DEFAULT = "%(default).0s"
+
+
+def add_security_options(parser, env: Callable[..., str | None]) -> None:
+    """The MQTT TLS and credential options of ``ddnn device`` and ``ddnn edge``.
+
+    ``env(name)`` reads the tier's variable (``DDNN_DEVICE_CA_FILE``, ...).
+    """
+    a = parser.add_argument
+    a("--ca-file", default=env("ca_file"),
+      help="CA certificate (PEM) the broker's certificate must chain to (needs mqtts://)")
+    a("--cert-file", default=env("cert_file"),
+      help="client certificate (PEM) for brokers that require one")
+    a("--key-file", default=env("key_file"), help="private key (PEM) of --cert-file")
+    a("--username", default=env("username"), help="MQTT username (overrides the URL's)")
+    a("--password", default=env("password"),
+      help="MQTT password; prefer the environment variable (never logged)" + HIDE_DEFAULT)
+
+
+def security_from(args) -> MqttSecurity:
+    """:class:`MqttSecurity` from the options :func:`add_security_options` added."""
+    return MqttSecurity(ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file,
+                        username=args.username, password=args.password)
+
+
 @dataclass
 class MqttOptions:
     """Connection settings common to both tiers."""
@@ -98,7 +187,12 @@ class MqttOptions:
     reconnect_max: int = 30  # cap of the exponential backoff between attempts
     max_inflight: int = 100  # unacknowledged QoS 1 messages on the wire at once
     max_queued: int = 100_000  # messages paho holds while disconnected (0 = unbounded)
+    # A persistent session (clean_session off): the broker keeps this client's subscriptions
+    # and queues its QoS 1 messages while it is away (an edge restart loses nothing), and a
+    # handler may leave a message unacknowledged (return False) for the next session to get.
+    persistent: bool = False
     subscriptions: list[tuple[str, int]] = field(default_factory=list)
+    security: MqttSecurity = field(default_factory=MqttSecurity)
 
 
 class MqttClient:
@@ -112,9 +206,10 @@ class MqttClient:
         *,
         status_topic: str | None = None,
         status_info: dict[str, Any] | None = None,
-        on_message: Callable[[str, bytes], None] | None = None,
+        on_message: Callable[[str, bytes], bool | None] | None = None,
         on_connect: Callable[[], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
+        on_refused: Callable[[BrokerRefusedError], None] | None = None,
     ):
         try:
             import paho.mqtt.client as paho
@@ -128,17 +223,32 @@ class MqttClient:
         self._on_message = on_message
         self._on_connect_cb = on_connect
         self._on_disconnect_cb = on_disconnect
+        self.on_refused = on_refused  # called once, from paho's thread, on a refusal for good
+        self.refused: BrokerRefusedError | None = None
         self.connected = threading.Event()
         self.connects = 0  # successful connections, reconnections included
         self.publish_failures = 0
         self._stopping = False
+        persistent = self.options.persistent
         self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                   protocol=paho.MQTTv311, clean_session=True)
+                                   protocol=paho.MQTTv311, clean_session=not persistent,
+                                   manual_ack=persistent)
         c = self._client
-        if self.url.username:
-            c.username_pw_set(self.url.username, self.url.password)
+        sec = self.options.security
+        username = sec.username if sec.username is not None else self.url.username
+        password = sec.password if sec.password is not None else self.url.password
+        if password and not username:
+            raise ConfigError("an MQTT password needs a username (--username)")
+        if username:
+            c.username_pw_set(username, password)
+        self.username = username
+        if sec.key_file and not sec.cert_file:
+            raise ConfigError("--key-file needs --cert-file")
+        if (sec.ca_file or sec.cert_file) and not self.url.tls:
+            raise ConfigError(f"TLS files are set but the broker URL {self.url} is not TLS: "
+                              "use mqtts://host:8883")
         if self.url.tls:
-            c.tls_set()
+            c.tls_set_context(tls_context(sec))
         c.max_inflight_messages_set(self.options.max_inflight)
         c.max_queued_messages_set(self.options.max_queued)
         c.reconnect_delay_set(self.options.reconnect_min, self.options.reconnect_max)
@@ -148,14 +258,55 @@ class MqttClient:
         c.on_connect = self._handle_connect
         c.on_disconnect = self._handle_disconnect
         c.on_message = self._handle_message
+        c.on_connect_fail = self._handle_connect_fail
+        c.on_log = self._handle_log
+        self._tls_alert: str | None = None
         self._paho = paho
 
     # --- paho callbacks (network thread) ----------------------------------------------------
 
+    def _refuse(self, message: str) -> None:
+        """Give up for good: one clear log line, no more reconnection attempts."""
+        if self.refused is not None:
+            return
+        self.refused = BrokerRefusedError(message)
+        log.error("%s; not retrying", message)
+        # End paho's loop instead of reconnecting forever. Called from paho's own thread,
+        # loop_stop() only flags the loop to end (disconnect() alone is undone when paho is
+        # handling a lost connection).
+        self._client.disconnect()
+        self._client.loop_stop()
+        if self.on_refused:
+            self.on_refused(self.refused)
+
+    def _handle_connect_fail(self, client, userdata) -> None:
+        # paho calls this inside its `except OSError` around the connection attempt.
+        error = sys.exc_info()[1]
+        if isinstance(error, ssl.SSLCertVerificationError):
+            self._refuse(f"TLS: the certificate of broker {self.url} is not trusted "
+                         f"({error.verify_message}); check --ca-file and the broker's host name")
+        elif isinstance(error, ssl.SSLError) and not isinstance(
+                error, ssl.SSLEOFError | ssl.SSLZeroReturnError):
+            self._refuse(f"TLS handshake with broker {self.url} failed: {_ssl_reason(error)}")
+        elif error is not None:
+            log.debug("cannot reach broker %s (%s); retrying", self.url, error)
+
+    def _handle_log(self, client, userdata, level, message: str) -> None:
+        # With TLS 1.3 the broker checks our certificate after the handshake, and says no with a
+        # TLS alert on the first read; paho only logs that, so it is caught here.
+        if level == self._paho.MQTT_LOG_ERR and "alert" in message.lower() and self.url.tls:
+            self._tls_alert = message
+
     def _handle_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.is_failure:
-            log.warning("broker %s refused the connection: %s", self.url, reason_code)
+            why = _REFUSED_FOR_GOOD.get(reason_code.value)
+            if why:
+                user = f" user {self.username!r}" if self.username else " (no username)"
+                self._refuse(f"broker {self.url} refused the connection: {why}{user}")
+            else:
+                log.warning("broker %s refused the connection: %s", self.url, reason_code)
             return
+        self._tls_alert = None
         self.connects += 1
         sock = client.socket()
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
@@ -174,18 +325,27 @@ class MqttClient:
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was = self.connected.is_set()
         self.connected.clear()
+        alert, self._tls_alert = self._tls_alert, None
+        if alert and not was and not self._stopping:
+            self._refuse(f"broker {self.url} refused this client's TLS certificate "
+                         f"({_ssl_reason(alert)}); check --cert-file, --key-file and their "
+                         "expiry")
         if was and not self._stopping:
             log.warning("lost the broker %s (%s); reconnecting with backoff", self.url, reason_code)
         if self._on_disconnect_cb:
             self._on_disconnect_cb()
 
     def _handle_message(self, client, userdata, msg) -> None:
-        if self._on_message is None:
-            return
+        handled = None
         try:
-            self._on_message(msg.topic, msg.payload)
+            if self._on_message is not None:
+                handled = self._on_message(msg.topic, msg.payload)
         except Exception:  # a handler bug must not kill paho's network thread
             log.exception("message handler failed on %s", msg.topic)
+        # Persistent sessions acknowledge by hand: a message the handler declined (False) stays
+        # unacknowledged, so the broker delivers it again to this client id's next session.
+        if self.options.persistent and msg.qos > 0 and handled is not False:
+            client.ack(msg.mid, msg.qos)
 
     # --- public API -------------------------------------------------------------------------
 
@@ -196,7 +356,14 @@ class MqttClient:
         return self
 
     def wait_connected(self, timeout: float) -> bool:
-        return self.connected.wait(timeout)
+        """True once connected; raises :class:`BrokerRefusedError` after a refusal for good."""
+        deadline = time.monotonic() + timeout
+        while not self.connected.wait(min(0.05, max(deadline - time.monotonic(), 0))):
+            if self.refused is not None:
+                raise self.refused
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False):
         """Queue a message; paho sends it now or after the next reconnection (QoS ≥ 1)."""
@@ -227,3 +394,13 @@ class MqttClient:
         self._client.disconnect()
         self._client.loop_stop()
         self.connected.clear()
+
+
+def _ssl_reason(error: BaseException | str) -> str:
+    """``certificate expired`` from ``[SSL: SSLV3_ALERT_CERTIFICATE_EXPIRED] sslv3 alert ...``."""
+    if isinstance(error, ssl.SSLError) and error.reason:
+        return error.reason.lower().replace("_", " ")
+    text = str(error)
+    if "]" in text:
+        text = text.split("]", 1)[1].split("(_ssl.c", 1)[0]
+    return text.strip(" :") or str(error)

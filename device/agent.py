@@ -79,11 +79,32 @@ class DeviceAgent:
         self._last_request = time.monotonic()
         self._ids = dict(model=m.name, version=m.version, deployment=config.deployment,
                          device=config.device_id)
+        self._previous: tuple[str, str] | None = None  # the version before the last swap
+        self._frame_lock = threading.Lock()  # a frame runs on one version, start to end
+
+    # --- over-the-air updates ---------------------------------------------------------------
+
+    def swap(self, runtime: BundleRuntime) -> None:
+        """Run the next frames on ``runtime``; the frame under way finishes on the old one."""
+        runtime.runner(f"device-{self.config.view}")  # load before taking the lock
+        m = runtime.manifest
+        with self._frame_lock:
+            old = self.manifest
+            self._previous = (old.name, old.version)
+            self.runtime, self.manifest = runtime, m
+            self.single_view = m.views == 1
+            self.threshold = m.policy.with_overrides(
+                local=self.config.local_threshold).threshold("local")
+            self._ids = {**self._ids, "model": m.name, "version": m.version}
 
     # --- per frame --------------------------------------------------------------------------
 
     def process(self, frame: int, image: np.ndarray, captured: float | None = None) -> None:
         """Run one frame and queue what it sends (``captured``: wall-clock capture time)."""
+        with self._frame_lock:
+            self._process(frame, image, captured)
+
+    def _process(self, frame: int, image: np.ndarray, captured: float | None) -> None:
         ts = time.time() if captured is None else captured
         self.stats.frames += 1
         if is_absent(image):
@@ -143,7 +164,9 @@ class DeviceAgent:
             req = env.decode(data)
             if req.kind != MessageType.REQUEST:
                 raise DecodeError(f"expected a request, got {req.kind.name.lower()}")
-            if (req.model, req.version) != (self.manifest.name, self.manifest.version):
+            # Features kept from before a swap are still the ones the edge asks for.
+            if (req.model, req.version) not in ((self.manifest.name, self.manifest.version),
+                                                self._previous):
                 raise DecodeError(f"request for model {req.model}:{req.version}")
             mask = req.tensor()
         except DecodeError as e:

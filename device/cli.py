@@ -26,6 +26,8 @@ def _env(name: str, default=None):
 
 
 def register(sub, data_sub, formatter) -> None:
+    from ddnn.mqtt import HIDE_DEFAULT, add_security_options
+
     p = sub.add_parser("device", help="run a device agent (device segment, MQTT uplink)",
                        description=DESCRIPTION, formatter_class=formatter)
     a = p.add_argument
@@ -34,10 +36,13 @@ def register(sub, data_sub, formatter) -> None:
     a("--view", type=int, default=_env("view"), required=_env("view") is None,
       help="which view (camera position) of the bundle this device is: 0..V-1")
     a("--broker", default=_env("broker"),
-      help="MQTT broker URL, mqtt://[user:pass@]host:port (mqtts:// for TLS)")
+      help="MQTT broker URL, mqtt://[user:pass@]host:port (mqtts:// for TLS)" + HIDE_DEFAULT)
+    add_security_options(p, _env)
+    a("--bundle-key", default=_env("bundle_key"),
+      help="Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it")
     a("--edge-url", default=_env("edge_url"),
       help="HTTP fallback when no --broker: the edge's http://host:port (push mode only)")
-    a("--token", default=_env("token"), help="bearer token for the HTTP fallback")
+    a("--token", default=_env("token"), help="bearer token for the HTTP fallback" + HIDE_DEFAULT)
     a("--device-id", default=_env("device_id"), help="this device's id (default: cam<view>)")
     a("--deployment", default=_env("deployment", "default"),
       help="deployment name: the topic level that separates deployments sharing a broker")
@@ -85,7 +90,7 @@ def run(args) -> int:
 
     from ddnn.bundle import load_bundle
     from ddnn.errors import ConfigError
-    from ddnn.mqtt import MqttOptions
+    from ddnn.mqtt import MqttOptions, security_from
     from ddnn.runtime import BundleRuntime
     from ddnn.topics import Topics, check_part, default_device_ids
     from device.agent import DeviceAgent, DeviceConfig
@@ -94,7 +99,7 @@ def run(args) -> int:
     from device.sources import Camera, ImageFolder, NpzReplay
     from device.transport import HttpTransport, MqttTransport
 
-    bundle = load_bundle(args.bundle)
+    bundle = load_bundle(args.bundle, public_key=args.bundle_key)
     m = bundle.manifest
     view = int(args.view)
     if not 0 <= view < m.views:
@@ -127,7 +132,8 @@ def run(args) -> int:
     outbox = Outbox(args.buffer, args.spool)
     agent = DeviceAgent(runtime, cfg, outbox)
     if args.broker:
-        options = MqttOptions(keepalive=args.keepalive, reconnect_max=args.reconnect_max)
+        options = MqttOptions(keepalive=args.keepalive, reconnect_max=args.reconnect_max,
+                              security=security_from(args))
         transport = MqttTransport(args.broker, topics, device_id, args.edge_id, options,
                                   {"device": device_id, "view": view, "model": bundle.ref,
                                    "mode": mode},
@@ -141,7 +147,22 @@ def run(args) -> int:
              or args.edge_url, mode, args.data or args.images or f"camera:{args.camera}",
              args.fps, limit, args.buffer, args.spool, args.keep, args.grace, args.keepalive,
              args.reconnect_max, args.threads)
+    log.info("device security: mqtt %s, bundle key %s",
+             args.broker and options.security.describe(), args.bundle_key or "none")
     service = DeviceService(agent, outbox, transport)
+    updater = None
+    if args.broker:  # over-the-air bundle updates announced on the deployment's bundle topic
+        from ddnn.ota import BundleUpdater
+
+        def _apply(new):
+            agent.swap(BundleRuntime(new, threads=args.threads))
+            transport.update_status(model=new.ref)
+
+        updater = BundleUpdater(bundle, _apply, public_key=args.bundle_key, tag=device_id)
+        transport.on_bundle = updater.on_message
+    client = getattr(transport, "client", None)
+    if client is not None:  # credentials or certificates refused: stop instead of buffering
+        client.on_refused = lambda error: service.stop_event.set()
 
     def _stop(signum, frame):
         log.info("signal %d: stopping", signum)
@@ -155,6 +176,10 @@ def run(args) -> int:
         service.run(source)
     finally:
         service.stop()
+        if updater is not None:
+            updater.stop()
+    if client is not None and client.refused is not None:
+        raise client.refused
     return 0
 
 

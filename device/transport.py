@@ -23,6 +23,7 @@ from ddnn.mqtt import (
     MqttClient,
     MqttOptions,
     parse_status,
+    status_payload,
 )
 from ddnn.topics import Topics
 from device.buffer import OutMessage
@@ -52,7 +53,8 @@ class MqttTransport:
         self._requests = topics.requests(edge_id)
         self._edge_status = topics.edge_status(edge_id)
         options.subscriptions = [(self._requests, 1), (topics.all_devices("status"), QOS_STATUS),
-                                 (self._edge_status, QOS_STATUS)]
+                                 (self._edge_status, QOS_STATUS), (topics.bundle, 1)]
+        self.on_bundle: Callable[[bytes], None] | None = None  # bundle announcements (OTA)
         self.client = MqttClient(url, f"ddnn-{topics.deployment}-{device_id}", options,
                                  status_topic=topics.device(device_id, "status"),
                                  status_info=status_info, on_message=self._message)
@@ -60,6 +62,10 @@ class MqttTransport:
     def _message(self, topic: str, payload: bytes) -> None:
         if topic == self._requests:
             self._on_request(payload)
+            return
+        if topic == self.topics.bundle:
+            if self.on_bundle is not None:
+                self.on_bundle(payload)
             return
         if topic == self._edge_status:
             peer = f"edge:{self.edge_id}"
@@ -76,6 +82,14 @@ class MqttTransport:
 
     def start(self) -> None:
         self.client.start()
+
+    def update_status(self, **info) -> None:
+        """Change fields of the retained status (the bundle version after an update)."""
+        self.client.status_info.update(info)
+        if self.connected and self.client.status_topic:
+            self.client.publish(self.client.status_topic,
+                                status_payload("online", **self.client.status_info), QOS_STATUS,
+                                retain=True)
 
     @property
     def connected(self) -> bool:

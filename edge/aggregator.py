@@ -89,19 +89,69 @@ class EdgeAggregator:
         self._logged: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
+        self.draining = False  # stopping: frames under way finish, new ones are declined
+        self._previous: tuple[str, str] | None = None  # the version before the last update
+        # A version announced for an update: devices may switch to it before this edge does.
+        self.announced: tuple[str, str] | None = None
+        self.metrics.bundle.set(1, model=m.name, version=m.version)
+        self.declined = 0  # messages declined while draining
 
     # --- incoming (MQTT thread or HTTP handler) ---------------------------------------------
 
-    def on_message(self, topic: str, payload: bytes) -> None:
+    def on_message(self, topic: str, payload: bytes) -> bool | None:
+        """One MQTT message; False declines it (while draining: a frame for the next edge)."""
         parsed = self.topics.parse_device(topic)
         if parsed is None:
             self._drop("topic", f"message on unexpected topic {topic!r}")
-            return
+            return None
         device, kind = parsed
         if kind == "status":
             self.on_status(device, payload)
+        elif self.draining and not self._handled_here(payload):
+            self.declined += 1
+            return False
         else:
             self.ingest(payload, device)
+        return None
+
+    def _handled_here(self, payload: bytes) -> bool:
+        try:
+            frame = env.decode(payload).frame
+        except DecodeError:
+            return True  # dropped and counted here like any malformed message
+        return self.assembler.knows(frame)
+
+    def drain(self, timeout: float) -> int:
+        """Stop opening frames and finish those under way; returns how many were left.
+
+        Messages of new frames are declined (with a persistent session the broker keeps them
+        for the next edge), so a restart neither loses nor splits a frame.
+        """
+        self.draining = True
+        deadline = time.monotonic() + timeout
+        while len(self.assembler) and time.monotonic() < deadline:
+            time.sleep(0.01)  # polling the assembler: frames finish on the worker threads
+        left = len(self.assembler)
+        if left:
+            log.warning("stopping with %d frames unanswered after %.1f s of draining", left,
+                        timeout)
+        log.info("drained: %d frames left unanswered, %d messages of new frames left to the "
+                 "broker for the next edge", left, self.declined)
+        return left
+
+    def swap(self, runtime: BundleRuntime) -> None:
+        """Run new frames on ``runtime`` (an over-the-air update); frames under way keep theirs.
+
+        Messages of the previous version are still taken: devices update one after another.
+        """
+        runtime.load_all()
+        old, m = self.manifest, runtime.manifest
+        self.policy = m.policy.with_overrides(local=self.config.local_threshold,
+                                              edge=self.config.edge_threshold)
+        self._previous = (old.name, old.version)
+        self.runtime, self.manifest = runtime, m
+        self.metrics.bundle.set(0, model=old.name, version=old.version)
+        self.metrics.bundle.set(1, model=m.name, version=m.version)
 
     def on_status(self, device: str, payload: bytes) -> None:
         view = self.views.get(device)
@@ -138,7 +188,7 @@ class EdgeAggregator:
             raise Drop("malformed", f"device {e.device!r} publishing on {device!r}'s topic")
         if e.deployment != self.topics.deployment:
             raise Drop("deployment", f"message for deployment {e.deployment!r}")
-        if (e.model, e.version) != (m.name, m.version):
+        if (e.model, e.version) not in ((m.name, m.version), self._previous, self.announced):
             raise Drop("model", f"message for model {e.model}:{e.version}, serving "
                                 f"{m.name}:{m.version}")
         view = self.views.get(e.device)
@@ -199,7 +249,10 @@ class EdgeAggregator:
 
     def _local_stage(self, f: Frame) -> bool:
         """The local exit; True when the frame goes on to the edge segment now."""
-        m = self.manifest
+        if f.runtime is None:  # a frame runs on one bundle version, even across an update
+            f.runtime = self.runtime
+        rt = f.runtime
+        m = rt.manifest
         t0 = time.perf_counter()
         present = f.present
         scores = np.zeros((1, m.views, m.num_classes), np.float32)
@@ -207,7 +260,7 @@ class EdgeAggregator:
         for v in present:
             scores[0, v] = f.scores[v]
             mask[0, v] = True
-        local = self.runtime.local(scores, mask)
+        local = rt.local(scores, mask)
         eta = float(entropy_of_logits(local)[0])
         self.metrics.segment.observe(time.perf_counter() - t0, step="local")
         if self.policy.exits("local", eta):
@@ -238,7 +291,8 @@ class EdgeAggregator:
                 self._request(f.id, missing)
 
     def _edge_stage(self, f: Frame) -> None:
-        m = self.manifest
+        rt = f.runtime or self.runtime
+        m = rt.manifest
         t0 = time.perf_counter()
         feats = np.zeros((1, m.views, *self._feature_shape), np.float32)
         mask = np.zeros((1, m.views), bool)
@@ -246,13 +300,13 @@ class EdgeAggregator:
             if v in f.features:  # a view whose features never came is fused without
                 feats[0, v] = f.features[v][0]
                 mask[0, v] = True
-        edge_scores, edge_feats = self.runtime.edge(feats, mask)
+        edge_scores, edge_feats = rt.edge(feats, mask)
         eta = float(entropy_of_logits(edge_scores)[0])
         self.metrics.segment.observe(time.perf_counter() - t0, step="edge")
         if self.policy.exits("edge", eta):
             self._answer(f, edge_scores[0], eta, "edge")
             return
-        self._to_cloud.put((f, transmit(edge_feats, self.runtime.edge_codec), edge_scores[0], eta))
+        self._to_cloud.put((f, transmit(edge_feats, rt.edge_codec), edge_scores[0], eta))
 
     def on_reconnect(self) -> None:
         """The broker is back: waiting frames get a fresh deadline, missed pulls are redone."""

@@ -44,6 +44,7 @@ class Frame:
     missing: set[int] = field(default_factory=set)  # views expected but not heard by the deadline
     payload_bytes: int = 0
     taken: bool = False  # handed to the worker: its views are frozen until it is given back
+    runtime: object = None  # the bundle runtime the frame runs on, pinned at its local exit
 
     @property
     def present(self) -> list[int]:
@@ -123,6 +124,10 @@ class FrameAssembler:
                 # Pushed features of a frame that exited locally are the price of push mode.
                 reason = "unneeded" if self.pushing[view] else "unrequested"
                 raise Drop(reason, f"features of view {view} for answered frame {frame}")
+            if (not self.single_view and frame not in self._frames and frame not in self._done
+                    and frame > self._low_water):
+                # Never open a frame on features (pulled by an edge that restarted since).
+                raise Drop("unrequested", f"features of view {view} for unknown frame {frame}")
             f = self._frame(frame, now, captured)
             if view in f.features:
                 raise Drop("duplicate", f"features of view {view} of frame {frame} arrived twice")
@@ -213,6 +218,11 @@ class FrameAssembler:
         with self._lock:
             return min((f.deadline for f in self._frames.values() if not f.taken),
                        default=float("inf"))
+
+    def knows(self, frame: int) -> bool:
+        """The frame is being assembled or was answered (anything for it is handled here)."""
+        with self._lock:
+            return frame in self._frames or frame in self._done or frame <= self._low_water
 
     def __len__(self) -> int:
         return len(self._frames)

@@ -29,17 +29,27 @@ def _opt_int(v):
 
 
 def register(sub, data_sub, formatter) -> None:
+    from ddnn.mqtt import HIDE_DEFAULT, add_security_options
+
     p = sub.add_parser("edge", help="run an edge aggregator (local + edge exits, cloud client)",
                        description=DESCRIPTION, formatter_class=formatter)
     a = p.add_argument
     a("--bundle", default=_env("bundle"), required=_env("bundle") is None,
       help="bundle directory (from ddnn train)")
     a("--broker", default=_env("broker"),
-      help="MQTT broker URL mqtt://[user:pass@]host:port; without it only HTTP ingest is served")
+      help="MQTT broker URL mqtt://[user:pass@]host:port (mqtts:// for TLS); without it only "
+           "HTTP ingest is served" + HIDE_DEFAULT)
+    add_security_options(p, _env)
+    a("--bundle-key", default=_env("bundle_key"),
+      help="Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it")
     a("--cloud", default=_env("cloud"),
       help="cloud service base URL, http://host:port; without it frames past the edge exit "
            "are answered by the edge, degraded")
-    a("--cloud-token", default=_env("cloud_token"), help="bearer token for the cloud")
+    a("--cloud-token", default=_env("cloud_token"),
+      help="bearer token for the cloud" + HIDE_DEFAULT)
+    a("--cloud-ca-file", default=_env("cloud_ca_file"),
+      help="CA certificate (PEM) the cloud's HTTPS certificate must chain to (default: the "
+           "system's CAs)")
     a("--cloud-timeout", type=float, default=float(_env("cloud_timeout", 2.0)),
       help="seconds to wait for a cloud answer before answering degraded")
     a("--cloud-batch", type=int, default=int(_env("cloud_batch", 32)),
@@ -62,7 +72,8 @@ def register(sub, data_sub, formatter) -> None:
     a("--http-host", default=_env("http_host", "127.0.0.1"), help="address of the HTTP server")
     a("--http-port", type=int, default=_opt_int(_env("http_port")),
       help="port of the HTTP server (/metrics, /healthz, /v1/ingest); unset: no HTTP server")
-    a("--http-token", default=_env("http_token"), help="bearer token required by POST routes")
+    a("--http-token", default=_env("http_token"),
+      help="bearer token required by POST routes" + HIDE_DEFAULT)
     a("--results-out", default=_env("results_out"),
       help="also append every result to this JSON-lines file")
     a("--expect-frames", type=int, default=_opt_int(_env("expect_frames")),
@@ -80,14 +91,14 @@ def run(args) -> int:
 
     from ddnn.bundle import load_bundle
     from ddnn.errors import ConfigError
-    from ddnn.mqtt import MqttOptions
+    from ddnn.mqtt import MqttOptions, security_from
     from ddnn.runtime import BundleRuntime
     from ddnn.topics import Topics, check_part, default_device_ids
     from edge.aggregator import EdgeAggregator, EdgeConfig
     from edge.cloud_client import CloudClient
     from edge.service import EdgeService
 
-    bundle = load_bundle(args.bundle)
+    bundle = load_bundle(args.bundle, public_key=args.bundle_key)
     m = bundle.manifest
     devices = args.devices.split(",") if args.devices else default_device_ids(m.views)
     for d in devices:
@@ -106,10 +117,12 @@ def run(args) -> int:
         results_path=Path(args.results_out) if args.results_out else None,
         expect_frames=args.expect_frames)
     cloud = (CloudClient(args.cloud, f"{m.name}-cloud", token=args.cloud_token,
-                         timeout=args.cloud_timeout) if args.cloud else None)
+                         timeout=args.cloud_timeout, ca_file=args.cloud_ca_file)
+             if args.cloud else None)
     runtime = BundleRuntime(bundle, threads=args.threads)
     agg = EdgeAggregator(runtime, cfg, Topics(cfg.deployment, args.topic_prefix), cloud=cloud)
-    options = MqttOptions(keepalive=args.keepalive, reconnect_max=args.reconnect_max)
+    options = MqttOptions(keepalive=args.keepalive, reconnect_max=args.reconnect_max,
+                          security=security_from(args))
     service = EdgeService(agg, args.broker, options, args.http_host, args.http_port,
                           args.http_token)
     log.info("edge config: bundle=%s deployment=%s edge=%s devices=%s broker=%s cloud=%s "
@@ -120,7 +133,30 @@ def run(args) -> int:
              args.feature_deadline_ms, args.suspect_after, dict(agg.policy.thresholds),
              args.http_host, args.http_port, args.results_out, args.expect_frames,
              args.keepalive, args.reconnect_max)
+    log.info("edge security: mqtt %s, cloud token %s, cloud CA %s, http token %s, bundle key %s",
+             options.security.describe() if args.broker else None,
+             "***" if args.cloud_token else "none", args.cloud_ca_file or "system",
+             "***" if args.http_token else "none", args.bundle_key or "none")
+    updater = None
+    if service.mqtt is not None:  # over-the-air bundle updates on the deployment's bundle topic
+        from ddnn.ota import BundleUpdater
+
+        def _result(ok: bool) -> None:
+            agg.metrics.bundle_updates.inc(result="applied" if ok else "refused")
+            if not ok:  # messages of a refused version are another model again
+                agg.announced = None
+
+        def _announced(ann) -> None:
+            agg.announced = (ann.name, ann.version)
+
+        updater = BundleUpdater(
+            bundle, lambda new: agg.swap(BundleRuntime(new, threads=args.threads)),
+            cloud=args.cloud, token=args.cloud_token, public_key=args.bundle_key,
+            on_result=_result, tag=cfg.edge_id, on_announce=_announced)
+        service.on_bundle = updater.on_message
     stop = threading.Event()
+    if service.mqtt is not None:  # credentials or certificates refused: stop, exit non-zero
+        service.mqtt.on_refused = lambda error: stop.set()
 
     def _stop(signum, frame):
         log.info("signal %d: stopping", signum)
@@ -138,4 +174,8 @@ def run(args) -> int:
             stop.wait(0.1)
     finally:
         service.stop()
+        if updater is not None:
+            updater.stop()
+    if service.mqtt is not None and service.mqtt.refused is not None:
+        raise service.mqtt.refused
     return 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import http.client
 import logging
+import ssl
 import threading
 import time
 import urllib.parse
@@ -30,7 +31,8 @@ class CloudClient:
     """Calls ``{name}-cloud`` of a cloud service; safe to share between threads (one at a time)."""
 
     def __init__(self, base_url: str, model: str, *, token: str | None = None,
-                 timeout: float = 2.0, min_backoff: float = 0.25, max_backoff: float = 5.0):
+                 timeout: float = 2.0, min_backoff: float = 0.25, max_backoff: float = 5.0,
+                 ca_file: str | None = None):
         u = urllib.parse.urlsplit(base_url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ConfigError(f"cloud URL {base_url!r} must be http(s)://host[:port]")
@@ -38,6 +40,14 @@ class CloudClient:
         self.model, self.timeout = model, timeout
         self.min_backoff, self.max_backoff = min_backoff, max_backoff
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._tls: ssl.SSLContext | None = None
+        if u.scheme == "https":  # chain and host name always verified; ca_file: a private CA
+            try:
+                self._tls = ssl.create_default_context(cafile=ca_file)
+            except (OSError, ssl.SSLError) as e:
+                raise ConfigError(f"cannot load the cloud CA file {ca_file}: {e}") from None
+        elif ca_file:
+            raise ConfigError(f"a cloud CA file is set but {base_url!r} is not https://")
         self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self._backoff = 0.0
@@ -53,9 +63,12 @@ class CloudClient:
                  ) -> tuple[int, bytes, dict[str, str]]:
         for attempt in (0, 1):
             if self._conn is None:
-                cls = (http.client.HTTPSConnection if self._u.scheme == "https"
-                       else http.client.HTTPConnection)
-                self._conn = cls(self._u.hostname, self._u.port, timeout=self.timeout)
+                if self._tls is not None:
+                    self._conn = http.client.HTTPSConnection(
+                        self._u.hostname, self._u.port, timeout=self.timeout, context=self._tls)
+                else:
+                    self._conn = http.client.HTTPConnection(self._u.hostname, self._u.port,
+                                                            timeout=self.timeout)
             try:
                 self._conn.request(method, path, body, {**self._headers, **headers})
                 resp = self._conn.getresponse()
@@ -78,6 +91,10 @@ class CloudClient:
         with self._lock:
             try:
                 status, data, resp_headers = self._request("POST", self.path, body, headers)
+                if status == 401:
+                    raise CloudError("cloud refused the edge's bearer token (401): set "
+                                     "--cloud-token / DDNN_EDGE_CLOUD_TOKEN to the cloud's "
+                                     f"--token ({data[:200]!r})")
                 if status != 200:
                     raise CloudError(f"cloud answered {status}: {data[:200]!r}")
                 out = oip.decode_response(data, resp_headers)

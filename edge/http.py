@@ -8,6 +8,7 @@ Standard library only: a threading server in a background thread.
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import threading
@@ -54,6 +55,8 @@ class EdgeHttpServer:
 
 
 def _make_handler(agg: EdgeAggregator, token: str | None):
+    expected = f"Bearer {token}".encode() if token else None
+
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"  # keep-alive for devices posting every frame
         disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms stalls
@@ -72,10 +75,17 @@ def _make_handler(agg: EdgeAggregator, token: str | None):
             self._send(status, json.dumps(obj).encode())
 
         def _authorized(self) -> bool:
-            if token and self.headers.get("Authorization") != f"Bearer {token}":
-                self._json(401, {"error": "missing or wrong bearer token"})
-                return False
-            return True
+            if expected is None:
+                return True
+            given = self.headers.get("Authorization", "").encode("utf-8", "replace")
+            if hmac.compare_digest(given, expected):  # constant time: no timing oracle
+                return True
+            why = "missing bearer token" if not given else "invalid bearer token"
+            log.warning("refused POST %s from %s: %s", self.path[:100], self.client_address[0],
+                        why)
+            self.close_connection = True  # the body stays unread: the connection is unusable
+            self._json(401, {"error": why})
+            return False
 
         def do_GET(self) -> None:
             url = urllib.parse.urlsplit(self.path)

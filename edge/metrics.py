@@ -40,6 +40,10 @@ class EdgeMetrics:
                                       "1 while a device's status is online", ("device",))
         self.pending = r.gauge("ddnn_edge_pending_frames", "Frames being assembled")
         self.broker_up = r.gauge("ddnn_edge_broker_connected", "1 while connected to the broker")
+        self.bundle = r.gauge("ddnn_edge_bundle_info", "1 for the bundle version the edge runs",
+                              ("model", "version"))
+        self.bundle_updates = r.counter("ddnn_edge_bundle_updates_total",
+                                        "Over-the-air bundle updates, by result", ("result",))
 
     def render(self) -> str:
         return self.registry.render()

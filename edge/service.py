@@ -21,21 +21,31 @@ class EdgeService:
         self.aggregator = agg = aggregator
         t = agg.topics
         self.mqtt: MqttClient | None = None
+        self.on_bundle = None  # bundle announcements (over-the-air updates, ddnn.ota)
         if broker:
             options = options or MqttOptions()
+            options.persistent = True  # the broker keeps device messages while the edge restarts
             options.subscriptions = [(t.all_devices("scores"), QOS_SCORES),
                                      (t.all_devices("features"), QOS_FEATURES),
-                                     (t.all_devices("status"), QOS_STATUS)]
+                                     (t.all_devices("status"), QOS_STATUS),
+                                     (t.bundle, 1)]
             self.mqtt = MqttClient(
                 broker, f"ddnn-{t.deployment}-{agg.config.edge_id}", options,
                 status_topic=t.edge_status(agg.config.edge_id),
                 status_info={"edge": agg.config.edge_id, "model": agg.runtime.bundle.ref},
-                on_message=agg.on_message, on_connect=self._connected,
+                on_message=self._on_message, on_connect=self._connected,
                 on_disconnect=lambda: agg.metrics.broker_up.set(0))
             agg._publish = self.mqtt.publish
             agg._connected = self.mqtt.connected.is_set
         self.http = (EdgeHttpServer(agg, http_host, http_port, http_token)
                      if http_port is not None else None)
+
+    def _on_message(self, topic: str, payload: bytes) -> bool | None:
+        if topic == self.aggregator.topics.bundle:
+            if self.on_bundle is not None:
+                self.on_bundle(payload)
+            return None
+        return self.aggregator.on_message(topic, payload)
 
     def _connected(self) -> None:
         self.aggregator.metrics.broker_up.set(1)
@@ -61,6 +71,10 @@ class EdgeService:
         return False
 
     def stop(self) -> None:
+        if self.mqtt:
+            agg, cfg = self.aggregator, self.aggregator.config
+            cloud = agg.cloud.timeout if agg.cloud is not None else 0.0
+            agg.drain(cfg.deadline + cfg.feature_deadline + cloud + 1.0)
         self.flush(5.0)
         if self.mqtt:
             self.mqtt.stop()

@@ -16,6 +16,7 @@ import pytest
 
 from ddnn.broker import free_port
 
+STREAM = 300  # frames of stream_data: long enough to restart a tier in the middle
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -87,3 +88,13 @@ def cloud_url(tiny_bundle, tmp_path_factory) -> Iterator[str]:
         wait_until(lambda: http_ok(f"{url}/v2/health/ready"), 30, "v2 endpoint ready", [proc])
     yield url
     stop_process(proc)
+
+
+@pytest.fixture(scope="session")
+def stream_data(tmp_path_factory) -> Path:
+    """A longer test replay than ``tiny_data.test``, in the same layout (3 views, 3 classes)."""
+    from models.synth import SceneConfig, save_dataset, synthesize
+
+    path = tmp_path_factory.mktemp("stream") / "stream.npz"
+    save_dataset(path, synthesize(STREAM, SceneConfig(views=3, classes=3, size=16), seed=3))
+    return path

@@ -1,0 +1,122 @@
+"""Bundle updates over the air, with real processes: a version announced on the retained bundle
+topic is fetched from the cloud, verified and swapped in by the edge and every device while they
+run; a tampered version is refused and the running one keeps serving; no frame is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from ddnn.broker import free_port
+from ddnn.mqtt import MqttClient, MqttOptions, status_info
+from ddnn.topics import Topics
+from tests.e2e.conftest import ENV, STREAM, stop_process, wait_until
+from tests.e2e.test_faults import DEPLOYMENT, Deployment, frames_of
+from tests.e2e.test_hierarchy import metric
+from tests.e2e.thresholds import mixed_thresholds
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
+
+def version_copy(src: Path, dst: Path, version: str) -> Path:
+    shutil.copytree(src, dst)
+    mf = dst / "manifest.json"
+    d = json.loads(mf.read_text())
+    d["model"]["version"] = version
+    mf.write_text(json.dumps(d, indent=2))
+    return dst
+
+
+class Statuses:
+    """The retained status of every device of the deployment."""
+
+    def __init__(self, broker: str):
+        self.seen: dict[str, dict] = {}
+        self._lock = threading.Lock()
+        topics = Topics(DEPLOYMENT)
+        self.client = MqttClient(broker, "ota-status-listener",
+                                 MqttOptions(subscriptions=[(topics.all_devices("status"), 1)]),
+                                 on_message=self._on)
+        self.client.start()
+
+    def _on(self, topic: str, payload: bytes) -> None:
+        with self._lock:
+            self.seen[topic.split("/")[-2]] = status_info(payload)
+
+    def models(self) -> set[str]:
+        with self._lock:
+            return {s.get("model") for s in self.seen.values() if s.get("state") == "online"}
+
+
+def announce(broker: str, version: str, cloud: str) -> None:
+    subprocess.run([sys.executable, "-m", "ddnn", "announce", "--broker", broker,
+                    "--deployment", DEPLOYMENT, "--name", "tiny", "--version", version,
+                    "--cloud", cloud], check=True, env=ENV, timeout=60)
+
+
+def test_update_over_the_air_while_running(mosquitto, tiny_bundle, stream_data, tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    version_copy(tiny_bundle, repo / "tiny-1", "1")
+    v1 = version_copy(tiny_bundle, tmp_path / "running" / "tiny", "1")  # what the tiers load
+    version_copy(tiny_bundle, repo / "tiny-2", "2")
+    v3 = version_copy(tiny_bundle, repo / "tiny-3", "3")
+    port = free_port()
+    cloud_url = f"http://127.0.0.1:{port}"
+    cloud = start_cloud_repository(repo, port, tmp_path / "cloud.log")
+    # Version 3 is damaged after the cloud loaded it: what it serves fails the checksums.
+    onnx = next(v3.glob("*.onnx"))
+    onnx.write_bytes(onnx.read_bytes()[:-10] + b"0123456789")
+    thresholds = mixed_thresholds(v1, stream_data)
+    d = Deployment(tmp_path, v1, mosquitto.url, cloud_url, thresholds=thresholds)
+    statuses = Statuses(mosquitto.url)
+    try:
+        d.start_edge()
+        for v in range(3):
+            d.start_device(v, stream_data, 25, "--wait-peers", "60")
+        d.wait(lambda r: len(r) >= 30, "30 results")
+        announce(mosquitto.url, "2", cloud_url)
+        wait_until(lambda: metric(d.metrics(), 'ddnn_edge_bundle_info{model="tiny",version="2"}')
+                   == 1, 60, "the edge on version 2", d.procs)
+        wait_until(lambda: statuses.models() == {"tiny:2"}, 60, "every device on version 2",
+                   d.procs)
+        answered_at_update = len(d.results())
+        announce(mosquitto.url, "3", cloud_url)
+        wait_until(lambda: metric(d.metrics(), 'ddnn_edge_bundle_updates_total{result="refused"}')
+                   >= 1, 60, "the edge refusing version 3", d.procs)
+        d.wait(lambda r: len(r) >= STREAM, f"{STREAM} results")
+        d.wait_devices()
+        text = d.metrics()
+    finally:
+        statuses.client.stop()
+        d.stop()
+        stop_process(cloud)
+    assert answered_at_update < STREAM, "the update happened while frames were flowing"
+    assert frames_of(d.results()) == list(range(STREAM)), "every frame exactly once"
+    assert not any(r["degraded"] for r in d.results())
+    assert metric(text, 'ddnn_edge_bundle_info{model="tiny",version="2"}') == 1
+    assert metric(text, 'ddnn_edge_bundle_info{model="tiny",version="1"}') == 0
+    assert metric(text, 'ddnn_edge_bundle_updates_total{result="applied"}') == 1
+    assert metric(text, 'ddnn_edge_dropped_total{reason="model"}') == 0
+    for name in ("edge0", "device0", "device1", "device2"):
+        log = d.log(name)
+        assert "bundle updated over the air: tiny:1 -> tiny:2" in log, name
+        assert "refused bundle update tiny:3" in log and "still running tiny:2" in log, name
+    assert statuses.models() <= {"tiny:2"}
+
+
+def start_cloud_repository(repo: Path, port: int, log: Path) -> subprocess.Popen:
+    from tests.e2e.conftest import ddnn_process, http_ok
+
+    proc = ddnn_process(["cloud", "--repository", str(repo), "--host", "127.0.0.1", "--port",
+                         str(port), "--ort-threads", "1", "--poll-interval", "0"], log)
+    wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/v2/models/tiny-cloud/versions/3/ready"),
+               60, "cloud ready", [proc])
+    return proc
