@@ -42,7 +42,7 @@ def _plot(out_dir: Path, tables: dict) -> None:
     t = tables["threshold"]
     ax = axes[0]
     ax.plot(t["threshold"], t["accuracy"], label="overall accuracy")
-    ax.plot(t["threshold"], t["local_fraction"], label="local exit fraction")
+    ax.plot(t["threshold"], t["local"], label="local exit fraction")
     ax.axvline(t["calibrated"], color="grey", linestyle=":", label="calibrated")
     ax.set(
         xlabel="local threshold T", title="accuracy and local exits vs threshold", ylim=(0, 1.02)

@@ -153,7 +153,7 @@ class Batcher:
             return True
         try:
             await asyncio.wait_for(self._wakeup.wait(), timeout)
-        except TimeoutError:
+        except (asyncio.TimeoutError, TimeoutError):  # distinct classes before Python 3.11
             return False
         return True
 

@@ -153,8 +153,10 @@ class ModelRepository:
             dirs = [self.root]
         else:
             try:
+                # Dot-directories are an exporter's staging or trash: never half a bundle.
                 dirs = sorted(p for p in self.root.iterdir()
-                              if p.is_dir() and (p / MANIFEST).is_file())
+                              if p.is_dir() and not p.name.startswith(".")
+                              and (p / MANIFEST).is_file())
             except OSError as e:
                 log.warning("cannot scan repository %s: %s", self.root, e)
                 return {p: b.signature for p, b in self._bundles.items()}  # keep serving

@@ -57,31 +57,31 @@ def register(sub, data_sub, formatter) -> None:
                      help="folder of PNG/PPM images (JPEG with Pillow), read in name order")
     src.add_argument("--camera", type=int, default=_env("camera"),
                      help="camera index through OpenCV (optional dependency)")
-    a("--fps", type=float, default=float(_env("fps", 10.0)),
+    a("--fps", type=float, default=_env("fps", 10.0),
       help="frames per second to send; 0 = as fast as possible")
     a("--limit", type=int, default=_env("limit"), help="stop after this many frames")
-    a("--start", type=int, default=int(_env("start", 0)), help="first frame index of a replay")
-    a("--buffer", type=int, default=int(_env("buffer", 10000)),
+    a("--start", type=int, default=_env("start", 0), help="first frame index of a replay")
+    a("--buffer", type=int, default=_env("buffer", 10000),
       help="messages held while the broker is unreachable; the oldest is dropped when full")
     a("--spool", default=_env("spool"),
       help="directory to keep the outbox on disk, so a restart loses nothing")
-    a("--keep", type=int, default=int(_env("keep", 1024)),
+    a("--keep", type=int, default=_env("keep", 1024),
       help="recent frames whose features are kept for the edge's pulls")
-    a("--grace", type=float, default=float(_env("grace", 2.0)),
+    a("--grace", type=float, default=_env("grace", 2.0),
       help="seconds to keep answering pulls after the last frame of a replay")
     a("--local-threshold", type=float, default=_env("local_threshold"),
       help="one-view bundles: override the local exit threshold (0..1)")
-    a("--keepalive", type=int, default=int(_env("keepalive", 10)),
+    a("--keepalive", type=int, default=_env("keepalive", 10),
       help="MQTT keepalive seconds; the broker declares the device offline after 1.5x")
-    a("--reconnect-max", type=int, default=int(_env("reconnect_max", 30)),
+    a("--reconnect-max", type=int, default=_env("reconnect_max", 30),
       help="longest wait in seconds between reconnection attempts (exponential backoff)")
-    a("--wait-peers", type=float, default=float(_env("wait_peers", 0)),
+    a("--wait-peers", type=float, default=_env("wait_peers", 0),
       help="before replaying, wait up to this many seconds for the edge and --peers online")
     a("--peers", default=_env("peers"),
       help="comma-separated device ids for --wait-peers (default: every view's cam<i>)")
     a("--start-at", type=float, default=_env("start_at"),
       help="Unix time of the first frame, to trigger several replaying devices together")
-    a("--threads", type=int, default=int(_env("threads", 1)), help="ONNX Runtime threads")
+    a("--threads", type=int, default=_env("threads", 1), help="ONNX Runtime threads")
     p.set_defaults(func=run)
 
 

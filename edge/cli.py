@@ -24,9 +24,6 @@ def _env(name: str, default=None):
     return os.environ.get(f"DDNN_EDGE_{name.upper().replace('-', '_')}", default)
 
 
-def _opt_int(v):
-    return None if v is None else int(v)
-
 
 def register(sub, data_sub, formatter) -> None:
     from ddnn.mqtt import HIDE_DEFAULT, add_security_options
@@ -50,38 +47,38 @@ def register(sub, data_sub, formatter) -> None:
     a("--cloud-ca-file", default=_env("cloud_ca_file"),
       help="CA certificate (PEM) the cloud's HTTPS certificate must chain to (default: the "
            "system's CAs)")
-    a("--cloud-timeout", type=float, default=float(_env("cloud_timeout", 2.0)),
+    a("--cloud-timeout", type=float, default=_env("cloud_timeout", 2.0),
       help="seconds to wait for a cloud answer before answering degraded")
-    a("--cloud-batch", type=int, default=int(_env("cloud_batch", 32)),
+    a("--cloud-batch", type=int, default=_env("cloud_batch", 32),
       help="frames per cloud call at most (frames waiting together are batched)")
     a("--deployment", default=_env("deployment", "default"), help="deployment name (topic level)")
     a("--edge-id", default=_env("edge_id", "edge0"), help="this edge's id (its requests topic)")
     a("--topic-prefix", default=_env("topic_prefix", "ddnn"), help="first topic level(s)")
     a("--devices", default=_env("devices"),
       help="comma-separated device ids in view order (default: cam0,cam1,...)")
-    a("--deadline-ms", type=float, default=float(_env("deadline_ms", 200)),
+    a("--deadline-ms", type=float, default=_env("deadline_ms", 200),
       help="how long a frame waits for the other views' scores after its first one")
-    a("--feature-deadline-ms", type=float, default=float(_env("feature_deadline_ms", 500)),
+    a("--feature-deadline-ms", type=float, default=_env("feature_deadline_ms", 500),
       help="how long a frame waits for pulled features")
-    a("--suspect-after", type=int, default=int(_env("suspect_after", 3)),
+    a("--suspect-after", type=int, default=_env("suspect_after", 3),
       help="deadlines a silent device may miss in a row before frames stop waiting for it")
     a("--local-threshold", type=float, default=_env("local_threshold"),
       help="override the bundle's local exit threshold (0..1)")
     a("--edge-threshold", type=float, default=_env("edge_threshold"),
       help="override the bundle's edge exit threshold (0..1)")
     a("--http-host", default=_env("http_host", "127.0.0.1"), help="address of the HTTP server")
-    a("--http-port", type=int, default=_opt_int(_env("http_port")),
+    a("--http-port", type=int, default=_env("http_port"),
       help="port of the HTTP server (/metrics, /healthz, /v1/ingest); unset: no HTTP server")
     a("--http-token", default=_env("http_token"),
       help="bearer token required by POST routes" + HIDE_DEFAULT)
     a("--results-out", default=_env("results_out"),
       help="also append every result to this JSON-lines file")
-    a("--expect-frames", type=int, default=_opt_int(_env("expect_frames")),
+    a("--expect-frames", type=int, default=_env("expect_frames"),
       help="exit after answering this many frames (replays, tests, demos)")
-    a("--keepalive", type=int, default=int(_env("keepalive", 10)), help="MQTT keepalive seconds")
-    a("--reconnect-max", type=int, default=int(_env("reconnect_max", 30)),
+    a("--keepalive", type=int, default=_env("keepalive", 10), help="MQTT keepalive seconds")
+    a("--reconnect-max", type=int, default=_env("reconnect_max", 30),
       help="longest wait in seconds between reconnection attempts (exponential backoff)")
-    a("--threads", type=int, default=int(_env("threads", 1)), help="ONNX Runtime threads")
+    a("--threads", type=int, default=_env("threads", 1), help="ONNX Runtime threads")
     p.set_defaults(func=run)
 
 

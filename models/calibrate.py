@@ -61,6 +61,7 @@ def calibrate(
     ts = np.linspace(0.0, 1.0, grid)
     cloud_acc = float(correct["cloud"].mean())
     floor = cloud_acc - tolerance - 1e-12
+    n = len(labels)
     best = (-np.inf, 0, 0, 0.0, 0.0, 0.0)  # (score, i, j, accuracy, local, edge)
     edg_all = h_edge[None, :] < ts[:, None]  # (T_edge, N)
     for i, t in enumerate(ts):
@@ -70,8 +71,11 @@ def calibrate(
         acc = (loc & correct["local"]).mean() + (edg & correct["edge"]).mean(1)
         acc = acc + (cld & correct["cloud"]).mean(1)
         f_edg = edg.mean(1)
-        # Lexicographic: local exits first, then edge exits, then accuracy.
-        score = np.where(acc >= floor, loc.mean() * 1e6 + f_edg * 1e3 + acc, -np.inf)
+        # Lexicographic on exact counts: local exits first, then edge exits, then correct answers
+        # (base n + 1 keeps one more exit worth more than any number of the next key).
+        base = n + 1
+        key = (int(loc.sum()) * base + edg.sum(1)) * base + np.rint(acc * n).astype(np.int64)
+        score = np.where(acc >= floor, key.astype(np.float64), -np.inf)
         j = int(np.argmax(score))
         if score[j] > best[0]:
             best = (score[j], i, j, float(acc[j]), float(loc.mean()), float(f_edg[j]))

@@ -67,25 +67,14 @@ def read_results(path: Path) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def cloud_url(tiny_bundle, tmp_path_factory) -> Iterator[str]:
-    """The cloud tier: ``ddnn cloud`` when installed, else the minimal v2 endpoint, both real
-    processes on a free loopback port, ready before the test starts."""
+    """The cloud tier: a real ``ddnn cloud`` process on a free loopback port, ready before the
+    test starts."""
     logs = tmp_path_factory.mktemp("cloud")
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    proc = None
-    try:
-        import cloud.cli  # noqa: F401 - is the cloud tier part of this install?
-
-        proc = ddnn_process(["cloud", "--bundle", str(tiny_bundle), "--host", "127.0.0.1",
-                             "--port", str(port), "--ort-threads", "1"], logs / "cloud.log")
-        wait_until(lambda: http_ok(f"{url}/v2/health/ready"), 60, "ddnn cloud ready", [proc])
-    except (ImportError, AssertionError):
-        if proc is not None:
-            stop_process(proc)
-        proc = subprocess.Popen([sys.executable, "-m", "tests.e2e.v2_endpoint", "--bundle",
-                                 str(tiny_bundle), "--port", str(port)], env=ENV,
-                                start_new_session=True)
-        wait_until(lambda: http_ok(f"{url}/v2/health/ready"), 30, "v2 endpoint ready", [proc])
+    proc = ddnn_process(["cloud", "--bundle", str(tiny_bundle), "--host", "127.0.0.1",
+                         "--port", str(port), "--ort-threads", "1"], logs / "cloud.log")
+    wait_until(lambda: http_ok(f"{url}/v2/health/ready"), 60, "ddnn cloud ready", [proc])
     yield url
     stop_process(proc)
 

@@ -33,7 +33,6 @@ from edge.aggregator import EdgeAggregator, EdgeConfig
 from edge.cloud_client import CloudClient
 from edge.service import EdgeService
 from tests.e2e.thresholds import mixed_thresholds
-from tests.e2e.v2_endpoint import V2Endpoint
 
 # ddnn.broker leaves the broker's log file open for the garbage collector (reported upstream).
 pytestmark = pytest.mark.filterwarnings(
@@ -154,10 +153,20 @@ def mixed(thresholds: dict[str, float]) -> dict[str, float]:
     return {"local_threshold": thresholds["local"], "edge_threshold": thresholds["edge"]}
 
 
+@contextlib.contextmanager
+def real_cloud(bundle, port: int = 0):
+    """The real cloud service (uvicorn, ONNX Runtime) in this process, on a loopback port."""
+    from cloud.server import run_server
+    from cloud.settings import CloudSettings
+
+    with run_server(CloudSettings(bundle=bundle, port=port)) as server:
+        yield server
+
+
 @pytest.fixture
 def cloud(tiny_bundle):
-    with V2Endpoint(tiny_bundle) as endpoint:
-        yield endpoint
+    with real_cloud(tiny_bundle) as server:
+        yield server
 
 
 def test_live_hierarchy_equals_offline_evaluation(mosquitto, tiny_bundle, tiny_data, cloud,
@@ -179,7 +188,7 @@ def test_live_hierarchy_equals_offline_evaluation(mosquitto, tiny_bundle, tiny_d
     assert payload / 120 == pytest.approx(expected["bytes_per_frame"]["ddnn"], abs=1e-9)
     assert m.dropped.value(reason="late") == 0 and m.missing.value(stage="scores") == 0
     if expected["exit_fraction"]["cloud"] > 0:
-        assert cloud.calls > 0
+        assert m.cloud.value(outcome="ok") > 0
     text = m.render()
     assert 'ddnn_edge_frames_total{exit="local",degraded="false"}' in text
     assert "ddnn_edge_latency_seconds_bucket" in text
@@ -246,12 +255,12 @@ def test_cloud_outage_degrades_then_recovers(mosquitto, tiny_bundle, tiny_data):
         wait_for(lambda: edge.agg.answered >= 40, what="40 results")
         first = list(edge.agg.results)
         assert all(r["degraded"] and r["exit"] == "edge" for r in first)
-        with V2Endpoint(tiny_bundle, port=port) as endpoint:
+        with real_cloud(tiny_bundle, port=port):
             run_devices(tiny_bundle, tiny_data.test, mosquitto.url, deployment="outage",
                         start=40, limit=40)
             wait_for(lambda: edge.agg.answered >= 80, what="80 results")
             later = [r for r in edge.agg.results if r["frame"] >= 40]
-            assert endpoint.calls > 0
+            assert edge.agg.metrics.cloud.value(outcome="ok") > 0
     finally:
         edge.stop()
     # The circuit reopens within its backoff: the last frames went to the cloud again.

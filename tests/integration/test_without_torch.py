@@ -63,6 +63,7 @@ def test_tier_commands_import_without_torch():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_device_extra_installs_and_runs_in_a_fresh_venv(tiny_bundle, tmp_path):
     """pip install '.[device]' into an empty venv: no torch, no onnx, and the segment runs."""
     venv = tmp_path / "venv"
