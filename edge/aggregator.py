@@ -30,7 +30,7 @@ from ddnn.exits import entropy_of_logits
 from ddnn.mqtt import QOS_REQUESTS, QOS_RESULTS, status_info
 from ddnn.runtime import BundleRuntime, transmit
 from ddnn.topics import Topics
-from edge.assembler import SCORES, Drop, Frame, FrameAssembler
+from edge.assembler import DONE, SCORES, Drop, Frame, FrameAssembler
 from edge.cloud_client import CloudClient, CloudError
 from edge.metrics import EdgeMetrics
 
@@ -291,7 +291,9 @@ class EdgeAggregator:
                 self._request(f.id, missing)
 
     def _edge_stage(self, f: Frame) -> None:
-        rt = f.runtime or self.runtime
+        if f.runtime is None:
+            f.runtime = self.runtime
+        rt = f.runtime
         m = rt.manifest
         t0 = time.perf_counter()
         feats = np.zeros((1, m.views, *self._feature_shape), np.float32)
@@ -320,16 +322,22 @@ class EdgeAggregator:
                 f = self._ready.get(timeout=min(max(wait, 0.001), 0.05))
             except queue.Empty:
                 f = None
-            try:
-                if f is not None:
-                    self._process(f)
-                # No expiry while the broker is away: the views are not late, the link is down.
-                if self._connected():
-                    for g in self.assembler.expire(time.monotonic()):
-                        self._process(g)
-            except Exception:  # one bad frame must not stop the edge
-                log.exception("processing a frame failed")
+            if f is not None:
+                self._process_safely(f)
+            # No expiry while the broker is away: the views are not late, the link is down.
+            if self._connected():
+                for g in self.assembler.expire(time.monotonic()):
+                    self._process_safely(g)
             self.metrics.pending.set(len(self.assembler))
+
+    def _process_safely(self, f: Frame) -> None:
+        """Process one frame; a failure (a bug, a broken segment) ends that frame, counted."""
+        try:
+            self._process(f)
+        except Exception:  # one bad frame must not stop the edge
+            log.exception("processing frame %d failed", f.id)
+            self.assembler.finish(f)
+            self.metrics.dropped.inc(reason="processing_failed")
 
     # --- the cloud ----------------------------------------------------------------------------
 
@@ -344,16 +352,24 @@ class EdgeAggregator:
                     batch.append(self._to_cloud.get_nowait())
                 except queue.Empty:
                     break
-            try:
-                self._cloud_batch(batch)
-            except Exception:
-                log.exception("cloud stage failed")
+            # One call per bundle version: during an update, frames finish on their own.
+            by_version: dict[str, list] = {}
+            for item in batch:
+                by_version.setdefault(item[0].runtime.manifest.version, []).append(item)
+            for version, items in by_version.items():
+                try:
+                    self._cloud_batch(items, version)
+                except Exception:  # a bug must not lose the frames: the edge's answer stands
+                    log.exception("cloud stage failed; answering from the edge exit")
+                    for f, _, edge_scores, eta in items:
+                        if f.stage != DONE:
+                            self._answer(f, edge_scores, eta, "edge", degraded=True)
 
-    def _cloud_batch(self, batch: list) -> None:
+    def _cloud_batch(self, batch: list, version: str) -> None:
         if self.cloud is not None and self.cloud.available():
             t0 = time.perf_counter()
             try:
-                scores, _ = self.cloud.infer(np.concatenate([b[1] for b in batch]))
+                scores, _ = self.cloud.infer(np.concatenate([b[1] for b in batch]), version)
             except CloudError:
                 self.metrics.cloud.inc(outcome="error")
                 self.metrics.cloud_up.set(0)
@@ -375,9 +391,10 @@ class EdgeAggregator:
                 degraded: bool = False) -> None:
         self.assembler.finish(f)
         cls = int(np.argmax(scores))
+        classes = (f.runtime or self.runtime).manifest.classes
         latency = max(time.time() - f.captured, 0.0)
         result = {
-            "frame": f.id, "class": cls, "label": self.manifest.classes[cls], "exit": tier,
+            "frame": f.id, "class": cls, "label": classes[cls], "exit": tier,
             "entropy": round(eta, 6), "views": [self.config.devices[v] for v in f.present],
             "degraded": degraded, "latency_ms": round(latency * 1000, 3),
         }

@@ -1,9 +1,10 @@
 """The edge's client of the cloud tier: the Open Inference Protocol v2 over ``http.client``.
 
-``POST {cloud}/v2/models/{name}-cloud/infer`` with the edge features as FP32 in the binary tensor
-extension; the answer holds ``scores`` (B, C) and ``entropy`` (B,). One keep-alive connection,
-a timeout, an optional bearer token, and a circuit breaker: after a failure the edge stops
-calling for a backoff that doubles up to ``max_backoff``, then tries again by itself.
+``POST {cloud}/v2/models/{name}-cloud/versions/{v}/infer`` with the edge features as FP32 in the
+binary tensor extension; the answer holds ``scores`` (B, C) and ``entropy`` (B,). One
+keep-alive connection, a timeout, an optional bearer token, and a circuit breaker: after a
+failure the edge stops calling for a backoff that doubles up to ``max_backoff``, then tries
+again by itself.
 """
 
 from __future__ import annotations
@@ -53,7 +54,14 @@ class CloudClient:
         self._backoff = 0.0
         self._retry_at = 0.0
         self.up = True
-        self.path = f"{u.path.rstrip('/')}/v2/models/{model}/infer"
+        self._prefix = f"{u.path.rstrip('/')}/v2/models/{model}"
+
+    def path(self, version: str | None = None) -> str:
+        """The infer route; pinned to ``version`` so features meet the cloud segment they were
+        made for (during an update the cloud's default may already be the next version)."""
+        if version is None:
+            return f"{self._prefix}/infer"
+        return f"{self._prefix}/versions/{urllib.parse.quote(version, safe='')}/infer"
 
     def available(self) -> bool:
         """False while the circuit is open (the last call failed and the backoff runs)."""
@@ -84,13 +92,15 @@ class CloudClient:
                     raise CloudError(f"cloud {self._u.netloc} unreachable: {e}") from None
         raise AssertionError("unreachable")
 
-    def infer(self, features: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+    def infer(self, features: np.ndarray, version: str | None = None
+              ) -> tuple[np.ndarray, np.ndarray | None]:
         """Cloud scores (B, C) and, when the cloud sends it, the entropy (B,) of a batch."""
         body, headers = oip.encode_request({"edge_features": np.asarray(features, np.float32)},
                                            outputs=["scores", "entropy"])
         with self._lock:
             try:
-                status, data, resp_headers = self._request("POST", self.path, body, headers)
+                status, data, resp_headers = self._request("POST", self.path(version), body,
+                                                            headers)
                 if status == 401:
                     raise CloudError("cloud refused the edge's bearer token (401): set "
                                      "--cloud-token / DDNN_EDGE_CLOUD_TOKEN to the cloud's "

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import threading
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -108,13 +110,24 @@ class ResultsListener:
 
     def __init__(self, broker: str, deployment="it"):
         self.results: list[dict] = []
+        self.probed = threading.Event()
         topic = Topics(deployment).results
         opts = MqttOptions(subscriptions=[(topic, 1)])
-        self.client = MqttClient(broker, f"listener-{deployment}", opts,
-                                 on_message=lambda t, p: self.results.append(json.loads(p)))
+        self.client = MqttClient(broker, f"listener-{deployment}", opts, on_message=self._on)
         self.client.start()
         assert self.client.wait_connected(10)
-        time.sleep(0.2)  # SUBACK is not surfaced by the wrapper: let the subscription settle
+        # The subscription is live once a message of our own comes back through the broker.
+        deadline = time.monotonic() + 10
+        while not self.probed.wait(0.1):
+            assert time.monotonic() < deadline, "the results subscription never became active"
+            self.client.publish(topic, b'{"probe": true}', 1)
+
+    def _on(self, topic: str, payload: bytes) -> None:
+        result = json.loads(payload)
+        if result == {"probe": True}:
+            self.probed.set()
+        else:
+            self.results.append(result)
 
     def stop(self) -> None:
         self.client.stop()
@@ -287,3 +300,74 @@ def test_http_fallback_without_a_broker(tiny_bundle, tiny_data, cloud, threshold
     finally:
         edge.stop()
     check_against_evaluate(list(edge.agg.results), tiny_bundle, tiny_data.test, thresholds)
+
+
+def test_cloud_calls_are_pinned_to_the_frames_bundle_version(mosquitto, tiny_bundle, tiny_data,
+                                                             cloud, tmp_path):
+    # The edge runs version 99, which the cloud does not serve: its features must not be
+    # classified by another version's cloud segment; the edge answers, degraded.
+    v99 = tmp_path / "tiny-99"
+    shutil.copytree(tiny_bundle, v99)
+    manifest = json.loads((v99 / "manifest.json").read_text())
+    manifest["model"]["version"] = "99"
+    (v99 / "manifest.json").write_text(json.dumps(manifest))
+    edge = Edge(v99, mosquitto.url, cloud.url, deployment="pinned", local_threshold=0.0,
+                edge_threshold=0.0)
+    try:
+        run_devices(v99, tiny_data.test, mosquitto.url, deployment="pinned", limit=20)
+        wait_for(lambda: edge.agg.answered >= 20, what="20 results")
+    finally:
+        edge.stop()
+    assert all(r["degraded"] and r["exit"] == "edge" for r in edge.agg.results)
+    assert edge.agg.metrics.cloud.value(outcome="error") >= 1
+    assert edge.agg.metrics.cloud.value(outcome="ok") == 0
+
+
+def test_a_frame_that_fails_inside_the_edge_is_counted_and_the_rest_go_on(
+        mosquitto, tiny_bundle, tiny_data):
+    edge = Edge(tiny_bundle, mosquitto.url, None, deployment="broken", local_threshold=0.0,
+                edge_threshold=1.0)  # every frame runs the edge segment and exits there
+    real_edge, calls = edge.runtime.edge, []
+
+    def edge_segment_failing_once(*args):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected failure")
+        return real_edge(*args)
+
+    edge.runtime.edge = edge_segment_failing_once
+    try:
+        run_devices(tiny_bundle, tiny_data.test, mosquitto.url, deployment="broken", limit=30)
+        wait_for(lambda: edge.agg.answered >= 29, what="29 results")
+        wait_for(lambda: len(edge.agg.assembler) == 0, what="no frame pending")
+    finally:
+        edge.stop()
+    assert edge.agg.answered == 29
+    assert edge.agg.metrics.dropped.value(reason="processing_failed") == 1
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"frame": "7"}, "frame must be"),
+    ({"class": 9}, "class must be"),
+    ({"label": "bus"}, "label must be 'car'"),
+    ({"exit": "cloud"}, "exits at 'local'"),
+    ({"entropy": -1}, "entropy must be"),
+    ({"degraded": "no"}, "degraded must be"),
+    ({"views": ["intruder"]}, "views must list"),
+    ({"extra": 1}, "exactly the keys"),
+])
+def test_posted_device_results_are_checked(tiny_bundle, change, why):
+    port = free_port()
+    edge = Edge(tiny_bundle, None, None, deployment="posted", http_port=port)
+    good = {"frame": 7, "class": 0, "label": "car", "exit": "local", "entropy": 0.1,
+            "views": ["cam0"], "degraded": False, "latency_ms": 2.5}
+    url = f"http://127.0.0.1:{port}/v1/results"
+    try:
+        r = httpx.post(url, content=json.dumps({**good, **change}))
+        assert r.status_code == 400 and why in r.json()["error"]
+        assert httpx.post(url, content=b"\xff{").status_code == 400
+        assert httpx.post(url, content=json.dumps(good)).status_code == 202
+        assert httpx.get(url).json() == [good]  # the bad ones never reached the results
+    finally:
+        edge.stop()
+    assert edge.agg.metrics.dropped.value(reason="malformed") == 2
