@@ -26,6 +26,35 @@ BAD_REQUEST = {"malformed", "shape", "oversized", "model", "deployment", "unknow
 RESULT_KEYS = {"frame", "class", "label", "exit", "entropy", "views", "degraded", "latency_ms"}
 
 
+def check_device_result(result: object, agg: EdgeAggregator) -> dict:
+    """A one-view device's posted result, checked field by field (ValueError says what is off).
+
+    It is republished to every consumer of the results topic, so it must be exactly what the
+    edge itself would publish: a known device, a class of this bundle, its label.
+    """
+    if not isinstance(result, dict) or set(result) != RESULT_KEYS:
+        raise ValueError(f"a result has exactly the keys {sorted(RESULT_KEYS)}")
+    classes = agg.manifest.classes
+    frame, cls, views = result["frame"], result["class"], result["views"]
+    if type(frame) is not int or frame < 0:
+        raise ValueError("frame must be a non-negative integer")
+    if type(cls) is not int or not 0 <= cls < len(classes):
+        raise ValueError(f"class must be an integer in 0..{len(classes) - 1}")
+    if result["label"] != classes[cls]:
+        raise ValueError(f"label must be {classes[cls]!r}, the name of class {cls}")
+    if result["exit"] != "local":
+        raise ValueError("a device's own result exits at 'local'")
+    for key in ("entropy", "latency_ms"):
+        if type(result[key]) not in (int, float) or not 0 <= result[key] < float("inf"):
+            raise ValueError(f"{key} must be a non-negative number")
+    if type(result["degraded"]) is not bool:
+        raise ValueError("degraded must be true or false")
+    if (not isinstance(views, list) or len(views) != 1
+            or views[0] not in agg.config.devices):
+        raise ValueError("views must list the one device of this deployment that answered")
+    return result
+
+
 class EdgeHttpServer:
     """Serves an :class:`EdgeAggregator` over HTTP on ``host:port`` (port 0: any free port)."""
 
@@ -131,10 +160,8 @@ def _make_handler(agg: EdgeAggregator, token: str | None):
                     self._json(202, {"accepted": reason is None, "reason": reason})
             elif path == "/v1/results":
                 try:
-                    result = json.loads(body)
-                    if not isinstance(result, dict) or set(result) != RESULT_KEYS:
-                        raise ValueError(f"a result has exactly the keys {sorted(RESULT_KEYS)}")
-                except ValueError as e:
+                    result = check_device_result(json.loads(body), agg)
+                except ValueError as e:  # (also bad JSON and bad UTF-8)
                     agg.metrics.dropped.inc(reason="malformed")
                     self._json(400, {"error": str(e)})
                     return
