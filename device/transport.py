@@ -118,6 +118,12 @@ class MqttTransport:
         self.client.stop()
 
 
+# Answers after which a message is kept and sent again: the edge could not take it *now*.
+# 401/403 are here too: a wrong token is fixed by an operator, and nothing is lost meanwhile
+# beyond what the bounded outbox drops (counted).
+RETRY_STATUSES = frozenset({401, 403, 408, 425, 429, 500, 502, 503, 504})
+
+
 class HttpTransport:
     """POSTs envelopes to the edge's HTTP ingest (``/v1/ingest``): the fallback without a broker.
 
@@ -165,22 +171,30 @@ class HttpTransport:
             resp = conn.getresponse()
             body = resp.read()
         except (OSError, http.client.HTTPException) as e:
-            if self.connected or self._backoff == 0.5:
-                log.warning("edge %s unreachable (%s); retrying with backoff", self._u.netloc, e)
-            self.connected = False
             self._conn = None
-            self._retry_at = time.monotonic() + self._backoff
-            self._backoff = min(self._backoff * 2, 10.0)
-            return False
+            return self._retry_later(f"edge {self._u.netloc} unreachable ({e})")
+        if resp.status in RETRY_STATUSES:
+            # The edge is up but cannot take it now (overloaded, restarting, token not yet
+            # rolled out): the message stays in the outbox and is sent again after a backoff.
+            return self._retry_later(f"edge {self._u.netloc} answered {resp.status} "
+                                     f"{body[:200]!r}")
         if not self.connected:
             log.info("edge %s reachable over HTTP", self._u.netloc)
         self.connected, self._backoff = True, 0.5
-        if resp.status >= 400:  # the edge refused this message: resending cannot help
+        if resp.status >= 400:  # the edge refused this message itself: resending cannot help
             self.refused += 1
             if self.refused == 1 or self.refused % 1000 == 0:
                 log.warning("edge refused a %s message (%d so far): %d %s", msg.kind,
                             self.refused, resp.status, body[:200])
         return True
+
+    def _retry_later(self, why: str) -> bool:
+        if self.connected or self._backoff == 0.5:
+            log.warning("%s; keeping the message and retrying with backoff", why)
+        self.connected = False
+        self._retry_at = time.monotonic() + self._backoff
+        self._backoff = min(self._backoff * 2, 10.0)
+        return False
 
     def idle(self) -> bool:
         return True
