@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddnn.aggregation import AGGREGATIONS
+from ddnn.aggregation import AGGREGATIONS, aggregated_channels
 from ddnn.codec import CODECS
 from ddnn.errors import BundleError, DdnnError
 from ddnn.exits import ExitPolicy
@@ -47,6 +47,25 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+# The element types a segment's tensors may have (the runtime feeds and reads these).
+TENSOR_DTYPES = ("float32", "float16", "int8", "uint8", "int64", "bool")
+
+
+def class_names(value: Any) -> tuple[str, ...]:
+    """The manifest's class list: distinct non-empty strings (a bare string is not a list)."""
+    if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
+        raise BundleError(f"classes must be a list of non-empty strings, got {value!r:.80}")
+    if len(set(value)) != len(value):
+        raise BundleError(f"classes must be distinct, got {value!r:.80}")
+    return tuple(value)
+
+
+def _expect(tensor: TensorSpec, shape: tuple[int, ...], what: str) -> None:
+    if tensor.sample_shape != tuple(shape):
+        raise BundleError(f"{what} has per-sample shape {tensor.sample_shape}, expected "
+                          f"{tuple(shape)}")
+
+
 @dataclass(frozen=True)
 class TensorSpec:
     """A named tensor of a segment; ``shape`` uses ``"batch"`` for the dynamic first axis."""
@@ -57,7 +76,16 @@ class TensorSpec:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
-        return cls(str(d["name"]), tuple(d["shape"]), str(d.get("dtype", "float32")))
+        name, shape, dtype = str(d["name"]), d["shape"], str(d.get("dtype", "float32"))
+        # A dynamic batch axis, then positive sizes: what every tier allocates buffers from.
+        if (not isinstance(shape, list) or not shape or shape[0] != "batch"
+                or not all(type(x) is int and x > 0 for x in shape[1:])):
+            raise BundleError(f"tensor {name!r} has shape {shape!r}; expected "
+                              "[\"batch\", positive sizes...]")
+        if dtype not in TENSOR_DTYPES:
+            raise BundleError(f"tensor {name!r} has dtype {dtype!r}; expected one of "
+                              f"{TENSOR_DTYPES}")
+        return cls(name, tuple(shape), dtype)
 
     @property
     def sample_shape(self) -> tuple[int, ...]:
@@ -82,6 +110,12 @@ class SegmentSpec:
             inputs=tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
             outputs=tuple(TensorSpec.from_dict(t) for t in d["outputs"]),
         )
+
+    def input(self, name: str) -> TensorSpec:
+        for t in self.inputs:
+            if t.name == name:
+                return t
+        raise BundleError(f"segment {self.file} has no input {name!r}")
 
     def output(self, name: str) -> TensorSpec:
         for t in self.outputs:
@@ -172,7 +206,7 @@ class Manifest:
             m = cls(
                 name=check_name("model name", d["model"]["name"]),
                 version=check_name("model version", str(d["model"]["version"])),
-                classes=tuple(str(c) for c in d["classes"]),
+                classes=class_names(d["classes"]),
                 views=int(d["views"]),
                 input_shape=tuple(int(x) for x in d["input"]["shape"]),  # type: ignore[arg-type]
                 aggregation={"local": d["aggregation"]["local"], "edge": d["aggregation"]["edge"]},
@@ -217,6 +251,32 @@ class Manifest:
         for role, seg in self.segments().items():
             if not seg.file or "/" in seg.file or "\\" in seg.file or seg.file.startswith("."):
                 raise BundleError(f"segment {role} names an unsafe file {seg.file!r}")
+        self._validate_chain()
+
+    def _validate_chain(self) -> None:
+        """Each segment's input is what the one before it outputs, and every exit has C scores."""
+        classes = (self.num_classes,)
+        features = None
+        for i, seg in enumerate(self.devices):
+            _expect(seg.input("image"), self.input_shape, f"device-{i} image")
+            _expect(seg.output("scores"), classes, f"device-{i} scores")
+            shape = seg.output("features").sample_shape
+            if features not in (None, shape):
+                raise BundleError(f"device-{i} features {shape} differ from device-0's "
+                                  f"{features}")
+            features = shape
+        if self.local is not None:
+            n = aggregated_channels(self.aggregation["local"], self.views, self.num_classes)
+            _expect(self.local.input("device_scores"), (n,), "local device_scores")
+            _expect(self.local.output("scores"), classes, "local scores")
+        assert features is not None  # views >= 1 was checked
+        channels = aggregated_channels(self.aggregation["edge"], self.views, features[0])
+        _expect(self.edge.input("device_features"), (channels, *features[1:]),
+                "edge device_features")
+        _expect(self.edge.output("scores"), classes, "edge scores")
+        _expect(self.cloud.input("edge_features"), self.edge.output("features").sample_shape,
+                "cloud edge_features")
+        _expect(self.cloud.output("scores"), classes, "cloud scores")
 
 
 @dataclass(frozen=True)
