@@ -33,6 +33,25 @@ COMMAND_MODULES = (
 )
 
 
+# Third-party packages a command may import only when it runs, and the extra that brings each.
+EXTRA_OF = {
+    "onnxruntime": "device", "paho": "device", "fastapi": "cloud", "uvicorn": "cloud",
+    "torch": "train", "onnx": "train", "onnxscript": "train",
+    "tqdm": "train", "matplotlib": "train", "amqtt": "demo", "cryptography": "sign",
+}
+
+
+def missing_package_message(e: ModuleNotFoundError) -> str | None:
+    """A one-line fix for a missing optional package, or None when it is not one of ours."""
+    top = (e.name or "").split(".")[0]
+    if top not in EXTRA_OF:
+        return None
+    fix = f"pip install 'ddnn[{EXTRA_OF[top]}]'"
+    if top == "torch":  # an unpinned torch would pull the multi-GB CUDA build
+        fix = f"pip install torch==2.13.0, then {fix}"
+    return f"this command needs the package {top!r}, which is not installed: {fix}"
+
+
 class _Formatter(argparse.ArgumentDefaultsHelpFormatter, argparse.RawDescriptionHelpFormatter):
     pass
 
@@ -84,6 +103,12 @@ def main(argv: list[str] | None = None) -> int:
     except DdnnError as e:
         print(f"ddnn: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 1)
+    except ModuleNotFoundError as e:
+        message = missing_package_message(e)
+        if message is None:  # one of our own modules: a broken install or a bug, not user error
+            raise
+        print(f"ddnn: error: {message}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("ddnn: interrupted", file=sys.stderr)
         return 130

@@ -1,6 +1,7 @@
 """From nothing to an evaluated bundle with the command line alone, as a user would."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -110,3 +111,16 @@ def test_help_lists_every_command():
     assert proc.returncode == 0
     for command in ("data", "train", "evaluate"):
         assert command in proc.stdout
+
+
+def test_a_missing_extra_is_named_with_its_fix(tiny_bundle, tmp_path):
+    # A Python whose path hides fastapi stands for an install without the cloud extra.
+    (tmp_path / "fastapi.py").write_text(
+        "raise ModuleNotFoundError('No module named fastapi', name='fastapi')\n")
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    r = subprocess.run([sys.executable, "-m", "ddnn", "cloud", "--bundle", str(tiny_bundle),
+                        "--port", "0"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 1, r.stderr
+    assert "Traceback" not in r.stderr
+    assert "needs the package 'fastapi'" in r.stderr and "ddnn[cloud]" in r.stderr
