@@ -12,14 +12,17 @@ from dataclasses import dataclass
 
 from ddnn.errors import ConfigError
 
-_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+# Lowercase, as the topic contract says: MQTT topics are case-sensitive, and "Cam0" beside
+# "cam0" would be two devices that an operator reads as one.
+_PART = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 DEVICE_KINDS = ("scores", "features", "status")
 
 
 def check_part(kind: str, value: str) -> str:
     """Validate one topic level (a prefix part, deployment, device or edge id)."""
     if not isinstance(value, str) or not _PART.match(value):
-        raise ConfigError(f"invalid {kind} {value!r}: use 1-64 letters, digits, '.', '_' or '-'")
+        raise ConfigError(f"invalid {kind} {value!r}: use 1-64 lowercase letters, digits, "
+                          "'.', '_' or '-'")
     return value
 
 
