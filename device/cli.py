@@ -111,7 +111,7 @@ def run(args) -> int:
     elif args.images:
         source = ImageFolder(args.images, m.input_shape, limit)
     elif args.camera is not None:
-        source = Camera(int(args.camera), m.input_shape, limit)
+        source = Camera(int(args.camera), m.input_shape, limit, float(args.fps))
     else:
         raise ConfigError("give a frame source: --data, --images or --camera")
     if not args.broker and not args.edge_url:

@@ -72,30 +72,49 @@ class ImageFolder:
             yield i, to_chw(read_image(f), self.image_shape)
 
 
-class Camera:
-    """Frames of a camera through OpenCV (``pip install opencv-python-headless``)."""
+def frame_slot(t: float, fps: float) -> int:
+    """The frame id of wall-clock time ``t`` at ``fps``: the same on every camera of a deployment
+    whose clocks agree (NTP), and never reused when a device restarts."""
+    return int(t * fps)
 
-    def __init__(self, index: int, image_shape: tuple[int, int, int], limit: int | None = None):
+
+class Camera:
+    """Frames of a camera through OpenCV (``pip install opencv-python-headless``).
+
+    Live views are matched across devices by time: a frame's id is its capture time's slot at
+    ``fps`` (:func:`frame_slot`), so cameras started at different moments, or restarted, agree
+    on which frame is which. A second capture in the same slot is skipped.
+    """
+
+    def __init__(self, index: int, image_shape: tuple[int, int, int], limit: int | None = None,
+                 fps: float = 10.0):
         try:
             import cv2
         except ImportError:
             raise ConfigError(
                 "a camera source needs OpenCV: pip install opencv-python-headless"
             ) from None
+        if fps <= 0:
+            raise ConfigError(f"a camera needs a frame rate above 0, got {fps}")
         self._cv2 = cv2
         self._cap = cv2.VideoCapture(index)
         if not self._cap.isOpened():
             raise ConfigError(f"camera {index} cannot be opened")
-        self.image_shape, self.limit = image_shape, limit
+        self.image_shape, self.limit, self.fps = image_shape, limit, fps
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        i = 0
-        while self.limit is None or i < self.limit:
+        import time
+
+        sent, last = 0, -1
+        while self.limit is None or sent < self.limit:
             ok, bgr = self._cap.read()
             if not ok:
                 return
-            yield i, to_chw(bgr[:, :, ::-1], self.image_shape)
-            i += 1
+            slot = frame_slot(time.time(), self.fps)
+            if slot == last:
+                continue
+            yield slot, to_chw(bgr[:, :, ::-1], self.image_shape)
+            last, sent = slot, sent + 1
 
 
 def to_chw(rgb: np.ndarray, image_shape: tuple[int, int, int]) -> np.ndarray:
