@@ -15,7 +15,10 @@ setup: venv broker
 venv: $(BIN)/.installed
 
 $(BIN)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
+	# Debian's python3 lacks ensurepip until python3-venv is installed: add it when we can.
+	$(PYTHON) -m venv $(VENV) || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null && \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv \
+		>/dev/null && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
 	# compat mode: the repository root goes on sys.path, so packages added later import too.
