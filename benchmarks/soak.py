@@ -34,7 +34,7 @@ def rss_mib(pid: int) -> float | None:
 
 
 def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False, minutes: float = 5.0,
-        fps: float = 10.0) -> dict:
+        fps: float = 10.0, logs_dir: Path | None = None) -> dict:
     import numpy as np
 
     from ddnn.broker import free_port, start_broker
@@ -48,8 +48,9 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False, minutes: f
     m = load_bundle(bundle).manifest
     ds = load_dataset(data, num_classes=m.num_classes)
     frames = int(seconds * fps)
-    logs = out_dir / "soak-logs"
-    logs.mkdir(exist_ok=True)
+    # Logs and the replay file are working data (hundreds of MB), kept out of the docs.
+    logs = Path(logs_dir) if logs_dir else Path("runs/soak")
+    logs.mkdir(parents=True, exist_ok=True)
     # The replay file, the test file repeated to the run's length (one device process each).
     idx = np.arange(frames) % ds.num_samples
     data = logs / "soak.npz"
@@ -163,10 +164,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="docs/benchmarks")
     p.add_argument("--minutes", type=float, default=5.0)
     p.add_argument("--fps", type=float, default=10.0)
+    p.add_argument("--logs", default="runs/soak", help="process logs and the replay file")
     p.add_argument("--quick", action="store_true", help="30 seconds")
     args = p.parse_args(argv)
     r = run(Path(args.out), Path(args.bundle), Path(args.data), args.quick, args.minutes,
-            args.fps)
+            args.fps, logs_dir=Path(args.logs))
     print(json.dumps({k: r[k] for k in ("frames_sent", "answered", "outcomes", "summary")}))
     return 0
 

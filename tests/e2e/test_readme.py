@@ -51,3 +51,13 @@ def test_offline_block_runs(tmp_path):
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, f"ddnn {' '.join(argv)}\n{proc.stderr[-2000:]}"
     assert (tmp_path / "bundles" / "mvmc" / "manifest.json").is_file()
+
+
+@pytest.mark.parametrize("command", ["device", "edge", "cloud"])
+def test_every_option_of_the_services_is_documented(command):
+    """The configuration reference (docs/) names every option the service's --help lists."""
+    docs = "\n".join(p.read_text() for p in (ROOT / "docs").glob("*.md"))
+    sub = build_parser()._subparsers._group_actions[0].choices[command]
+    options = [s for a in sub._actions for s in a.option_strings if s.startswith("--")]
+    undocumented = [o for o in options if o != "--help" and f"`{o}" not in docs]
+    assert options and not undocumented, f"ddnn {command}: document {undocumented} in docs/"
