@@ -7,7 +7,7 @@ requests back to back over a keep-alive connection for a fixed time — at concu
 limit is in-process ONNX Runtime running the same model's ``predict`` on batches of the same
 sizes, measured in the same run. Results are medians over repeats; nothing is asserted.
 
-    python -m benchmarks.cloud_throughput --bundle BUNDLE --out DIR [--quick]
+    ddnn bench --only cloud_throughput [--quick]
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ is what no implementation can beat on this machine: the segments' compute on the
 time, measured with a pub/sub ping in the same run) plus, for the cloud tier, the measured
 HTTP call. Thresholds are set so that every tier gets frames. Nothing is asserted.
 
-    python -m benchmarks.hierarchy_latency --bundle BUNDLE --data TEST.npz --out DIR [--quick]
+    ddnn bench --only hierarchy_latency [--quick]
 """
 
 from __future__ import annotations
@@ -222,6 +222,12 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
         "benchmark": "hierarchy_latency", "bundle": b.ref, "views": m.views, "frames": frames,
         "answered": len(rows), "fps": fps, "thresholds": th, "cloud": cloud_ok,
         "broker": broker.kind, "per_tier": per_tier, **floor,
+        "ratios": {f"{t}_p50_over_floor": per_tier[t]["p50_over_floor"] for t in TIERS
+                   if per_tier[t]["p50_ms"] is not None},
+        "aims": {"local_p50_within_2x_floor": {
+            "target": 2.0, "measured": per_tier["local"]["p50_over_floor"],
+            "met": per_tier["local"]["p50_over_floor"] is not None
+            and per_tier["local"]["p50_over_floor"] <= 2.0}},
         "note": "latency = capture to result at the edge; floor = segment compute on the "
                 "path + broker hops (one-way pub/sub time) + the cloud HTTP call",
     }
