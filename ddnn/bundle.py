@@ -261,6 +261,8 @@ class Manifest:
             _expect(seg.input("image"), self.input_shape, f"device-{i} image")
             _expect(seg.output("scores"), classes, f"device-{i} scores")
             shape = seg.output("features").sample_shape
+            if not shape:
+                raise BundleError(f"device-{i} features need a shape per sample, got none")
             if features not in (None, shape):
                 raise BundleError(f"device-{i} features {shape} differ from device-0's "
                                   f"{features}")

@@ -40,13 +40,21 @@ EXTRA_OF = {
     "tqdm": "train", "matplotlib": "train", "amqtt": "demo", "cryptography": "sign",
 }
 
+COMMAND_EXTRAS = {"device": "device", "edge": "edge", "cloud": "cloud", "train": "train",
+                  "demo": "device,edge,cloud,train,demo"}
 
-def missing_package_message(e: ModuleNotFoundError) -> str | None:
+
+def missing_package_message(e: ModuleNotFoundError, command: str | None = None) -> str | None:
     """A one-line fix for a missing optional package, or None when it is not one of ours."""
     top = (e.name or "").split(".")[0]
     if top not in EXTRA_OF:
         return None
-    fix = f"pip install 'ddnn[{EXTRA_OF[top]}]'"
+    # The command's own extras bring everything it needs (onnxruntime is in three of them);
+    # signing is an option of every tier, so it has its own.
+    extra = EXTRA_OF[top]
+    if top != "cryptography":
+        extra = COMMAND_EXTRAS.get(command or "", extra)
+    fix = f"pip install 'ddnn[{extra}]'"
     if top == "torch":  # an unpinned torch would pull the multi-GB CUDA build
         fix = f"pip install torch==2.13.0, then {fix}"
     return f"this command needs the package {top!r}, which is not installed: {fix}"
@@ -104,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ddnn: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 1)
     except ModuleNotFoundError as e:
-        message = missing_package_message(e)
+        message = missing_package_message(e, getattr(args, "command", None))
         if message is None:  # one of our own modules: a broken install or a bug, not user error
             raise
         print(f"ddnn: error: {message}", file=sys.stderr)

@@ -209,6 +209,10 @@ class BundleUpdater:
         except (DdnnError, OSError) as e:
             self._refuse(ann, str(e))
             return False
+        except Exception as e:  # anything unforeseen refuses this version, never the updater
+            log.exception("unexpected error applying %s:%s", ann.name, ann.version)
+            self._refuse(ann, f"{type(e).__name__}: {e}")
+            return False
         log.info("bundle updated over the air: %s:%s -> %s", running.name, running.version,
                  bundle.ref)
         self.running = bundle

@@ -49,7 +49,7 @@ umask 077
 mkdir -p "$out/clients" "$out/env"
 cd "$out"
 
-id_ok() { [[ "$1" =~ ^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$ ]] || { echo "make-certs: invalid id '$1'" >&2; exit 2; }; }
+id_ok() { [[ "$1" =~ ^[a-z0-9][a-z0-9._-]{0,63}$ ]] || { echo "make-certs: invalid id '$1'" >&2; exit 2; }; }
 
 san_for() {  # "DNS:a,IP:1.2.3.4" from host names
   local s="" h

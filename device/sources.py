@@ -100,6 +100,9 @@ class Camera:
         self._cap = cv2.VideoCapture(index)
         if not self._cap.isOpened():
             raise ConfigError(f"camera {index} cannot be opened")
+        # Keep no backlog: a frame read late must be a fresh one, or its time slot would name
+        # an older instant than the other cameras' frames of that slot.
+        self._cap.set(cv2.CAP_PROP_BUFFERSIZE, 1)
         self.image_shape, self.limit, self.fps = image_shape, limit, fps
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:

@@ -175,7 +175,10 @@ class HttpTransport:
             return self._retry_later(f"edge {self._u.netloc} unreachable ({e})")
         if resp.status in RETRY_STATUSES:
             # The edge is up but cannot take it now (overloaded, restarting, token not yet
-            # rolled out): the message stays in the outbox and is sent again after a backoff.
+            # rolled out): the message stays in the outbox and is sent again after a backoff,
+            # on a fresh connection (a refusing server may close this one unannounced).
+            self._conn.close()
+            self._conn = None
             return self._retry_later(f"edge {self._u.netloc} answered {resp.status} "
                                      f"{body[:200]!r}")
         if not self.connected:

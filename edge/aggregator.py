@@ -31,7 +31,7 @@ from ddnn.mqtt import QOS_REQUESTS, QOS_RESULTS, status_info
 from ddnn.runtime import BundleRuntime, transmit
 from ddnn.topics import Topics
 from edge.assembler import DONE, SCORES, Drop, Frame, FrameAssembler
-from edge.cloud_client import CloudClient, CloudError
+from edge.cloud_client import CloudClient, CloudError, UnknownVersion
 from edge.metrics import EdgeMetrics
 
 log = logging.getLogger(__name__)
@@ -95,6 +95,7 @@ class EdgeAggregator:
         self.announced: tuple[str, str] | None = None
         self.metrics.bundle.set(1, model=m.name, version=m.version)
         self.declined = 0  # messages declined while draining
+        self._unknown_versions: set[str] = set()  # versions the cloud answered 404 for
 
     # --- incoming (MQTT thread or HTTP handler) ---------------------------------------------
 
@@ -336,8 +337,9 @@ class EdgeAggregator:
             self._process(f)
         except Exception:  # one bad frame must not stop the edge
             log.exception("processing frame %d failed", f.id)
-            self.assembler.finish(f)
-            self.metrics.dropped.inc(reason="processing_failed")
+            if f.stage != DONE:  # (a failure after its result went out loses nothing)
+                self.assembler.finish(f)
+                self.metrics.dropped.inc(reason="processing_failed")
 
     # --- the cloud ----------------------------------------------------------------------------
 
@@ -370,6 +372,9 @@ class EdgeAggregator:
             t0 = time.perf_counter()
             try:
                 scores, _ = self.cloud.infer(np.concatenate([b[1] for b in batch]), version)
+            except UnknownVersion as e:
+                self.metrics.cloud.inc(outcome="unknown_version")
+                self._log_unknown_version(version, e)
             except CloudError:
                 self.metrics.cloud.inc(outcome="error")
                 self.metrics.cloud_up.set(0)
@@ -384,6 +389,11 @@ class EdgeAggregator:
         # No cloud: the best answer this edge has is its own exit, marked degraded.
         for f, _, edge_scores, eta in batch:
             self._answer(f, edge_scores, eta, "edge", degraded=True)
+
+    def _log_unknown_version(self, version: str, error: Exception) -> None:
+        if version not in self._unknown_versions:  # once per version, not once per batch
+            self._unknown_versions.add(version)
+            log.error("%s; its frames are answered from the edge exit, degraded", error)
 
     # --- results --------------------------------------------------------------------------
 

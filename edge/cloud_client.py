@@ -28,6 +28,10 @@ class CloudError(DdnnError):
     """The cloud could not be reached or did not answer properly."""
 
 
+class UnknownVersion(CloudError):
+    """The cloud is up but does not serve this bundle version (404): not an outage."""
+
+
 class CloudClient:
     """Calls ``{name}-cloud`` of a cloud service; safe to share between threads (one at a time)."""
 
@@ -105,12 +109,17 @@ class CloudClient:
                     raise CloudError("cloud refused the edge's bearer token (401): set "
                                      "--cloud-token / DDNN_EDGE_CLOUD_TOKEN to the cloud's "
                                      f"--token ({data[:200]!r})")
+                if status == 404 and version is not None:
+                    raise UnknownVersion(f"cloud does not serve {self.model} version {version}: "
+                                         f"{data[:200]!r}")
                 if status != 200:
                     raise CloudError(f"cloud answered {status}: {data[:200]!r}")
                 out = oip.decode_response(data, resp_headers)
                 scores = out.get("scores")
                 if scores is None or scores.shape[0] != len(features):
                     raise CloudError("cloud response lacks scores for every frame")
+            except UnknownVersion:
+                raise  # the circuit stays closed: other versions' frames still go up
             except (CloudError, oip.OipError) as e:
                 self._failed(e)
                 raise CloudError(str(e)) from None

@@ -62,7 +62,7 @@ def calibrate(
     cloud_acc = float(correct["cloud"].mean())
     floor = cloud_acc - tolerance - 1e-12
     n = len(labels)
-    best = (-np.inf, 0, 0, 0.0, 0.0, 0.0)  # (score, i, j, accuracy, local, edge)
+    best = (-1, 0, 0, 0.0, 0.0, 0.0)  # (score, i, j, accuracy, local, edge); -1: none yet
     edg_all = h_edge[None, :] < ts[:, None]  # (T_edge, N)
     for i, t in enumerate(ts):
         loc = h_local < t  # (N,)
@@ -75,7 +75,7 @@ def calibrate(
         # (base n + 1 keeps one more exit worth more than any number of the next key).
         base = n + 1
         key = (int(loc.sum()) * base + edg.sum(1)) * base + np.rint(acc * n).astype(np.int64)
-        score = np.where(acc >= floor, key.astype(np.float64), -np.inf)
+        score = np.where(acc >= floor, key, -1)  # int64: exact however large the set
         j = int(np.argmax(score))
         if score[j] > best[0]:
             best = (score[j], i, j, float(acc[j]), float(loc.mean()), float(f_edg[j]))

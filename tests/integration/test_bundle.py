@@ -82,6 +82,8 @@ def test_newer_format_version_is_refused(bundle_copy):
          "device-1 features"),
         (lambda d: d["input"].update(shape=[3, 32, 32]), "device-0 image"),
         (lambda d: d["aggregation"].update(edge="concat"), "edge device_features"),
+        (lambda d: [s["outputs"][1].update(shape=["batch"]) for s in d["segments"]["device"]],
+         "device-0 features need a shape"),
     ],
 )
 def test_inconsistent_manifest_is_refused(bundle_copy, change, message):
