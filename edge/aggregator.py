@@ -31,6 +31,7 @@ from ddnn.mqtt import QOS_REQUESTS, QOS_RESULTS, status_info
 from ddnn.runtime import BundleRuntime, transmit
 from ddnn.topics import Topics
 from edge.assembler import DONE, SCORES, Drop, Frame, FrameAssembler
+from edge.callback import ResultsCallback
 from edge.cloud_client import CloudClient, CloudError, UnknownVersion
 from edge.metrics import EdgeMetrics
 
@@ -52,6 +53,8 @@ class EdgeConfig:
     cloud_batch: int = 32  # frames per cloud call at most
     results_ring: int = 1000  # recent results kept for GET /v1/results
     results_path: Path | None = None  # also append every result to this JSON-lines file
+    results_url: str | None = None  # also POST every result to this URL (edge.callback)
+    results_token: str | None = None  # bearer token for results_url
     expect_frames: int | None = None  # set ``done`` after this many results (tests, demos)
 
 
@@ -86,6 +89,9 @@ class EdgeAggregator:
         self._results_lock = threading.Lock()
         self._results_file = open(config.results_path, "a", encoding="utf-8") \
             if config.results_path else None  # noqa: SIM115 - lives as long as the aggregator
+        self.callback = (ResultsCallback(config.results_url, self.metrics.callback,
+                                         token=config.results_token)
+                         if config.results_url else None)
         self._logged: set[str] = set()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -423,12 +429,16 @@ class EdgeAggregator:
             if self._results_file:
                 self._results_file.write(body + "\n")
                 self._results_file.flush()
+            if self.callback is not None:
+                self.callback.post(body.encode())
             if self.config.expect_frames and self.answered >= self.config.expect_frames:
                 self.done.set()
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def start(self) -> EdgeAggregator:
+        if self.callback is not None:
+            self.callback.start()
         self.runtime.runner("edge")  # load now, so the first frame does not pay for it
         if self.manifest.local is not None:
             self.runtime.runner("local")
@@ -444,5 +454,7 @@ class EdgeAggregator:
             t.join(timeout=5)
         if self.cloud is not None:
             self.cloud.close()
+        if self.callback is not None:
+            self.callback.stop()
         if self._results_file:
             self._results_file.close()

@@ -73,6 +73,11 @@ def register(sub, data_sub, formatter) -> None:
       help="bearer token required by POST routes" + HIDE_DEFAULT)
     a("--results-out", default=_env("results_out"),
       help="also append every result to this JSON-lines file")
+    a("--results-url", default=_env("results_url"),
+      help="also POST every result as JSON to this http(s) URL (an application's web hook); "
+      "results wait in a bounded queue while it is unreachable")
+    a("--results-token", default=_env("results_token"),
+      help="bearer token sent to --results-url" + HIDE_DEFAULT)
     a("--expect-frames", type=int, default=_env("expect_frames"),
       help="exit after answering this many frames (replays, tests, demos)")
     a("--keepalive", type=int, default=_env("keepalive", 10), help="MQTT keepalive seconds")
@@ -112,6 +117,7 @@ def run(args) -> int:
         edge_threshold=None if args.edge_threshold is None else float(args.edge_threshold),
         cloud_batch=args.cloud_batch,
         results_path=Path(args.results_out) if args.results_out else None,
+        results_url=args.results_url, results_token=args.results_token,
         expect_frames=args.expect_frames)
     cloud = (CloudClient(args.cloud, f"{m.name}-cloud", token=args.cloud_token,
                          timeout=args.cloud_timeout, ca_file=args.cloud_ca_file)
@@ -124,11 +130,12 @@ def run(args) -> int:
                           args.http_token)
     log.info("edge config: bundle=%s deployment=%s edge=%s devices=%s broker=%s cloud=%s "
              "deadline=%.0fms feature_deadline=%.0fms suspect_after=%d thresholds=%s "
-             "http=%s:%s results_out=%s expect_frames=%s keepalive=%d reconnect_max=%d",
+             "http=%s:%s results_out=%s results_url=%s expect_frames=%s keepalive=%d "
+             "reconnect_max=%d",
              bundle.ref, cfg.deployment, cfg.edge_id, ",".join(devices),
              service.mqtt.url if service.mqtt else None, args.cloud, args.deadline_ms,
              args.feature_deadline_ms, args.suspect_after, dict(agg.policy.thresholds),
-             args.http_host, args.http_port, args.results_out, args.expect_frames,
+             args.http_host, args.http_port, args.results_out, args.results_url, args.expect_frames,
              args.keepalive, args.reconnect_max)
     log.info("edge security: mqtt %s, cloud token %s, cloud CA %s, http token %s, bundle key %s",
              options.security.describe() if args.broker else None,

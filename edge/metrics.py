@@ -42,6 +42,8 @@ class EdgeMetrics:
         self.broker_up = r.gauge("ddnn_edge_broker_connected", "1 while connected to the broker")
         self.bundle = r.gauge("ddnn_edge_bundle_info", "1 for the bundle version the edge runs",
                               ("model", "version"))
+        self.callback = r.counter("ddnn_edge_results_callback_total",
+                                  "Results for the HTTP callback, by outcome", ("outcome",))
         self.bundle_updates = r.counter("ddnn_edge_bundle_updates_total",
                                         "Over-the-air bundle updates, by result", ("result",))
 

@@ -1,0 +1,132 @@
+"""The results HTTP callback: every result also POSTed as JSON to an application's URL.
+
+For consumers without MQTT (a web hook, a serverless function). Results go out in order from
+one background thread over a keep-alive connection, so a slow or absent receiver never holds up
+the edge: they wait in a bounded queue (the oldest dropped and counted when it is full). A
+result is sent again after a backoff when the receiver is unreachable or answers 408, 429 or
+5xx; any other 4xx means the receiver refuses that result, which is counted and dropped.
+"""
+
+from __future__ import annotations
+
+import collections
+import http.client
+import logging
+import ssl
+import threading
+import urllib.parse
+
+from ddnn.errors import ConfigError
+from ddnn.metrics import Counter
+
+log = logging.getLogger(__name__)
+
+RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class ResultsCallback:
+    """POSTs each result body to ``url``; :meth:`post` never blocks."""
+
+    def __init__(self, url: str, outcomes: Counter, *, token: str | None = None,
+                 timeout: float = 5.0, capacity: int = 10_000, max_backoff: float = 10.0,
+                 ca_file: str | None = None):
+        u = urllib.parse.urlsplit(url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ConfigError(f"results URL {url!r} must be http(s)://host[:port]/path")
+        if capacity < 1:
+            raise ConfigError("the results callback queue needs room for at least one result")
+        self._u, self.timeout, self.max_backoff = u, timeout, max_backoff
+        self._path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        self._headers = {"Content-Type": "application/json"}
+        if token:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._tls = ssl.create_default_context(cafile=ca_file) if u.scheme == "https" else None
+        self._outcomes = outcomes  # counter labelled by outcome: sent, refused, overflow, retry
+        self._queue: collections.deque[bytes] = collections.deque()
+        self._capacity = capacity
+        self._cv = threading.Condition()
+        self._stop = False
+        self._conn: http.client.HTTPConnection | None = None
+        self._thread = threading.Thread(target=self._loop, name="edge-callback", daemon=True)
+
+    def start(self) -> ResultsCallback:
+        self._thread.start()
+        log.info("results also POSTed to %s://%s%s", self._u.scheme, self._u.netloc, self._path)
+        return self
+
+    def post(self, body: bytes) -> None:
+        """Queue one result for the receiver (oldest dropped, counted, when the queue is full)."""
+        with self._cv:
+            if len(self._queue) >= self._capacity:
+                self._queue.popleft()
+                self._outcomes.inc(outcome="overflow")
+            self._queue.append(body)
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._queue)
+
+    def _loop(self) -> None:
+        backoff = 0.0
+        while True:
+            with self._cv:
+                while not self._queue and not self._stop:
+                    self._cv.wait()
+                if not self._queue:  # stopping, nothing left
+                    return
+                body = self._queue[0]
+            done = self._send(body)
+            with self._cv:
+                if done:
+                    if self._queue and self._queue[0] is body:  # (an overflow may have taken it)
+                        self._queue.popleft()
+                    backoff = 0.0
+                    continue
+                if self._stop:  # the receiver is down and we are stopping: give up, counted
+                    self._outcomes.inc(len(self._queue), outcome="unsent_at_stop")
+                    return
+                backoff = min(max(backoff * 2, 0.25), self.max_backoff)
+                self._outcomes.inc(outcome="retry")
+                self._cv.wait(backoff)
+
+    def _send(self, body: bytes) -> bool:
+        """True when the receiver took or refused the result; False to send it again later."""
+        try:
+            if self._conn is None:
+                if self._tls is not None:
+                    self._conn = http.client.HTTPSConnection(
+                        self._u.hostname, self._u.port, timeout=self.timeout, context=self._tls)
+                else:
+                    self._conn = http.client.HTTPConnection(self._u.hostname, self._u.port,
+                                                            timeout=self.timeout)
+            self._conn.request("POST", self._path, body, self._headers)
+            resp = self._conn.getresponse()
+            resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            self._close()
+            log.warning("results callback %s unreachable (%s); retrying", self._u.netloc, e)
+            return False
+        if resp.status in RETRY_STATUSES:
+            self._close()
+            log.warning("results callback answered %d; retrying", resp.status)
+            return False
+        if resp.status >= 400:
+            self._outcomes.inc(outcome="refused")
+            log.warning("results callback refused a result: %d", resp.status)
+            return True
+        self._outcomes.inc(outcome="sent")
+        return True
+
+    def _close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Send what is queued (up to ``timeout`` seconds), then stop."""
+        with self._cv:
+            self._stop = True
+            self._cv.notify()
+        self._thread.join(timeout)
+        self._close()
