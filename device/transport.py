@@ -11,10 +11,9 @@ import http.client
 import logging
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable
 
-from ddnn.errors import ConfigError
+from ddnn.keepalive import KeepAliveConnection
 from ddnn.mqtt import (
     QOS_FEATURES,
     QOS_RESULTS,
@@ -133,14 +132,10 @@ class HttpTransport:
     supports_pull = False
 
     def __init__(self, edge_url: str, token: str | None = None, timeout: float = 5.0):
-        u = urllib.parse.urlsplit(edge_url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ConfigError(f"edge URL {edge_url!r} must be http://host:port")
-        self._u, self._timeout = u, timeout
+        self._edge = KeepAliveConnection(edge_url, "edge", timeout)
         self._headers = {"Content-Type": "application/octet-stream"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._conn: http.client.HTTPConnection | None = None
         self._retry_at = 0.0
         self._backoff = 0.5
         self.connected = False
@@ -150,13 +145,6 @@ class HttpTransport:
     def start(self) -> None:
         pass
 
-    def _connection(self) -> http.client.HTTPConnection:
-        if self._conn is None:
-            https = self._u.scheme == "https"
-            cls = http.client.HTTPSConnection if https else http.client.HTTPConnection
-            self._conn = cls(self._u.hostname, self._u.port, timeout=self._timeout)
-        return self._conn
-
     def can_send(self) -> bool:
         return time.monotonic() >= self._retry_at
 
@@ -165,30 +153,26 @@ class HttpTransport:
         headers = dict(self._headers)
         if msg.kind == "results":
             headers["Content-Type"] = "application/json"
+        edge = self._edge
         try:
-            conn = self._connection()
-            conn.request("POST", self._u.path.rstrip("/") + path, msg.payload, headers)
-            resp = conn.getresponse()
-            body = resp.read()
+            status, body, _ = edge.request("POST", edge.path.rstrip("/") + path, msg.payload,
+                                           headers)
         except (OSError, http.client.HTTPException) as e:
-            self._conn = None
-            return self._retry_later(f"edge {self._u.netloc} unreachable ({e})")
-        if resp.status in RETRY_STATUSES:
+            return self._retry_later(f"edge {edge.netloc} unreachable ({e})")
+        if status in RETRY_STATUSES:
             # The edge is up but cannot take it now (overloaded, restarting, token not yet
             # rolled out): the message stays in the outbox and is sent again after a backoff,
             # on a fresh connection (a refusing server may close this one unannounced).
-            self._conn.close()
-            self._conn = None
-            return self._retry_later(f"edge {self._u.netloc} answered {resp.status} "
-                                     f"{body[:200]!r}")
+            edge.close()
+            return self._retry_later(f"edge {edge.netloc} answered {status} {body[:200]!r}")
         if not self.connected:
-            log.info("edge %s reachable over HTTP", self._u.netloc)
+            log.info("edge %s reachable over HTTP", edge.netloc)
         self.connected, self._backoff = True, 0.5
-        if resp.status >= 400:  # the edge refused this message itself: resending cannot help
+        if status >= 400:  # the edge refused this message itself: resending cannot help
             self.refused += 1
             if self.refused == 1 or self.refused % 1000 == 0:
                 log.warning("edge refused a %s message (%d so far): %d %s", msg.kind,
-                            self.refused, resp.status, body[:200])
+                            self.refused, status, body[:200])
         return True
 
     def _retry_later(self, why: str) -> bool:
@@ -206,5 +190,4 @@ class HttpTransport:
         return True
 
     def stop(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
+        self._edge.close()

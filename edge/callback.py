@@ -12,11 +12,10 @@ from __future__ import annotations
 import collections
 import http.client
 import logging
-import ssl
 import threading
-import urllib.parse
 
 from ddnn.errors import ConfigError
+from ddnn.keepalive import KeepAliveConnection
 from ddnn.metrics import Counter
 
 log = logging.getLogger(__name__)
@@ -30,28 +29,26 @@ class ResultsCallback:
     def __init__(self, url: str, outcomes: Counter, *, token: str | None = None,
                  timeout: float = 5.0, capacity: int = 10_000, max_backoff: float = 10.0,
                  ca_file: str | None = None):
-        u = urllib.parse.urlsplit(url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ConfigError(f"results URL {url!r} must be http(s)://host[:port]/path")
+        self._receiver = KeepAliveConnection(url, "results", timeout, ca_file)
         if capacity < 1:
             raise ConfigError("the results callback queue needs room for at least one result")
-        self._u, self.timeout, self.max_backoff = u, timeout, max_backoff
-        self._path = (u.path or "/") + (f"?{u.query}" if u.query else "")
+        self.max_backoff = max_backoff
+        r = self._receiver
+        self._path = (r.path or "/") + (f"?{r.query}" if r.query else "")
         self._headers = {"Content-Type": "application/json"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._tls = ssl.create_default_context(cafile=ca_file) if u.scheme == "https" else None
         self._outcomes = outcomes  # counter labelled by outcome: sent, refused, overflow, retry
         self._queue: collections.deque[bytes] = collections.deque()
         self._capacity = capacity
         self._cv = threading.Condition()
         self._stop = False
-        self._conn: http.client.HTTPConnection | None = None
         self._thread = threading.Thread(target=self._loop, name="edge-callback", daemon=True)
 
     def start(self) -> ResultsCallback:
         self._thread.start()
-        log.info("results also POSTed to %s://%s%s", self._u.scheme, self._u.netloc, self._path)
+        r = self._receiver
+        log.info("results also POSTed to %s://%s%s", r.scheme, r.netloc, self._path)
         return self
 
     def post(self, body: bytes) -> None:
@@ -93,35 +90,21 @@ class ResultsCallback:
     def _send(self, body: bytes) -> bool:
         """True when the receiver took or refused the result; False to send it again later."""
         try:
-            if self._conn is None:
-                if self._tls is not None:
-                    self._conn = http.client.HTTPSConnection(
-                        self._u.hostname, self._u.port, timeout=self.timeout, context=self._tls)
-                else:
-                    self._conn = http.client.HTTPConnection(self._u.hostname, self._u.port,
-                                                            timeout=self.timeout)
-            self._conn.request("POST", self._path, body, self._headers)
-            resp = self._conn.getresponse()
-            resp.read()
+            status, _, _ = self._receiver.request("POST", self._path, body, self._headers)
         except (OSError, http.client.HTTPException) as e:
-            self._close()
-            log.warning("results callback %s unreachable (%s); retrying", self._u.netloc, e)
+            log.warning("results callback %s unreachable (%s); retrying", self._receiver.netloc,
+                        e)
             return False
-        if resp.status in RETRY_STATUSES:
-            self._close()
-            log.warning("results callback answered %d; retrying", resp.status)
+        if status in RETRY_STATUSES:
+            self._receiver.close()
+            log.warning("results callback answered %d; retrying", status)
             return False
-        if resp.status >= 400:
+        if status >= 400:
             self._outcomes.inc(outcome="refused")
-            log.warning("results callback refused a result: %d", resp.status)
+            log.warning("results callback refused a result: %d", status)
             return True
         self._outcomes.inc(outcome="sent")
         return True
-
-    def _close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
     def stop(self, timeout: float = 5.0) -> None:
         """Send what is queued (up to ``timeout`` seconds), then stop."""
@@ -129,4 +112,4 @@ class ResultsCallback:
             self._stop = True
             self._cv.notify()
         self._thread.join(timeout)
-        self._close()
+        self._receiver.close()

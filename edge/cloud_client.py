@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import http.client
 import logging
-import ssl
 import threading
 import time
 import urllib.parse
@@ -19,7 +18,8 @@ import urllib.parse
 import numpy as np
 
 from ddnn import oip
-from ddnn.errors import ConfigError, DdnnError
+from ddnn.errors import DdnnError
+from ddnn.keepalive import KeepAliveConnection
 
 log = logging.getLogger(__name__)
 
@@ -38,27 +38,15 @@ class CloudClient:
     def __init__(self, base_url: str, model: str, *, token: str | None = None,
                  timeout: float = 2.0, min_backoff: float = 0.25, max_backoff: float = 5.0,
                  ca_file: str | None = None):
-        u = urllib.parse.urlsplit(base_url)
-        if u.scheme not in ("http", "https") or not u.hostname:
-            raise ConfigError(f"cloud URL {base_url!r} must be http(s)://host[:port]")
-        self.url, self._u = base_url, u
-        self.model, self.timeout = model, timeout
+        self._cloud = KeepAliveConnection(base_url, "cloud", timeout, ca_file)
+        self.url, self.model, self.timeout = base_url, model, timeout
         self.min_backoff, self.max_backoff = min_backoff, max_backoff
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._tls: ssl.SSLContext | None = None
-        if u.scheme == "https":  # chain and host name always verified; ca_file: a private CA
-            try:
-                self._tls = ssl.create_default_context(cafile=ca_file)
-            except (OSError, ssl.SSLError) as e:
-                raise ConfigError(f"cannot load the cloud CA file {ca_file}: {e}") from None
-        elif ca_file:
-            raise ConfigError(f"a cloud CA file is set but {base_url!r} is not https://")
-        self._conn: http.client.HTTPConnection | None = None
         self._lock = threading.Lock()
         self._backoff = 0.0
         self._retry_at = 0.0
         self.up = True
-        self._prefix = f"{u.path.rstrip('/')}/v2/models/{model}"
+        self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
 
     def path(self, version: str | None = None) -> str:
         """The infer route; pinned to ``version`` so features meet the cloud segment they were
@@ -73,28 +61,10 @@ class CloudClient:
 
     def _request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]
                  ) -> tuple[int, bytes, dict[str, str]]:
-        for attempt in (0, 1):
-            if self._conn is None:
-                if self._tls is not None:
-                    self._conn = http.client.HTTPSConnection(
-                        self._u.hostname, self._u.port, timeout=self.timeout, context=self._tls)
-                else:
-                    self._conn = http.client.HTTPConnection(self._u.hostname, self._u.port,
-                                                            timeout=self.timeout)
-            try:
-                self._conn.request(method, path, body, {**self._headers, **headers})
-                resp = self._conn.getresponse()
-                data = resp.read()
-                return resp.status, data, dict(resp.getheaders())
-            except (OSError, http.client.HTTPException) as e:
-                self._conn.close()
-                self._conn = None
-                # A keep-alive connection the server closed fails once: retry on a fresh one.
-                stale = isinstance(e, http.client.RemoteDisconnected | BrokenPipeError |
-                                   ConnectionResetError)
-                if attempt or not stale:
-                    raise CloudError(f"cloud {self._u.netloc} unreachable: {e}") from None
-        raise AssertionError("unreachable")
+        try:
+            return self._cloud.request(method, path, body, {**self._headers, **headers})
+        except (OSError, http.client.HTTPException) as e:
+            raise CloudError(f"cloud {self._cloud.netloc} unreachable: {e}") from None
 
     def infer(self, features: np.ndarray, version: str | None = None
               ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -145,11 +115,9 @@ class CloudClient:
 
     def _succeeded(self) -> None:
         if not self.up:
-            log.info("cloud %s is back", self._u.netloc)
+            log.info("cloud %s is back", self._cloud.netloc)
         self.up, self._backoff, self._retry_at = True, 0.0, 0.0
 
     def close(self) -> None:
         with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+            self._cloud.close()

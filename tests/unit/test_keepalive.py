@@ -1,0 +1,58 @@
+"""The tiers' shared keep-alive client against a real HTTP server."""
+
+from __future__ import annotations
+
+import http.server
+import threading
+
+import pytest
+
+from ddnn.errors import ConfigError
+from ddnn.keepalive import KeepAliveConnection
+
+
+class ClosingServer(http.server.BaseHTTPRequestHandler):
+    """Answers one request per connection, then closes it without saying so."""
+
+    protocol_version = "HTTP/1.1"
+    connections = 0
+
+    def do_GET(self):  # the handler API's name
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"ok")
+        self.close_connection = True
+
+    def setup(self):
+        type(self).connections += 1
+        super().setup()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_connection_the_peer_closed_is_reopened_once():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), ClosingServer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conn = KeepAliveConnection(f"http://127.0.0.1:{server.server_port}", "test", 5.0)
+        for _ in range(3):
+            status, body, _ = conn.request("GET", "/", None, {})
+            assert (status, body) == (200, b"ok")
+        conn.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert ClosingServer.connections == 3
+
+
+@pytest.mark.parametrize(("url", "ca", "message"), [
+    ("ftp://host", None, "test URL 'ftp://host' must be http"),
+    ("http://", None, "must be http"),
+    ("http://host:1", "ca.pem", "CA file is set but"),
+    ("https://host:1", "/nonexistent/ca.pem", "cannot load the test CA file"),
+])
+def test_bad_configuration_is_a_config_error(url, ca, message):
+    with pytest.raises(ConfigError, match=message):
+        KeepAliveConnection(url, "test", 1.0, ca)
