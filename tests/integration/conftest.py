@@ -9,6 +9,16 @@ import httpx
 import pytest
 
 
+def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
+    """Poll ``condition`` until it returns something truthy, and return that (no guessed sleep)."""
+    deadline = time.monotonic() + timeout
+    while not (result := condition()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+    return result
+
+
 def cloud_wait_ready(url: str, timeout: float = 30.0, **client_args) -> None:
     """Poll ``/v2/health/ready`` until it answers 200 (readiness, not a guessed sleep)."""
     deadline = time.monotonic() + timeout

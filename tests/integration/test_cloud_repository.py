@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import time
 from pathlib import Path
 
 import httpx
@@ -15,6 +14,7 @@ from cloud.repository import latest_key, version_order
 from ddnn import oip
 from ddnn.bundle import sha256_file
 from ddnn.errors import ConfigError
+from tests.integration.conftest import wait_for
 
 
 def copy_bundle(src: Path, dst: Path, version: str) -> Path:
@@ -25,16 +25,6 @@ def copy_bundle(src: Path, dst: Path, version: str) -> Path:
     data["model"]["version"] = version
     mf.write_text(json.dumps(data))
     return dst
-
-
-def wait_for(condition, timeout: float = 20.0):
-    """Poll ``condition`` until it returns something truthy (the repository polls on its own)."""
-    deadline = time.monotonic() + timeout
-    while not (result := condition()):
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not met in time")
-        time.sleep(0.05)
-    return result
 
 
 def versions(url: str, model: str = "tiny-cloud") -> list[str]:

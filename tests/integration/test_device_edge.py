@@ -7,6 +7,7 @@ computes offline, and count on the wire the bytes the offline accounting predict
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import shutil
 import threading
@@ -35,18 +36,15 @@ from edge.aggregator import EdgeAggregator, EdgeConfig
 from edge.cloud_client import CloudClient
 from edge.service import EdgeService
 from tests.e2e.thresholds import mixed_thresholds
+from tests.integration.conftest import wait_for
 
 # ddnn.broker leaves the broker's log file open for the garbage collector (reported upstream).
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
 
-def wait_for(condition, timeout: float = 60.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)  # polling a condition, not guessing a duration
+# Whole replays through a broker: a longer wait than the other integration tests'.
+wait_for = functools.partial(wait_for, timeout=60.0)
 
 
 class Edge:

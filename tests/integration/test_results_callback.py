@@ -6,13 +6,13 @@ from __future__ import annotations
 import http.server
 import json
 import threading
-import time
 
 import pytest
 
 from ddnn.broker import free_port
 from ddnn.metrics import Registry
 from edge.callback import ResultsCallback
+from tests.integration.conftest import wait_for
 
 
 class Receiver:
@@ -44,13 +44,6 @@ class Receiver:
     def stop(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-def wait_for(condition, timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)  # polling a condition
 
 
 @pytest.fixture

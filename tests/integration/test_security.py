@@ -16,7 +16,6 @@ import ssl
 import subprocess
 import sys
 import threading
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,7 +29,7 @@ from ddnn.mqtt import BrokerRefusedError, MqttClient, MqttOptions, MqttSecurity
 from ddnn.runtime import BundleRuntime
 from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.topics import Topics, default_device_ids
-from tests.integration.conftest import cloud_wait_ready
+from tests.integration.conftest import cloud_wait_ready, wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = "sec"
@@ -40,14 +39,6 @@ pytestmark = [
     pytest.mark.skipif(mosquitto_path() is None or shutil.which("openssl") is None,
                        reason="needs mosquitto and openssl"),
 ]
-
-
-def wait_for(condition, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.01)  # polling a condition, not guessing a duration
 
 
 # --- certificates -------------------------------------------------------------------------------
