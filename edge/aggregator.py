@@ -92,7 +92,7 @@ class EdgeAggregator:
         self.callback = (ResultsCallback(config.results_url, self.metrics.callback,
                                          token=config.results_token)
                          if config.results_url else None)
-        self._logged: set[str] = set()
+        self._logged: set[str] = set()  # kinds of trouble already logged once
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.draining = False  # stopping: frames under way finish, new ones are declined
@@ -101,7 +101,6 @@ class EdgeAggregator:
         self.announced: tuple[str, str] | None = None
         self.metrics.bundle.set(1, model=m.name, version=m.version)
         self.declined = 0  # messages declined while draining
-        self._unknown_versions: set[str] = set()  # versions the cloud answered 404 for
 
     # --- incoming (MQTT thread or HTTP handler) ---------------------------------------------
 
@@ -397,8 +396,8 @@ class EdgeAggregator:
             self._answer(f, edge_scores, eta, "edge", degraded=True)
 
     def _log_unknown_version(self, version: str, error: Exception) -> None:
-        if version not in self._unknown_versions:  # once per version, not once per batch
-            self._unknown_versions.add(version)
+        if f"unknown_version {version}" not in self._logged:  # once per version, not per batch
+            self._logged.add(f"unknown_version {version}")
             log.error("%s; its frames are answered from the edge exit, degraded", error)
 
     # --- results --------------------------------------------------------------------------
