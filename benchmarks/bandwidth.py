@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import machine, write_json
+from benchmarks.common import machine, pyplot, write_json
 from ddnn.broker import mosquitto_path
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
@@ -656,11 +656,7 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
 
 
 def _plot(out_dir: Path, measured: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     kinds = [("raw_fp32", "raw offload (FP32)", "tab:red"),
              ("raw_8bit", "raw offload (8-bit)", "tab:orange"),
              ("hierarchy", "DDNN hierarchy", "tab:green"),

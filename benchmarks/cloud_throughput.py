@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import platform
 import statistics
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import stop_process
+from benchmarks.common import pyplot, stop_process, write_json
 from ddnn import oip
 from ddnn.broker import free_port
 
@@ -188,11 +187,7 @@ def _sample(bundle: Path, kind: str) -> dict[str, np.ndarray]:
 
 
 def _plot(result: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     x = np.arange(len(CONCURRENCY))
     series = [("in-process ORT (same batches)", "in_process", "tab:gray"),
@@ -255,7 +250,7 @@ def run(out_dir: Path, bundle: Path, quick: bool = False, kind: str = "full",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "results": results, "ratios": ratios,
     }
-    (out_dir / "cloud_throughput.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out_dir, "cloud_throughput", result)
     # matplotlib comes with the train extra; the numbers stand without it.
     with contextlib.suppress(ImportError):
         _plot(result, out_dir / "cloud_throughput.png")

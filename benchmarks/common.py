@@ -69,6 +69,16 @@ def write_json(out_dir: Path, name: str, result: dict) -> Path:
     return path
 
 
+def pyplot():
+    """matplotlib's pyplot drawing to files only (no display on servers)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
 def machine() -> dict:
     """Where the numbers were taken: they only compare within one run on one machine."""
     import os

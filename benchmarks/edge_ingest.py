@@ -13,7 +13,6 @@ ONNX Runtime. Rates are medians over repeats; nothing is asserted.
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 import subprocess
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from benchmarks.common import pyplot, write_json
 from benchmarks.hierarchy_latency import low_latency_broker
 from ddnn import envelope as env
 from ddnn.bundle import load_bundle
@@ -178,17 +178,14 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
                                           "met": statistics.median(edge) >= 3000}},
         "note": "publisher, broker and consumer share this machine's cores",
     }
-    (out_dir / "edge_ingest.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out_dir, "edge_ingest", result)
     _plot(out_dir / "edge_ingest.png", result)
     return result
 
 
 def _plot(path: Path, r: dict) -> None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return
     fig, ax = plt.subplots(figsize=(5, 3.2))

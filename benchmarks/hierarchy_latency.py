@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import stop_process
+from benchmarks.common import pyplot, stop_process, write_json
 from ddnn.broker import BrokerProcess, free_port, mosquitto_path, start_broker, wait_for_port
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
@@ -231,17 +231,14 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
         "note": "latency = capture to result at the edge; floor = segment compute on the "
                 "path + broker hops (one-way pub/sub time) + the cloud HTTP call",
     }
-    (out_dir / "hierarchy_latency.json").write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out_dir, "hierarchy_latency", result)
     _plot(out_dir / "hierarchy_latency.png", per_tier)
     return result
 
 
 def _plot(path: Path, per_tier: dict) -> None:
     try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        plt = pyplot()
     except ImportError:
         return
     tiers = [t for t in TIERS if per_tier[t]["p50_ms"] is not None]

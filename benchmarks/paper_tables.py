@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ddnn, workspace, write_json
+from benchmarks.common import ddnn, pyplot, workspace, write_json
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.evaluate import evaluate
@@ -33,11 +33,7 @@ def _with_views(rt: BundleRuntime, ds, present: np.ndarray) -> dict:
 
 
 def _plot(out_dir: Path, tables: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     t = tables["threshold"]
     ax = axes[0]

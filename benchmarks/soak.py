@@ -20,6 +20,8 @@ import os
 import time
 from pathlib import Path
 
+from benchmarks.common import pyplot
+
 DEPLOYMENT = "soak"
 
 
@@ -141,11 +143,7 @@ def _metrics(url: str) -> dict[str, float]:
 
 
 def _plot(path: Path, rss: dict) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(9, 4))
     for name, v in sorted(rss.items()):
         t, mib = zip(*v["series"], strict=True)
