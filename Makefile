@@ -21,8 +21,8 @@ $(BIN)/.installed: pyproject.toml
 		>/dev/null && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q "$(TORCH)"
-	# compat mode: the repository root goes on sys.path, so packages added later import too.
-	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]" --config-settings editable_mode=compat
+	# Editable: the tier folders map into the one `ddnn` package (pyproject's package-dir).
+	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
 # Mosquitto for the integration tests and the demo; the demo falls back to the embedded
@@ -38,9 +38,12 @@ broker:
 demo: setup
 	$(BIN)/ddnn demo
 
+# import-linter reads packages from disk, so it checks the package as pip installs it: the
+# tier folders inside `ddnn`, as on a board.
 lint: venv
 	$(BIN)/ruff check .
-	$(BIN)/lint-imports
+	rm -rf build/lint && $(BIN)/python -m pip install -q --no-deps --target build/lint .
+	cd build/lint && ../../$(BIN)/lint-imports --config ../../pyproject.toml
 
 test: setup lint
 	$(BIN)/python -m pytest
@@ -49,4 +52,4 @@ bench: setup
 	$(BIN)/ddnn bench
 
 clean:
-	rm -rf $(VENV) runs .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs build .pytest_cache .ruff_cache

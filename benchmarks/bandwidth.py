@@ -40,11 +40,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import machine, pyplot, write_json
-from ddnn.broker import mosquitto_path
+from ddnn.benchmarks.common import machine, pyplot, write_json
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.oip import decode_response, encode_request
+from ddnn.tools.broker import mosquitto_path
 
 NAME = "bandwidth"
 PREFIX = "ddnnbw"  # namespaces are named ddnnbw-<pid>-dev / ddnnbw-<pid>-edge
@@ -574,7 +574,7 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
         if exe:
             broker = procs.start("broker", link.edge_ns, exe, "-c", str(conf))
         else:
-            broker = procs.start("broker", link.edge_ns, sys.executable, "-m", "ddnn.broker",
+            broker = procs.start("broker", link.edge_ns, sys.executable, "-m", "ddnn.tools.broker",
                                  "--host", EDGE_ADDR, "--port", str(BROKER_PORT))
         cloud = procs.ddnn("cloud", link.edge_ns, "cloud", "--bundle", str(bundle),
                            "--host", EDGE_ADDR, "--port", str(CLOUD_PORT))

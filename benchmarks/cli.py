@@ -10,15 +10,15 @@ from pathlib import Path
 
 # name → (module, how to call its run()). Each writes <name>.json (and plots) into the output.
 BENCHMARKS = {
-    "training": "benchmarks.training",
-    "paper_tables": "benchmarks.paper_tables",
-    "device_footprint": "benchmarks.device_footprint",
-    "cloud_throughput": "benchmarks.cloud_throughput",
-    "hierarchy_latency": "benchmarks.hierarchy_latency",
-    "edge_ingest": "benchmarks.edge_ingest",
-    "raw_vs_hierarchy": "benchmarks.raw_vs_hierarchy",
-    "bandwidth": "benchmarks.bandwidth",
-    "soak": "benchmarks.soak",  # minutes of the full hierarchy: memory and every frame
+    "training": "ddnn.benchmarks.training",
+    "paper_tables": "ddnn.benchmarks.paper_tables",
+    "device_footprint": "ddnn.benchmarks.device_footprint",
+    "cloud_throughput": "ddnn.benchmarks.cloud_throughput",
+    "hierarchy_latency": "ddnn.benchmarks.hierarchy_latency",
+    "edge_ingest": "ddnn.benchmarks.edge_ingest",
+    "raw_vs_hierarchy": "ddnn.benchmarks.raw_vs_hierarchy",
+    "bandwidth": "ddnn.benchmarks.bandwidth",
+    "soak": "ddnn.benchmarks.soak",  # minutes of the full hierarchy: memory and every frame
 }
 
 
@@ -51,7 +51,7 @@ def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     module = importlib.import_module(BENCHMARKS[name])
     if name in ("training", "paper_tables"):
         return module.run(out, work, quick=quick)
-    from benchmarks.common import workspace
+    from ddnn.benchmarks.common import workspace
 
     ws = workspace(work, quick=quick)
     if name == "cloud_throughput":
@@ -86,7 +86,7 @@ def _bench(args) -> int:
         took = time.perf_counter() - start
         brief = {k: v for k, v in result.items() if k in ("ratios", "aims", "skipped", "summary")}
         print(f"   done in {took:.0f} s: {json.dumps(brief)[:400]}", file=sys.stderr)
-    from benchmarks.report import write_readme
+    from ddnn.benchmarks.report import write_readme
 
     print(f"results in {out}/, summary in {write_readme(out)}", file=sys.stderr)
     return 1 if failed else 0

@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import pyplot, stop_process, write_json
 from ddnn import oip
-from ddnn.broker import free_port
+from ddnn.benchmarks.common import pyplot, stop_process, write_json
+from ddnn.tools.broker import free_port
 
 CONCURRENCY = (1, 16, 64)
 HOST = "127.0.0.1"
@@ -151,8 +151,8 @@ def _serve_and_drive(bundle: Path, model: str, sample: dict, batching: bool, sec
 
 def _in_process(bundle: Path, kind: str, sample: dict, seconds: float, ort_threads: int | None
                 ) -> dict[int, dict]:
-    from cloud.models import CloudModel, FullModel
     from ddnn.bundle import load_bundle
+    from ddnn.cloud.models import CloudModel, FullModel
     from ddnn.runtime import BundleRuntime
 
     runtime = BundleRuntime(load_bundle(bundle), threads=ort_threads)

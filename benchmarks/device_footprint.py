@@ -14,11 +14,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_json
-from ddnn.broker import start_broker
+from ddnn.benchmarks.common import write_json
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.runtime import BundleRuntime
+from ddnn.tools.broker import start_broker
 
 
 def _peak_rss_kib(pid: int) -> int:

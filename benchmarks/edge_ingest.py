@@ -23,16 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import pyplot, write_json
-from benchmarks.hierarchy_latency import low_latency_broker
 from ddnn import envelope as env
+from ddnn.benchmarks.common import pyplot, write_json
+from ddnn.benchmarks.hierarchy_latency import low_latency_broker
 from ddnn.bundle import load_bundle
+from ddnn.edge.aggregator import EdgeAggregator, EdgeConfig
+from ddnn.edge.service import EdgeService
 from ddnn.envelope import MessageType
-from ddnn.mqtt import MqttClient, MqttOptions
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics, default_device_ids
-from edge.aggregator import EdgeAggregator, EdgeConfig
-from edge.service import EdgeService
 
 DEPLOYMENT = "ingest"
 
@@ -56,7 +56,7 @@ def publish(broker: str, bundle: Path, frames: int, first: int, part: int = 0,
     # than what it measures.
     import paho.mqtt.client as paho
 
-    from ddnn.mqtt import BrokerUrl
+    from ddnn.plumbing.mqtt import BrokerUrl
 
     url = BrokerUrl.parse(broker)
     client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=f"ingest-publisher{part}")

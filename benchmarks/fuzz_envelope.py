@@ -3,8 +3,8 @@
 Not part of the test suite (the property-based twin is ``tests/unit/test_envelope_fuzz.py``):
 
     pip install atheris
-    python -m benchmarks.fuzz_envelope --runs 200000            # bounded run, seeded corpus
-    python -m benchmarks.fuzz_envelope --runs 0 -- -max_len=4096 # forever, libFuzzer flags after --
+    python -m ddnn.benchmarks.fuzz_envelope --runs 200000   # bounded run, seeded corpus
+    python -m ddnn.benchmarks.fuzz_envelope --runs 0 -- -max_len=4096  # forever, libFuzzer flags
 
 The property: ``ddnn.envelope.decode`` (and ``Envelope.tensor`` on what it accepts) raises
 :class:`ddnn.envelope.DecodeError` or returns a message that re-encodes to the same bytes;
@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     extra = argv[argv.index("--") + 1 :] if "--" in argv else []
     argv = argv[: argv.index("--")] if "--" in argv else argv
-    p = argparse.ArgumentParser(prog="python -m benchmarks.fuzz_envelope",
+    p = argparse.ArgumentParser(prog="python -m ddnn.benchmarks.fuzz_envelope",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("--runs", type=int, default=100_000, help="inputs to try; 0 = until a crash")
     p.add_argument("--corpus", default="runs/fuzz_envelope", help="corpus directory (grows)")

@@ -26,13 +26,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import pyplot, stop_process, write_json
-from ddnn.broker import BrokerProcess, free_port, mosquitto_path, start_broker, wait_for_port
+from ddnn.benchmarks.common import pyplot, stop_process, write_json
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.exits import entropy_of_logits
-from ddnn.mqtt import MqttClient, MqttOptions
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.runtime import BundleRuntime, transmit
+from ddnn.tools.broker import BrokerProcess, free_port, mosquitto_path, start_broker, wait_for_port
 
 TIERS = ("local", "edge", "cloud")
 
@@ -153,7 +153,7 @@ def _ready(url: str, timeout: float, proc: subprocess.Popen) -> bool:
 
 
 def _cloud_call(url: str, model: str, shape: tuple[int, ...], n: int) -> float:
-    from edge.cloud_client import CloudClient
+    from ddnn.edge.cloud_client import CloudClient
 
     client = CloudClient(url, model, timeout=5)
     x = np.ones((1, *shape), np.float32)

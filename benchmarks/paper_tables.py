@@ -13,13 +13,13 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import ddnn, pyplot, workspace, write_json
+from ddnn.benchmarks.common import ddnn, pyplot, workspace, write_json
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
-from ddnn.evaluate import evaluate
 from ddnn.hierarchy import summarize
+from ddnn.models.calibrate import sweep
 from ddnn.runtime import BundleRuntime
-from models.calibrate import sweep
+from ddnn.tools.evaluate import evaluate
 
 
 def _with_views(rt: BundleRuntime, ds, present: np.ndarray) -> dict:

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.common import write_json
-from ddnn.broker import free_port, wait_for_port
+from ddnn.benchmarks.common import write_json
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.oip import decode_response, encode_request
+from ddnn.tools.broker import free_port, wait_for_port
 
 
 def _raw_offload(bundle: Path, ds, n: int) -> dict:

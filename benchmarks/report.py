@@ -35,7 +35,7 @@ def _fmt(v: object) -> str:
 
 def _section(name: str, result: dict, out_dir: Path) -> str:
     try:
-        doc = (importlib.import_module(f"benchmarks.{name}").__doc__ or "").strip()
+        doc = (importlib.import_module(f"ddnn.benchmarks.{name}").__doc__ or "").strip()
     except ImportError:
         doc = ""
     lines = [f"## {name}", "", doc, "", f"Reproduce: `ddnn bench --only {name}`", ""]

@@ -6,7 +6,7 @@ numbered on), at a steady frame rate; the resident memory of every process is re
 ``/proc`` once a second, and every frame's outcome (its exit tier, degraded or not, or no
 result) is recorded. Not part of the test suite:
 
-    python -m benchmarks.soak --bundle B --data D --out docs/benchmarks [--minutes 5] [--quick]
+    python -m ddnn.benchmarks.soak --bundle B --data D --out docs/benchmarks [--minutes 5] [--quick]
 
 writes ``soak.json`` (per-process RSS series with start, end and growth, per-frame outcomes,
 counts) and ``soak.png`` (RSS over time).
@@ -20,7 +20,7 @@ import os
 import time
 from pathlib import Path
 
-from benchmarks.common import pyplot
+from ddnn.benchmarks.common import pyplot
 
 DEPLOYMENT = "soak"
 
@@ -39,10 +39,10 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False, minutes: f
         fps: float = 10.0, logs_dir: Path | None = None) -> dict:
     import numpy as np
 
-    from ddnn.broker import free_port, start_broker
     from ddnn.bundle import load_bundle
     from ddnn.dataset import load_dataset
-    from ddnn.demo import Processes, _wait_http
+    from ddnn.tools.broker import free_port, start_broker
+    from ddnn.tools.demo import Processes, _wait_http
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -156,7 +156,7 @@ def _plot(path: Path, rss: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m benchmarks.soak", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m ddnn.benchmarks.soak", description=__doc__)
     p.add_argument("--bundle", required=True)
     p.add_argument("--data", required=True)
     p.add_argument("--out", default="docs/benchmarks")

@@ -10,8 +10,8 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks.common import machine, workspace, write_json
-from ddnn.evaluate import evaluate
+from ddnn.benchmarks.common import machine, workspace, write_json
+from ddnn.tools.evaluate import evaluate
 
 
 def run(out_dir: Path, work: Path, quick: bool = False) -> dict:

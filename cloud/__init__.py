@@ -4,6 +4,6 @@ FastAPI and uvicorn serve ``{name}-cloud`` and ``{name}-full`` of every bundle i
 with ONNX Runtime and dynamic batching; ``ddnn cloud`` runs it. Never imports torch or onnx.
 """
 
-from cloud.settings import CloudSettings
+from ddnn.cloud.settings import CloudSettings
 
 __all__ = ["CloudSettings"]

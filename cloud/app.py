@@ -18,12 +18,12 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Route
 
-from cloud.bundles import add_bundle_routes
-from cloud.service import CloudService
-from cloud.settings import CloudSettings
 from ddnn import __version__
-from ddnn.metrics import CONTENT_TYPE
+from ddnn.cloud.bundles import add_bundle_routes
+from ddnn.cloud.service import CloudService
+from ddnn.cloud.settings import CloudSettings
 from ddnn.oip import JSON_TYPE, OipError, PayloadTooLargeError, error_body
+from ddnn.plumbing.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 

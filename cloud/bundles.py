@@ -1,4 +1,4 @@
-"""Bundle downloads for over-the-air updates (:mod:`ddnn.ota`): the files of every served
+"""Bundle downloads for over-the-air updates (:mod:`ddnn.plumbing.ota`): the files of every served
 bundle version, ``GET /v1/bundles/{name}/{version}/{file}``.
 
 Only the files a served manifest names can be read (``manifest.json``, its signature
@@ -11,8 +11,8 @@ from __future__ import annotations
 from fastapi import FastAPI
 from fastapi.responses import FileResponse
 
-from cloud.service import CloudService
 from ddnn.bundle import MANIFEST, read_manifest
+from ddnn.cloud.service import CloudService
 from ddnn.errors import BundleError
 from ddnn.oip import ModelNotFoundError
 

@@ -12,7 +12,7 @@ import argparse
 import os
 from pathlib import Path
 
-from cloud.settings import ENV_PREFIX, CloudSettings
+from ddnn.cloud.settings import ENV_PREFIX, CloudSettings
 from ddnn.errors import ConfigError
 
 _TRUE = {"1", "true", "yes", "on"}
@@ -108,8 +108,8 @@ def settings_from(args: argparse.Namespace, environ: dict[str, str] | None = Non
 
 
 def _run(args: argparse.Namespace) -> int:
-    from cloud.server import serve
     from ddnn.bundle import load_bundle
+    from ddnn.cloud.server import serve
 
     settings = settings_from(args)
     if settings.bundle is not None:

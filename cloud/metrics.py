@@ -1,8 +1,8 @@
-"""The cloud service's Prometheus series (rendered by :mod:`ddnn.metrics` at ``/metrics``)."""
+"""The cloud service's Prometheus series, rendered at ``/metrics``."""
 
 from __future__ import annotations
 
-from ddnn.metrics import Registry
+from ddnn.plumbing.metrics import Registry
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 

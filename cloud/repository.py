@@ -18,8 +18,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cloud.models import MODEL_KINDS, ServedModel
 from ddnn.bundle import MANIFEST, load_bundle, read_manifest
+from ddnn.cloud.models import MODEL_KINDS, ServedModel
 from ddnn.errors import DdnnError
 from ddnn.oip import ModelNotFoundError
 from ddnn.runtime import BundleRuntime

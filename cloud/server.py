@@ -11,7 +11,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from cloud.settings import CloudSettings
+from ddnn.cloud.settings import CloudSettings
 from ddnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -21,7 +21,7 @@ def uvicorn_config(settings: CloudSettings, **overrides):
     """The uvicorn configuration for ``settings`` (TLS, access log, no websockets)."""
     import uvicorn
 
-    from cloud.app import create_app
+    from ddnn.cloud.app import create_app
 
     return uvicorn.Config(
         create_app(settings),

@@ -14,11 +14,11 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
-from cloud.batching import Batcher
-from cloud.metrics import CloudMetrics
-from cloud.models import ServedModel
-from cloud.repository import Failure, ModelRepository
-from cloud.settings import CloudSettings
+from ddnn.cloud.batching import Batcher
+from ddnn.cloud.metrics import CloudMetrics
+from ddnn.cloud.models import ServedModel
+from ddnn.cloud.repository import Failure, ModelRepository
+from ddnn.cloud.settings import CloudSettings
 from ddnn.errors import ConfigError
 from ddnn.oip import HEADER_LENGTH, OipError, decode_request, encode_response
 

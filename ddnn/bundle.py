@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddnn import names
 from ddnn.aggregation import AGGREGATIONS, aggregated_channels
 from ddnn.codec import CODECS
 from ddnn.errors import BundleError, DdnnError
@@ -24,8 +24,6 @@ from ddnn.exits import ExitPolicy
 FORMAT = "ddnn-bundle"
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
-# Names and versions appear in MQTT topics and URL paths: keep them to a safe alphabet.
-_SAFE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 # The first dimension of every segment tensor is the batch, left dynamic in the ONNX files.
 BATCH = "batch"
 
@@ -39,12 +37,8 @@ def sha256_file(path: Path) -> str:
 
 
 def check_name(kind: str, value: str) -> str:
-    """Validate a model name or version: lowercase letters, digits, '.', '_' and '-'."""
-    if not isinstance(value, str) or not _SAFE.match(value):
-        raise BundleError(
-            f"invalid {kind} {value!r}: use 1-64 lowercase letters, digits, '.', '_' or '-'"
-        )
-    return value
+    """Validate a model name or version by the name rule (:mod:`ddnn.names`)."""
+    return names.check_name(kind, value, BundleError)
 
 
 # The element types a segment's tensors may have (the runtime feeds and reads these).

@@ -21,15 +21,15 @@ from ddnn.errors import DdnnError
 # Order is the order of the help text. A module missing from this install (a tier whose extra
 # is not installed) is left out of the help rather than breaking the others.
 COMMAND_MODULES = (
-    "models.cli",  # data synth, train
-    "ddnn.commands",  # data info, evaluate
-    "ddnn.bundle_cli",  # bundle keygen, sign, verify
-    "device.cli",
-    "edge.cli",
-    "cloud.cli",
-    "ddnn.demo",
-    "ddnn.ota",  # announce (over-the-air bundle updates)
-    "benchmarks.cli",
+    "ddnn.models.cli",  # data synth, train
+    "ddnn.tools.commands",  # data info, evaluate
+    "ddnn.tools.bundle_cli",  # bundle keygen, sign, verify
+    "ddnn.device.cli",
+    "ddnn.edge.cli",
+    "ddnn.cloud.cli",
+    "ddnn.tools.demo",
+    "ddnn.plumbing.ota",  # announce (over-the-air bundle updates)
+    "ddnn.benchmarks.cli",
 )
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import enum
 import math
-import re
 import struct
 import time
 from dataclasses import dataclass
@@ -24,6 +23,7 @@ import numpy as np
 
 from ddnn.codec import CODECS, FeatureCodec
 from ddnn.errors import CodecError
+from ddnn.names import RULE, is_name
 
 MAGIC = b"DDNN"
 VERSION = 1
@@ -33,7 +33,6 @@ MAX_STRING = 64
 _HEADER = struct.Struct("<4sBBBBBQdI")
 _DIM = struct.Struct("<I")
 # Strings land in topics, logs and metric labels: a safe alphabet, no MQTT wildcards or slashes.
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 # Codec ids on the wire; 0 means "no tensor" (absent views, feature pulls without a mask).
 _CODEC_IDS = {name: i + 1 for i, name in enumerate(CODECS)}
 _CODEC_NAMES = {i: name for name, i in _CODEC_IDS.items()}
@@ -141,8 +140,8 @@ def encode(env: Envelope) -> bytes:
 
 
 def _check_name(s: str, error: type[CodecError]) -> None:
-    if not _NAME.match(s):
-        raise error(f"invalid name {s!r}: 1-64 letters, digits, '.', '_' or '-'")
+    if not is_name(s):
+        raise error(f"invalid name {s!r:.80}: use {RULE}")
 
 
 def decode(data: bytes) -> Envelope:

@@ -7,23 +7,17 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 
 from ddnn.errors import ConfigError
+from ddnn.names import check_name, is_name
 
-# Lowercase, as the topic contract says: MQTT topics are case-sensitive, and "Cam0" beside
-# "cam0" would be two devices that an operator reads as one.
-_PART = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 DEVICE_KINDS = ("scores", "features", "status")
 
 
 def check_part(kind: str, value: str) -> str:
     """Validate one topic level (a prefix part, deployment, device or edge id)."""
-    if not isinstance(value, str) or not _PART.match(value):
-        raise ConfigError(f"invalid {kind} {value!r}: use 1-64 lowercase letters, digits, "
-                          "'.', '_' or '-'")
-    return value
+    return check_name(kind, value)
 
 
 @dataclass(frozen=True)
@@ -71,7 +65,7 @@ class Topics:
         if not topic.startswith(head):
             return None
         parts = topic[len(head):].split("/")
-        if len(parts) != 2 or parts[1] not in DEVICE_KINDS or not _PART.match(parts[0]):
+        if len(parts) != 2 or parts[1] not in DEVICE_KINDS or not is_name(parts[0]):
             return None
         return parts[0], parts[1]
 

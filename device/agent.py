@@ -19,11 +19,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ddnn import envelope as env
+from ddnn.device.buffer import Outbox, OutMessage
+from ddnn.device.sources import is_absent
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.exits import entropy_of_logits
 from ddnn.runtime import BundleRuntime, transmit
-from device.buffer import Outbox, OutMessage
-from device.sources import is_absent
 
 log = logging.getLogger(__name__)
 

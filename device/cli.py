@@ -26,7 +26,7 @@ def _env(name: str, default=None):
 
 
 def register(sub, data_sub, formatter) -> None:
-    from ddnn.mqtt import HIDE_DEFAULT, add_security_options
+    from ddnn.plumbing.mqtt import HIDE_DEFAULT, add_security_options
 
     p = sub.add_parser("device", help="run a device agent (device segment, MQTT uplink)",
                        description=DESCRIPTION, formatter_class=formatter)
@@ -89,15 +89,15 @@ def run(args) -> int:
     import threading
 
     from ddnn.bundle import load_bundle
+    from ddnn.device.agent import DeviceAgent, DeviceConfig
+    from ddnn.device.buffer import Outbox
+    from ddnn.device.service import DeviceService
+    from ddnn.device.sources import Camera, ImageFolder, NpzReplay
+    from ddnn.device.transport import HttpTransport, MqttTransport
     from ddnn.errors import ConfigError
-    from ddnn.mqtt import MqttOptions, security_from
+    from ddnn.plumbing.mqtt import MqttOptions, security_from
     from ddnn.runtime import BundleRuntime
     from ddnn.topics import Topics, check_part, default_device_ids
-    from device.agent import DeviceAgent, DeviceConfig
-    from device.buffer import Outbox
-    from device.service import DeviceService
-    from device.sources import Camera, ImageFolder, NpzReplay
-    from device.transport import HttpTransport, MqttTransport
 
     bundle = load_bundle(args.bundle, public_key=args.bundle_key)
     m = bundle.manifest
@@ -152,7 +152,7 @@ def run(args) -> int:
     service = DeviceService(agent, outbox, transport)
     updater = None
     if args.broker:  # over-the-air bundle updates announced on the deployment's bundle topic
-        from ddnn.ota import BundleUpdater
+        from ddnn.plumbing.ota import BundleUpdater
 
         def _apply(new):
             agent.swap(BundleRuntime(new, threads=args.threads))

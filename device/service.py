@@ -10,8 +10,8 @@ import logging
 import threading
 import time
 
-from device.agent import DeviceAgent
-from device.buffer import Outbox
+from ddnn.device.agent import DeviceAgent
+from ddnn.device.buffer import Outbox
 
 log = logging.getLogger(__name__)
 

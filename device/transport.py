@@ -10,11 +10,11 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
-import time
 from collections.abc import Callable
 
-from ddnn.keepalive import KeepAliveConnection
-from ddnn.mqtt import (
+from ddnn.device.buffer import OutMessage
+from ddnn.plumbing.http import KeepAliveConnection
+from ddnn.plumbing.mqtt import (
     QOS_FEATURES,
     QOS_RESULTS,
     QOS_SCORES,
@@ -24,8 +24,8 @@ from ddnn.mqtt import (
     parse_status,
     status_payload,
 )
+from ddnn.plumbing.retry import RETRY_STATUSES, RetryPolicy
 from ddnn.topics import Topics
-from device.buffer import OutMessage
 
 log = logging.getLogger(__name__)
 
@@ -117,10 +117,11 @@ class MqttTransport:
         self.client.stop()
 
 
-# Answers after which a message is kept and sent again: the edge could not take it *now*.
-# 401/403 are here too: a wrong token is fixed by an operator, and nothing is lost meanwhile
-# beyond what the bounded outbox drops (counted).
-RETRY_STATUSES = frozenset({401, 403, 408, 425, 429, 500, 502, 503, 504})
+# A message is kept and sent again while the edge cannot take it *now*. 401/403 are retried
+# too: a wrong token is fixed by an operator, and nothing is lost meanwhile beyond what the
+# bounded outbox drops (counted).
+HTTP_RETRY = RetryPolicy(initial=0.5, maximum=10.0,
+                         retry_statuses=RETRY_STATUSES | {401, 403})
 
 
 class HttpTransport:
@@ -136,8 +137,7 @@ class HttpTransport:
         self._headers = {"Content-Type": "application/octet-stream"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
-        self._retry_at = 0.0
-        self._backoff = 0.5
+        self._backoff = HTTP_RETRY.backoff()
         self.connected = False
         self.refused = 0
         self.peers: dict[str, str] = {}
@@ -146,7 +146,7 @@ class HttpTransport:
         pass
 
     def can_send(self) -> bool:
-        return time.monotonic() >= self._retry_at
+        return self._backoff.ready()
 
     def send(self, msg: OutMessage) -> bool:
         path = "/v1/results" if msg.kind == "results" else "/v1/ingest"
@@ -159,7 +159,7 @@ class HttpTransport:
                                            headers)
         except (OSError, http.client.HTTPException) as e:
             return self._retry_later(f"edge {edge.netloc} unreachable ({e})")
-        if status in RETRY_STATUSES:
+        if HTTP_RETRY.retryable(status):
             # The edge is up but cannot take it now (overloaded, restarting, token not yet
             # rolled out): the message stays in the outbox and is sent again after a backoff,
             # on a fresh connection (a refusing server may close this one unannounced).
@@ -167,7 +167,8 @@ class HttpTransport:
             return self._retry_later(f"edge {edge.netloc} answered {status} {body[:200]!r}")
         if not self.connected:
             log.info("edge %s reachable over HTTP", edge.netloc)
-        self.connected, self._backoff = True, 0.5
+        self.connected = True
+        self._backoff.succeeded()
         if status >= 400:  # the edge refused this message itself: resending cannot help
             self.refused += 1
             if self.refused == 1 or self.refused % 1000 == 0:
@@ -176,11 +177,10 @@ class HttpTransport:
         return True
 
     def _retry_later(self, why: str) -> bool:
-        if self.connected or self._backoff == 0.5:
+        if self.connected or self._backoff.failures == 0:
             log.warning("%s; keeping the message and retrying with backoff", why)
         self.connected = False
-        self._retry_at = time.monotonic() + self._backoff
-        self._backoff = min(self._backoff * 2, 10.0)
+        self._backoff.failed()
         return False
 
     def idle(self) -> bool:

@@ -25,15 +25,15 @@ from pathlib import Path
 import numpy as np
 
 from ddnn import envelope as env
+from ddnn.edge.assembler import DONE, SCORES, Drop, Frame, FrameAssembler
+from ddnn.edge.callback import ResultsCallback
+from ddnn.edge.cloud_client import CloudClient, CloudError, UnknownVersion
+from ddnn.edge.metrics import EdgeMetrics
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.exits import entropy_of_logits
-from ddnn.mqtt import QOS_REQUESTS, QOS_RESULTS, status_info
+from ddnn.plumbing.mqtt import QOS_REQUESTS, QOS_RESULTS, status_info
 from ddnn.runtime import BundleRuntime, transmit
 from ddnn.topics import Topics
-from edge.assembler import DONE, SCORES, Drop, Frame, FrameAssembler
-from edge.callback import ResultsCallback
-from edge.cloud_client import CloudClient, CloudError, UnknownVersion
-from edge.metrics import EdgeMetrics
 
 log = logging.getLogger(__name__)
 

@@ -15,24 +15,26 @@ import logging
 import threading
 
 from ddnn.errors import ConfigError
-from ddnn.keepalive import KeepAliveConnection
-from ddnn.metrics import Counter
+from ddnn.plumbing.http import KeepAliveConnection
+from ddnn.plumbing.metrics import Counter
+from ddnn.plumbing.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
-RETRY_STATUSES = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+RESULTS_RETRY = RetryPolicy(initial=0.25, maximum=10.0)
 
 
 class ResultsCallback:
     """POSTs each result body to ``url``; :meth:`post` never blocks."""
 
     def __init__(self, url: str, outcomes: Counter, *, token: str | None = None,
-                 timeout: float = 5.0, capacity: int = 10_000, max_backoff: float = 10.0,
-                 ca_file: str | None = None):
+                 timeout: float = 5.0, capacity: int = 10_000,
+                 retry: RetryPolicy = RESULTS_RETRY, ca_file: str | None = None):
         self._receiver = KeepAliveConnection(url, "results", timeout, ca_file)
         if capacity < 1:
             raise ConfigError("the results callback queue needs room for at least one result")
-        self.max_backoff = max_backoff
+        self.retry = retry
         r = self._receiver
         self._path = (r.path or "/") + (f"?{r.query}" if r.query else "")
         self._headers = {"Content-Type": "application/json"}
@@ -65,7 +67,7 @@ class ResultsCallback:
             return len(self._queue)
 
     def _loop(self) -> None:
-        backoff = 0.0
+        backoff = self.retry.backoff()
         while True:
             with self._cv:
                 while not self._queue and not self._stop:
@@ -78,14 +80,13 @@ class ResultsCallback:
                 if done:
                     if self._queue and self._queue[0] is body:  # (an overflow may have taken it)
                         self._queue.popleft()
-                    backoff = 0.0
+                    backoff.succeeded()
                     continue
                 if self._stop:  # the receiver is down and we are stopping: give up, counted
                     self._outcomes.inc(len(self._queue), outcome="unsent_at_stop")
                     return
-                backoff = min(max(backoff * 2, 0.25), self.max_backoff)
                 self._outcomes.inc(outcome="retry")
-                self._cv.wait(backoff)
+                self._cv.wait(backoff.failed())
 
     def _send(self, body: bytes) -> bool:
         """True when the receiver took or refused the result; False to send it again later."""
@@ -95,7 +96,7 @@ class ResultsCallback:
             log.warning("results callback %s unreachable (%s); retrying", self._receiver.netloc,
                         e)
             return False
-        if status in RETRY_STATUSES:
+        if self.retry.retryable(status):
             self._receiver.close()
             log.warning("results callback answered %d; retrying", status)
             return False

@@ -26,7 +26,7 @@ def _env(name: str, default=None):
 
 
 def register(sub, data_sub, formatter) -> None:
-    from ddnn.mqtt import HIDE_DEFAULT, add_security_options
+    from ddnn.plumbing.mqtt import HIDE_DEFAULT, add_security_options
 
     p = sub.add_parser("edge", help="run an edge aggregator (local + edge exits, cloud client)",
                        description=DESCRIPTION, formatter_class=formatter)
@@ -92,13 +92,13 @@ def run(args) -> int:
     from pathlib import Path
 
     from ddnn.bundle import load_bundle
+    from ddnn.edge.aggregator import EdgeAggregator, EdgeConfig
+    from ddnn.edge.cloud_client import CloudClient
+    from ddnn.edge.service import EdgeService
     from ddnn.errors import ConfigError
-    from ddnn.mqtt import MqttOptions, security_from
+    from ddnn.plumbing.mqtt import MqttOptions, security_from
     from ddnn.runtime import BundleRuntime
     from ddnn.topics import Topics, check_part, default_device_ids
-    from edge.aggregator import EdgeAggregator, EdgeConfig
-    from edge.cloud_client import CloudClient
-    from edge.service import EdgeService
 
     bundle = load_bundle(args.bundle, public_key=args.bundle_key)
     m = bundle.manifest
@@ -143,7 +143,7 @@ def run(args) -> int:
              "***" if args.http_token else "none", args.bundle_key or "none")
     updater = None
     if service.mqtt is not None:  # over-the-air bundle updates on the deployment's bundle topic
-        from ddnn.ota import BundleUpdater
+        from ddnn.plumbing.ota import BundleUpdater
 
         def _result(ok: bool) -> None:
             agg.metrics.bundle_updates.inc(result="applied" if ok else "refused")

@@ -3,7 +3,7 @@
 ``POST {cloud}/v2/models/{name}-cloud/versions/{v}/infer`` with the edge features as FP32 in the
 binary tensor extension; the answer holds ``scores`` (B, C) and ``entropy`` (B,). One
 keep-alive connection, a timeout, an optional bearer token, and a circuit breaker: after a
-failure the edge stops calling for a backoff that doubles up to ``max_backoff``, then tries
+failure the edge stops calling for a backoff that doubles up to ``retry.maximum``, then tries
 again by itself.
 """
 
@@ -12,16 +12,19 @@ from __future__ import annotations
 import http.client
 import logging
 import threading
-import time
 import urllib.parse
 
 import numpy as np
 
 from ddnn import oip
 from ddnn.errors import DdnnError
-from ddnn.keepalive import KeepAliveConnection
+from ddnn.plumbing.http import KeepAliveConnection
+from ddnn.plumbing.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
+
+# The circuit breaker's open time: short, the cloud is usually back within seconds.
+CLOUD_RETRY = RetryPolicy(initial=0.25, maximum=5.0)
 
 
 class CloudError(DdnnError):
@@ -36,15 +39,13 @@ class CloudClient:
     """Calls ``{name}-cloud`` of a cloud service; safe to share between threads (one at a time)."""
 
     def __init__(self, base_url: str, model: str, *, token: str | None = None,
-                 timeout: float = 2.0, min_backoff: float = 0.25, max_backoff: float = 5.0,
+                 timeout: float = 2.0, retry: RetryPolicy = CLOUD_RETRY,
                  ca_file: str | None = None):
         self._cloud = KeepAliveConnection(base_url, "cloud", timeout, ca_file)
         self.url, self.model, self.timeout = base_url, model, timeout
-        self.min_backoff, self.max_backoff = min_backoff, max_backoff
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._lock = threading.Lock()
-        self._backoff = 0.0
-        self._retry_at = 0.0
+        self._backoff = retry.backoff()  # the circuit is open while it runs
         self.up = True
         self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
 
@@ -57,7 +58,7 @@ class CloudClient:
 
     def available(self) -> bool:
         """False while the circuit is open (the last call failed and the backoff runs)."""
-        return time.monotonic() >= self._retry_at
+        return self._backoff.ready()
 
     def _request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]
                  ) -> tuple[int, bytes, dict[str, str]]:
@@ -106,8 +107,7 @@ class CloudClient:
         return status == 200
 
     def _failed(self, error: Exception) -> None:
-        self._backoff = min(max(self._backoff * 2, self.min_backoff), self.max_backoff)
-        self._retry_at = time.monotonic() + self._backoff
+        self._backoff.failed()
         if self.up:
             log.warning("cloud failed (%s): answering from the edge, degraded, until it returns",
                         error)
@@ -116,7 +116,8 @@ class CloudClient:
     def _succeeded(self) -> None:
         if not self.up:
             log.info("cloud %s is back", self._cloud.netloc)
-        self.up, self._backoff, self._retry_at = True, 0.0, 0.0
+        self.up = True
+        self._backoff.succeeded()
 
     def close(self) -> None:
         with self._lock:

@@ -16,8 +16,8 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ddnn import envelope as env
-from ddnn.metrics import CONTENT_TYPE
-from edge.aggregator import EdgeAggregator
+from ddnn.edge.aggregator import EdgeAggregator
+from ddnn.plumbing.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ddnn.metrics import Registry
+from ddnn.plumbing.metrics import Registry
 
 _SEGMENT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 

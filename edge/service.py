@@ -5,9 +5,9 @@ from __future__ import annotations
 import logging
 import time
 
-from ddnn.mqtt import QOS_FEATURES, QOS_SCORES, QOS_STATUS, MqttClient, MqttOptions
-from edge.aggregator import EdgeAggregator
-from edge.http import EdgeHttpServer
+from ddnn.edge.aggregator import EdgeAggregator
+from ddnn.edge.http import EdgeHttpServer
+from ddnn.plumbing.mqtt import QOS_FEATURES, QOS_SCORES, QOS_STATUS, MqttClient, MqttOptions
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +21,7 @@ class EdgeService:
         self.aggregator = agg = aggregator
         t = agg.topics
         self.mqtt: MqttClient | None = None
-        self.on_bundle = None  # bundle announcements (over-the-air updates, ddnn.ota)
+        self.on_bundle = None  # bundle announcements (over-the-air updates, ddnn.plumbing.ota)
         if broker:
             options = options or MqttOptions()
             options.persistent = True  # the broker keeps device messages while the edge restarts

@@ -12,9 +12,9 @@ from ddnn.bundle import load_bundle
 from ddnn.dataset import MultiViewDataset, load_dataset
 from ddnn.errors import DatasetError
 from ddnn.hierarchy import summarize
-from models.calibrate import calibrate
-from models.config import DDNNConfig
-from models.export import (
+from ddnn.models.calibrate import calibrate
+from ddnn.models.config import DDNNConfig
+from ddnn.models.export import (
     build_manifest,
     check_parity,
     export_segments,
@@ -23,8 +23,8 @@ from models.export import (
     staging_dir,
     write_manifest,
 )
-from models.report import threshold_curves, write_report
-from models.train import exit_accuracy, predict, split_holdout, train
+from ddnn.models.report import threshold_curves, write_report
+from ddnn.models.train import exit_accuracy, predict, split_holdout, train
 
 
 def _check_compatible(train_ds: MultiViewDataset, val_ds: MultiViewDataset, path: Path) -> None:

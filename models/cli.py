@@ -7,7 +7,7 @@ import sys
 
 
 def register(sub, data_sub, formatter) -> None:
-    from models.config import DDNNConfig  # light: numpy and the contract only
+    from ddnn.models.config import DDNNConfig  # light: numpy and the contract only
 
     d = DDNNConfig()
     s = data_sub.add_parser(
@@ -91,7 +91,7 @@ def register(sub, data_sub, formatter) -> None:
 
 
 def _synth(args) -> int:
-    from models.synth import SceneConfig, save_dataset, synthesize
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
     cfg = SceneConfig(
         views=args.views, classes=args.classes, size=args.size, world_seed=args.world_seed
@@ -108,8 +108,8 @@ def _synth(args) -> int:
 
 
 def _train(args) -> int:
-    from models.build import build_bundle
-    from models.config import DDNNConfig
+    from ddnn.models.build import build_bundle
+    from ddnn.models.config import DDNNConfig
 
     cfg = DDNNConfig(
         scheme=args.scheme,

@@ -31,8 +31,8 @@ from ddnn.bundle import (
 from ddnn.bundle import write_manifest as _write_manifest
 from ddnn.dataset import MultiViewDataset
 from ddnn.errors import BundleError
+from ddnn.models.network import DDNN, aggregate
 from ddnn.runtime import BundleRuntime
-from models.network import DDNN, aggregate
 
 OPSET = 17
 # Logits may differ by float rounding between torch and ONNX Runtime; a sign activation turns a

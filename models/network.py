@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from models.config import DDNNConfig
+from ddnn.models.config import DDNNConfig
 
 
 class BinarySign(nn.Module):

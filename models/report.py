@@ -9,7 +9,7 @@ import numpy as np
 
 from ddnn.bundle import Manifest
 from ddnn.hierarchy import UplinkCost, raw_offload_bytes
-from models.calibrate import sweep
+from ddnn.models.calibrate import sweep
 
 
 def threshold_curves(

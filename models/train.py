@@ -13,8 +13,8 @@ from torch import nn
 from tqdm import tqdm
 
 from ddnn.dataset import MultiViewDataset
-from models.config import DDNNConfig
-from models.network import DDNN
+from ddnn.models.config import DDNNConfig
+from ddnn.models.network import DDNN
 
 
 def split_holdout(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from ddnn.broker import BrokerProcess, mosquitto_path, start_broker
+from ddnn.tools.broker import BrokerProcess, mosquitto_path, start_broker
 
 
 @dataclass(frozen=True)
@@ -27,7 +27,7 @@ class TinyData:
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory) -> TinyData:
     """A generated train and test file in the dataset contract's layout."""
-    from models.synth import SceneConfig, save_dataset, synthesize
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
     root = tmp_path_factory.mktemp("data")
     cfg = SceneConfig(views=3, classes=3, size=16)
@@ -40,8 +40,8 @@ def tiny_data(tmp_path_factory) -> TinyData:
 @pytest.fixture(scope="session")
 def tiny_bundle(tiny_data, tmp_path_factory) -> Path:
     """A bundle trained for a few epochs on ``tiny_data`` (read-only: copy it to modify it)."""
-    from models.build import build_bundle
-    from models.config import DDNNConfig
+    from ddnn.models.build import build_bundle
+    from ddnn.models.config import DDNNConfig
 
     out = tmp_path_factory.mktemp("bundles") / "tiny"
     cfg = DDNNConfig(epochs=4, batch_size=32, seed=0)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ddnn.broker import free_port
+from ddnn.tools.broker import free_port
 
 STREAM = 300  # frames of stream_data: long enough to restart a tier in the middle
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
@@ -82,7 +82,7 @@ def cloud_url(tiny_bundle, tmp_path_factory) -> Iterator[str]:
 @pytest.fixture(scope="session")
 def stream_data(tmp_path_factory) -> Path:
     """A longer test replay than ``tiny_data.test``, in the same layout (3 views, 3 classes)."""
-    from models.synth import SceneConfig, save_dataset, synthesize
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
     path = tmp_path_factory.mktemp("stream") / "stream.npz"
     save_dataset(path, synthesize(STREAM, SceneConfig(views=3, classes=3, size=16), seed=3))

@@ -17,9 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddnn.broker import free_port
 from ddnn.dataset import load_dataset
-from ddnn.evaluate import evaluate
+from ddnn.tools.broker import free_port
+from ddnn.tools.evaluate import evaluate
 from tests.e2e.conftest import STREAM, ddnn_process, http_ok, read_results, stop_process, wait_until
 from tests.e2e.test_hierarchy import metric
 from tests.e2e.thresholds import mixed_thresholds

@@ -14,10 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddnn.broker import free_port, start_broker
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
-from ddnn.evaluate import evaluate
+from ddnn.tools.broker import free_port, start_broker
+from ddnn.tools.evaluate import evaluate
 from tests.e2e.conftest import ddnn_process, http_ok, read_results, stop_process, wait_until
 from tests.e2e.thresholds import mixed_thresholds
 

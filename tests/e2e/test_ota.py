@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from ddnn.broker import free_port
-from ddnn.mqtt import MqttClient, MqttOptions, status_info
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions, status_info
+from ddnn.tools.broker import free_port
 from ddnn.topics import Topics
 from tests.e2e.conftest import ENV, STREAM, stop_process, wait_until
 from tests.e2e.test_faults import DEPLOYMENT, Deployment, frames_of

@@ -40,8 +40,8 @@ def cloud_server():
 
     Every server started is stopped when the test ends.
     """
-    from cloud.server import run_server
-    from cloud.settings import CloudSettings
+    from ddnn.cloud.server import run_server
+    from ddnn.cloud.settings import CloudSettings
 
     with contextlib.ExitStack() as stack:
 
@@ -59,8 +59,8 @@ def cloud_server():
 @pytest.fixture(scope="module")
 def cloud_tiny_url(tiny_bundle):
     """One cloud service for a module's tests, serving ``tiny_bundle`` with batching on."""
-    from cloud.server import run_server
-    from cloud.settings import CloudSettings
+    from ddnn.cloud.server import run_server
+    from ddnn.cloud.settings import CloudSettings
 
     settings = CloudSettings(bundle=tiny_bundle, host="127.0.0.1", port=0, poll_interval=0,
                              max_queue_delay_ms=5.0)

@@ -14,9 +14,9 @@ import pytest
 from ddnn import oip
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
-from ddnn.evaluate import evaluate
 from ddnn.exits import entropy_of_logits
 from ddnn.runtime import BundleRuntime, transmit
+from ddnn.tools.evaluate import evaluate
 
 
 def cloud_inputs(rt: BundleRuntime, X: np.ndarray, present: np.ndarray) -> np.ndarray:
@@ -304,7 +304,7 @@ def test_unknown_versions_routes_and_methods(cloud_tiny_url):
 def test_one_failing_request_does_not_fail_its_batch():
     from concurrent.futures import ThreadPoolExecutor
 
-    from cloud.batching import Batcher
+    from ddnn.cloud.batching import Batcher
 
     sizes = []
 

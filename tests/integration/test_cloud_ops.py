@@ -16,11 +16,11 @@ import httpx
 import numpy as np
 import pytest
 
-from cloud.cli import settings_from
 from ddnn import oip
-from ddnn.broker import free_port
 from ddnn.bundle import sha256_file
+from ddnn.cloud.cli import settings_from
 from ddnn.errors import ConfigError
+from ddnn.tools.broker import free_port
 from tests.integration.conftest import cloud_wait_ready
 
 FEATURES = {"edge_features": np.zeros((1, 16, 4, 4), np.float32)}

@@ -10,9 +10,9 @@ import httpx
 import numpy as np
 import pytest
 
-from cloud.repository import latest_key, version_order
 from ddnn import oip
 from ddnn.bundle import sha256_file
+from ddnn.cloud.repository import latest_key, version_order
 from ddnn.errors import ConfigError
 from tests.integration.conftest import wait_for
 

@@ -19,26 +19,27 @@ import numpy as np
 import pytest
 
 from ddnn import envelope as env
-from ddnn.broker import free_port
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
+from ddnn.device.agent import DeviceAgent, DeviceConfig
+from ddnn.device.buffer import Outbox
+from ddnn.device.service import DeviceService
+from ddnn.device.sources import NpzReplay
+from ddnn.device.transport import HttpTransport, MqttTransport
+from ddnn.edge.aggregator import EdgeAggregator, EdgeConfig
+from ddnn.edge.cloud_client import CloudClient
+from ddnn.edge.service import EdgeService
 from ddnn.envelope import MessageType
-from ddnn.evaluate import evaluate
-from ddnn.mqtt import MqttClient, MqttOptions
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions
+from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
+from ddnn.tools.broker import free_port
+from ddnn.tools.evaluate import evaluate
 from ddnn.topics import Topics, default_device_ids
-from device.agent import DeviceAgent, DeviceConfig
-from device.buffer import Outbox
-from device.service import DeviceService
-from device.sources import NpzReplay
-from device.transport import HttpTransport, MqttTransport
-from edge.aggregator import EdgeAggregator, EdgeConfig
-from edge.cloud_client import CloudClient
-from edge.service import EdgeService
 from tests.e2e.thresholds import mixed_thresholds
 from tests.integration.conftest import wait_for
 
-# ddnn.broker leaves the broker's log file open for the garbage collector (reported upstream).
+# ddnn.tools.broker leaves the broker's log file open for the garbage collector (reported upstream).
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
@@ -56,8 +57,8 @@ class Edge:
         self.runtime = BundleRuntime(b, threads=1)
         cfg = EdgeConfig(devices=default_device_ids(b.manifest.views), deployment=deployment,
                          **{"deadline": 2.0, "feature_deadline": 2.0, **config})
-        client = (CloudClient(cloud, f"{b.manifest.name}-cloud", min_backoff=0.05,
-                              max_backoff=0.2) if cloud else None)
+        client = (CloudClient(cloud, f"{b.manifest.name}-cloud", retry=RetryPolicy(initial=0.05,
+                              maximum=0.2)) if cloud else None)
         self.agg = EdgeAggregator(self.runtime, cfg, Topics(deployment), cloud=client)
         opts = MqttOptions(keepalive=5, reconnect_max=1)
         self.service = EdgeService(self.agg, broker, opts, http_port=http_port).start()
@@ -167,8 +168,8 @@ def mixed(thresholds: dict[str, float]) -> dict[str, float]:
 @contextlib.contextmanager
 def real_cloud(bundle, port: int = 0):
     """The real cloud service (uvicorn, ONNX Runtime) in this process, on a loopback port."""
-    from cloud.server import run_server
-    from cloud.settings import CloudSettings
+    from ddnn.cloud.server import run_server
+    from ddnn.cloud.settings import CloudSettings
 
     with run_server(CloudSettings(bundle=bundle, port=port)) as server:
         yield server

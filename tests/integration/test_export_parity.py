@@ -7,12 +7,18 @@ torch = pytest.importorskip("torch")
 
 from ddnn.bundle import load_bundle  # noqa: E402
 from ddnn.dataset import load_dataset  # noqa: E402
+from ddnn.models.build import build_bundle  # noqa: E402
+from ddnn.models.config import DDNNConfig  # noqa: E402
+from ddnn.models.export import (  # noqa: E402
+    build_manifest,
+    check_parity,
+    export_segments,
+    onnx_exits,
+    write_manifest,
+)
+from ddnn.models.network import DDNN  # noqa: E402
+from ddnn.models.train import predict  # noqa: E402
 from ddnn.runtime import BundleRuntime  # noqa: E402
-from models.build import build_bundle  # noqa: E402
-from models.config import DDNNConfig  # noqa: E402
-from models.export import build_manifest, check_parity, export_segments, onnx_exits, write_manifest  # noqa: E402
-from models.network import DDNN  # noqa: E402
-from models.train import predict  # noqa: E402
 
 
 @pytest.mark.parametrize("scheme", ["MP-CC", "AP", "CC", "MP"])

@@ -9,9 +9,10 @@ import threading
 
 import pytest
 
-from ddnn.broker import free_port
-from ddnn.metrics import Registry
-from edge.callback import ResultsCallback
+from ddnn.edge.callback import ResultsCallback
+from ddnn.plumbing.metrics import Registry
+from ddnn.plumbing.retry import RetryPolicy
+from ddnn.tools.broker import free_port
 from tests.integration.conftest import wait_for
 
 
@@ -54,7 +55,7 @@ def outcomes():
 def test_every_result_once_in_order_across_a_receiver_outage(outcomes):
     port = free_port()
     cb = ResultsCallback(f"http://127.0.0.1:{port}/hook", outcomes, token="s3cret",
-                         max_backoff=0.2).start()
+                         retry=RetryPolicy(initial=0.25, maximum=0.25)).start()
     try:
         for i in range(10):  # nobody listens yet: they wait
             cb.post(json.dumps({"frame": i}).encode())

@@ -22,12 +22,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ddnn.broker import free_port, mosquitto_path, wait_for_port
 from ddnn.bundle import load_bundle
 from ddnn.errors import BundleError, ConfigError, DdnnError
-from ddnn.mqtt import BrokerRefusedError, MqttClient, MqttOptions, MqttSecurity
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions, MqttSecurity
 from ddnn.runtime import BundleRuntime
 from ddnn.signing import generate_keypair, sign_bundle
+from ddnn.tools.broker import free_port, mosquitto_path, wait_for_port
 from ddnn.topics import Topics, default_device_ids
 from tests.integration.conftest import cloud_wait_ready, wait_for
 
@@ -210,7 +210,7 @@ def refusal(client: MqttClient) -> BrokerRefusedError:
 
 def error_lines(caplog) -> list[str]:
     return [r.getMessage() for r in caplog.records
-            if r.name == "ddnn.mqtt" and r.levelno >= logging.ERROR]
+            if r.name == "ddnn.plumbing.mqtt" and r.levelno >= logging.ERROR]
 
 
 # --- MQTT: credentials, certificates, access lists ----------------------------------------------
@@ -223,7 +223,7 @@ def test_valid_credentials_connect(broker, pki, clients):
 @pytest.mark.parametrize("user,password", [("cam0", "wrong"), ("nobody", "x")])
 def test_wrong_credentials_are_refused_once(broker, pki, clients, caplog, user, password):
     sec = pki.security(user, password=password, cert="cam0")
-    with caplog.at_level(logging.INFO, logger="ddnn.mqtt"):
+    with caplog.at_level(logging.INFO, logger="ddnn.plumbing.mqtt"):
         error = refusal(clients(broker.url, user, sec, wait=False))
     assert "not authorized" in str(error) and f"user {user!r}" in str(error)
     lines = error_lines(caplog)
@@ -275,7 +275,7 @@ def test_a_device_reads_only_what_it_needs(broker, pki, clients):
 @pytest.mark.parametrize("cert,why", [("expired", "certificate expired"),
                                       ("selfsigned", "unknown ca")])
 def test_broker_refuses_a_bad_client_certificate(broker, pki, clients, caplog, cert, why):
-    with caplog.at_level(logging.INFO, logger="ddnn.mqtt"):
+    with caplog.at_level(logging.INFO, logger="ddnn.plumbing.mqtt"):
         error = refusal(clients(broker.url, "cam0", pki.security("cam0", cert=cert), wait=False))
     assert "refused this client's TLS certificate" in str(error) and why in str(error)
     assert len(error_lines(caplog)) == 1
@@ -286,7 +286,7 @@ def test_broker_refuses_a_bad_client_certificate(broker, pki, clients, caplog, c
 def test_client_refuses_an_untrusted_broker(pki, clients, caplog, tmp_path, cert, why):
     crt, key = pki.dir / f"{cert}.crt", pki.dir / f"{cert}.key"
     with mosquitto_tls(tmp_path, crt, crt, key) as rogue, \
-            caplog.at_level(logging.INFO, logger="ddnn.mqtt"):
+            caplog.at_level(logging.INFO, logger="ddnn.plumbing.mqtt"):
         error = refusal(clients(rogue.url, "cam0", pki.security("cam0"), wait=False))
     assert "is not trusted" in str(error) and why in str(error)
     assert len(error_lines(caplog)) == 1
@@ -302,13 +302,13 @@ def test_tls_files_need_an_mqtts_url(pki):
 
 def test_hierarchy_runs_under_tls_passwords_and_the_acl(broker, pki, tiny_bundle, tiny_data):
     """The generated ACL lets the real device agents and edge do their whole job (pull mode)."""
-    from device.agent import DeviceAgent, DeviceConfig
-    from device.buffer import Outbox
-    from device.service import DeviceService
-    from device.sources import NpzReplay
-    from device.transport import MqttTransport
-    from edge.aggregator import EdgeAggregator, EdgeConfig
-    from edge.service import EdgeService
+    from ddnn.device.agent import DeviceAgent, DeviceConfig
+    from ddnn.device.buffer import Outbox
+    from ddnn.device.service import DeviceService
+    from ddnn.device.sources import NpzReplay
+    from ddnn.device.transport import MqttTransport
+    from ddnn.edge.aggregator import EdgeAggregator, EdgeConfig
+    from ddnn.edge.service import EdgeService
 
     frames = 12
     b = load_bundle(tiny_bundle)
@@ -377,7 +377,7 @@ def test_cli_exits_once_with_a_clear_line_on_wrong_credentials(broker, pki, tiny
 def test_edge_reaches_the_cloud_over_tls_with_its_token(cloud_server, tiny_bundle, pki, caplog):
     import numpy as np
 
-    from edge.cloud_client import CloudClient, CloudError
+    from ddnn.edge.cloud_client import CloudClient, CloudError
 
     url = cloud_server(bundle=tiny_bundle, token="s3cret", poll_interval=0, wait_ready=False,
                        ssl_certfile=pki.dir / "cloud.crt", ssl_keyfile=pki.dir / "cloud.key")
@@ -395,7 +395,7 @@ def test_edge_reaches_the_cloud_over_tls_with_its_token(cloud_server, tiny_bundl
             with pytest.raises(CloudError, match="refused the edge's bearer token"):
                 client.infer(features)
             client.close()
-    refused = [r.getMessage() for r in caplog.records if r.name == "cloud.app"]
+    refused = [r.getMessage() for r in caplog.records if r.name == "ddnn.cloud.app"]
     assert len(refused) == 2 and "missing bearer token" in refused[0]
     assert "invalid bearer token" in refused[1]
     untrusting = CloudClient(url, "tiny-cloud", token="s3cret")  # system CAs only
@@ -405,8 +405,8 @@ def test_edge_reaches_the_cloud_over_tls_with_its_token(cloud_server, tiny_bundl
 
 
 def test_edge_http_ingest_needs_its_token(tiny_bundle, caplog):
-    from edge.aggregator import EdgeAggregator, EdgeConfig
-    from edge.service import EdgeService
+    from ddnn.edge.aggregator import EdgeAggregator, EdgeConfig
+    from ddnn.edge.service import EdgeService
 
     b = load_bundle(tiny_bundle)
     agg = EdgeAggregator(BundleRuntime(b, threads=1),
@@ -414,7 +414,7 @@ def test_edge_http_ingest_needs_its_token(tiny_bundle, caplog):
     edge = EdgeService(agg, None, http_port=0, http_token="t0ken").start()
     try:
         url = edge.http.url + "/v1/ingest"
-        with caplog.at_level(logging.WARNING, logger="edge.http"):
+        with caplog.at_level(logging.WARNING, logger="ddnn.edge.http"):
             assert httpx.post(url, content=b"x").status_code == 401
             r = httpx.post(url, content=b"x", headers={"Authorization": "Bearer nope"})
             assert r.status_code == 401 and r.json() == {"error": "invalid bearer token"}
@@ -422,7 +422,7 @@ def test_edge_http_ingest_needs_its_token(tiny_bundle, caplog):
         assert r.status_code == 400  # past the token: refused for the malformed body only
     finally:
         edge.stop()
-    lines = [r.getMessage() for r in caplog.records if r.name == "edge.http"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "ddnn.edge.http"]
     assert len(lines) == 2 and "missing bearer token" in lines[0]
 
 

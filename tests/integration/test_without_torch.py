@@ -11,7 +11,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 # Any import of these fails inside the child, as on a board where they are not installed.
 BLOCK = (
-    "import sys\nfor m in ('torch', 'onnx', 'onnxscript', 'models'):\n    sys.modules[m] = None\n"
+    "import sys\n"
+    "for m in ('torch', 'onnx', 'onnxscript', 'ddnn.models'):\n"
+    "    sys.modules[m] = None\n"
 )
 
 
@@ -30,7 +32,7 @@ def test_device_segment_and_hierarchy_run_without_torch(tiny_bundle, tiny_data):
     proc = _run(f"""
         import numpy as np
         from ddnn.dataset import load_dataset
-        from ddnn.evaluate import evaluate
+        from ddnn.tools.evaluate import evaluate
         from ddnn.runtime import BundleRuntime
         from ddnn.bundle import load_bundle
         ds = load_dataset({str(tiny_data.test)!r})
@@ -47,9 +49,10 @@ def test_device_segment_and_hierarchy_run_without_torch(tiny_bundle, tiny_data):
 def test_tier_commands_import_without_torch():
     proc = _run("""
         import importlib
-        for name in ("ddnn", "ddnn.cli", "ddnn.runtime", "ddnn.evaluate", "ddnn.broker"):
+        for name in ("ddnn", "ddnn.cli", "ddnn.runtime", "ddnn.tools.evaluate",
+                     "ddnn.tools.broker"):
             importlib.import_module(name)
-        for name in ("device.cli", "edge.cli", "cloud.cli"):
+        for name in ("ddnn.device.cli", "ddnn.edge.cli", "ddnn.cloud.cli"):
             try:
                 importlib.import_module(name)
             except ModuleNotFoundError as e:
@@ -82,9 +85,16 @@ def test_device_extra_installs_and_runs_in_a_fresh_venv(tiny_bundle, tmp_path):
             str(py),
             "-c",
             textwrap.dedent(f"""
-            import importlib.util, numpy as np
-            assert importlib.util.find_spec("torch") is None, "torch was installed"
-            assert importlib.util.find_spec("onnx") is None, "onnx was installed"
+            import importlib.metadata, importlib.util, numpy as np
+            for heavy in ("torch", "onnx", "fastapi", "uvicorn"):
+                assert importlib.util.find_spec(heavy) is None, heavy + " was installed"
+            # One top-level package from this distribution: no `device`, `cloud` or `models`.
+            files = importlib.metadata.distribution("ddnn").files
+            top = {{f.parts[0] for f in files if f.suffix == ".py" and len(f.parts) > 1}}
+            assert top == {{"ddnn"}}, top
+            for name in ("device", "edge", "cloud", "models", "benchmarks"):
+                assert importlib.util.find_spec(name) is None, name + " is a top-level package"
+            import ddnn.device.cli
             from ddnn.bundle import load_bundle
             from ddnn.runtime import BundleRuntime
             rt = BundleRuntime(load_bundle({str(tiny_bundle)!r}))
@@ -99,3 +109,7 @@ def test_device_extra_installs_and_runs_in_a_fresh_venv(tiny_bundle, tmp_path):
     )
     assert check.returncode == 0, check.stderr
     assert check.stdout.strip() == "(1, 3) (1, 4, 8, 8)"
+    helped = subprocess.run([str(venv / "bin" / "ddnn"), "device", "--help"], capture_output=True,
+                            text=True, timeout=120, cwd=tmp_path)
+    assert helped.returncode == 0, helped.stderr
+    assert "--bundle" in helped.stdout and "--broker" in helped.stdout

@@ -42,7 +42,7 @@ def test_bad_arguments():
 @pytest.mark.parametrize("op", ["max", "avg", "concat"])
 def test_torch_twin_matches_numpy(op):
     torch = pytest.importorskip("torch")
-    from models.network import aggregate as torch_aggregate
+    from ddnn.models.network import aggregate as torch_aggregate
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(8, 4, 3, 5, 5)).astype(np.float32)

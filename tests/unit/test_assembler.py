@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from edge.assembler import FEATURES, SCORES, Drop, FrameAssembler
+from ddnn.edge.assembler import FEATURES, SCORES, Drop, FrameAssembler
 
 S = np.zeros(3, np.float32)
 F = np.zeros((1, 4, 2, 2), np.float32)

@@ -4,8 +4,8 @@ import zlib
 
 import numpy as np
 
-from device.buffer import Outbox, OutMessage
-from device.sources import ImageFolder, is_absent, read_image
+from ddnn.device.buffer import Outbox, OutMessage
+from ddnn.device.sources import ImageFolder, is_absent, read_image
 
 
 def test_full_outbox_drops_the_oldest_and_counts():

@@ -9,8 +9,8 @@ from typing import ClassVar
 
 import pytest
 
-from device.buffer import OutMessage
-from device.transport import HttpTransport
+from ddnn.device.buffer import OutMessage
+from ddnn.device.transport import HttpTransport
 
 
 class Edge(http.server.BaseHTTPRequestHandler):
@@ -48,7 +48,7 @@ def test_a_temporary_refusal_keeps_the_message_for_a_retry(edge, status):
     t = HttpTransport(f"http://127.0.0.1:{edge.server_port}")
     msg = OutMessage("scores", b"frame-7", 7)
     assert t.send(msg) is False and not t.can_send()  # kept; backing off
-    t._retry_at = 0.0  # the backoff has run
+    t._backoff.retry_at = 0.0  # the backoff has run
     assert t.send(msg) is True
     assert Edge.received == [b"frame-7"] and t.refused == 0
 

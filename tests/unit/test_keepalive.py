@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from ddnn.errors import ConfigError
-from ddnn.keepalive import KeepAliveConnection
+from ddnn.plumbing.http import KeepAliveConnection
 
 
 class ClosingServer(http.server.BaseHTTPRequestHandler):

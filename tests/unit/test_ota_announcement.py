@@ -9,7 +9,7 @@ import pytest
 
 from ddnn.bundle import load_bundle
 from ddnn.errors import BundleError
-from ddnn.ota import Announcement, bundle_url, compatible
+from ddnn.plumbing.ota import Announcement, bundle_url, compatible
 
 
 def test_announcement_round_trip_and_refusals():

@@ -7,7 +7,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from models.synth import SceneConfig, class_names, make_world, save_dataset, synthesize
+from ddnn.models.synth import SceneConfig, class_names, make_world, save_dataset, synthesize
 
 SMALL = SceneConfig(views=3, classes=3, size=16)
 

@@ -239,7 +239,7 @@ class BundleUpdater:
 def announce(broker: str, deployment: str, ann: Announcement, prefix: str = "ddnn",
              timeout: float = 10.0) -> None:
     """Publish ``ann`` retained on the deployment's bundle topic and wait for the broker."""
-    from ddnn.mqtt import MqttClient, MqttError, MqttOptions
+    from ddnn.plumbing.mqtt import MqttClient, MqttError, MqttOptions
     from ddnn.topics import Topics
 
     topic = Topics(deployment, prefix).bundle

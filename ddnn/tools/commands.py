@@ -37,7 +37,7 @@ def register(sub, data_sub, formatter) -> None:
 
 
 def _evaluate(args) -> int:
-    from ddnn.evaluate import evaluate, format_table
+    from ddnn.tools.evaluate import evaluate, format_table
 
     result = evaluate(
         args.bundle, args.data, args.local_threshold, args.edge_threshold, threads=args.threads

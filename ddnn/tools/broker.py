@@ -116,7 +116,7 @@ def start_broker(
         cmd, kind = [exe, "-c", str(conf)], "mosquitto"
     else:
         cmd, kind = (
-            [sys.executable, "-m", "ddnn.broker", "--host", host, "--port", str(port)],
+            [sys.executable, "-m", "ddnn.tools.broker", "--host", host, "--port", str(port)],
             "amqtt",
         )
     with open(workdir / "broker.log", "wb") as logf:  # the child keeps its own descriptor
@@ -151,10 +151,10 @@ async def _serve_amqtt(host: str, port: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Run the embedded amqtt broker in the foreground (``python -m ddnn.broker``)."""
+    """Run the embedded amqtt broker in the foreground (``python -m ddnn.tools.broker``)."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="python -m ddnn.broker", description=main.__doc__)
+    p = argparse.ArgumentParser(prog="python -m ddnn.tools.broker", description=main.__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=1883)
     args = p.parse_args(argv)

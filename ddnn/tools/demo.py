@@ -171,12 +171,12 @@ def run(args) -> int:
     import paho.mqtt.client as mqtt
     from tqdm import tqdm
 
-    from ddnn.broker import free_port, start_broker
     from ddnn.bundle import load_bundle
     from ddnn.dataset import load_dataset
     from ddnn.hierarchy import summarize
-    from ddnn.mqtt import BrokerUrl
+    from ddnn.plumbing.mqtt import BrokerUrl
     from ddnn.runtime import BundleRuntime
+    from ddnn.tools.broker import free_port, start_broker
 
     work = Path(args.work)
     logs = work / "logs"
