@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.errors import ConfigError
+from ddnn.plumbing.options import Option, boolean, describe, optional_int, path
 
 ENV_PREFIX = "DDNN_CLOUD_"
 
@@ -69,8 +70,38 @@ class CloudSettings:
 
     def describe(self) -> dict:
         """The resolved settings for the start-up log, secrets masked."""
-        out = {k: (str(v) if isinstance(v, Path) else v) for k, v in asdict(self).items()}
-        for secret in ("token", "ssl_keyfile_password"):
-            if out[secret] is not None:
-                out[secret] = "***"
-        return out
+        return describe(self, OPTIONS)
+
+
+# The options table: one row per field above (its default is the field's default).
+OPTIONS = (
+    Option("bundle", path, "DIR", "serve this bundle directory (a repository of one bundle)"),
+    Option("repository", path, "DIR", "serve every bundle directory under this directory; new "
+                                      "versions dropped in are picked up without a restart"),
+    Option("host", str, "ADDR", "address to listen on (0.0.0.0: every interface)"),
+    Option("port", int, "PORT", "TCP port to listen on"),
+    Option("batching", boolean, "BOOL",
+           "dynamic batching: run concurrent requests of a model as one ONNX Runtime call"),
+    Option("max-batch-size", int, "N", "most samples in one batched ONNX Runtime call"),
+    Option("max-queue-delay-ms", float, "MS",
+           "longest a request waits for others to join its batch, in milliseconds"),
+    Option("max-queue", int, "N", "samples that may wait per model; requests beyond it get 503"),
+    Option("inference-threads", int, "N", "worker threads calling ONNX Runtime"),
+    Option("ort-threads", optional_int, "N",
+           "ONNX Runtime intra-op threads per session ('none': ONNX Runtime's choice, every "
+           "core; its idle threads spin, which costs the HTTP side CPU)"),
+    Option("poll-interval", float, "SECONDS",
+           "seconds between repository scans for new or changed bundles (0: never)"),
+    Option("max-body-bytes", int, "BYTES", "largest accepted request body (larger: 413)"),
+    Option("token", str, "TOKEN", "require 'Authorization: Bearer TOKEN' on every route but the "
+                                  "health checks (prefer the environment variable to the flag)",
+           secret=True),
+    Option("ssl-certfile", path, "FILE", "TLS certificate (PEM); with --ssl-keyfile serves HTTPS"),
+    Option("ssl-keyfile", path, "FILE", "TLS private key (PEM)"),
+    Option("ssl-keyfile-password", str, "TEXT", "password of the TLS private key", secret=True),
+    Option("ssl-ca-certs", path, "FILE", "CA certificates to verify client certificates against"),
+    Option("access-log", boolean, "BOOL", "log one line per request"),
+    Option("bundle-key", path, "FILE", "Ed25519 public key (PEM): serve only bundles whose "
+                                       "manifest it signed (ddnn bundle sign); others are refused "
+                                       "and listed UNAVAILABLE"),
+)

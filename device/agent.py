@@ -10,7 +10,6 @@ threshold: a confident frame produces its result here; the others send their fea
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import threading
 import time
@@ -23,6 +22,7 @@ from ddnn.device.buffer import Outbox, OutMessage
 from ddnn.device.sources import is_absent
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.exits import entropy_of_logits
+from ddnn.result import result_for
 from ddnn.runtime import BundleRuntime, transmit
 
 log = logging.getLogger(__name__)
@@ -137,13 +137,10 @@ class DeviceAgent:
         eta = float(entropy_of_logits(local)[0])
         if eta < self.threshold:
             self.stats.local_exits += 1
-            cls = int(np.argmax(local[0]))
-            result = {
-                "frame": frame, "class": cls, "label": self.manifest.classes[cls],
-                "exit": "local", "entropy": round(eta, 6), "views": [self.config.device_id],
-                "degraded": False, "latency_ms": round((time.time() - ts) * 1000, 3),
-            }
-            self.emit(OutMessage("results", json.dumps(result).encode(), frame))
+            result = result_for(frame=frame, scores=local[0], classes=self.manifest.classes,
+                                exit="local", entropy=eta, views=[self.config.device_id],
+                                latency_ms=(time.time() - ts) * 1000)
+            self.emit(OutMessage("results", result.to_json(), frame))
             self.stats.sent["results"] += 1
         else:
             self._queue("features", feat_msg)

@@ -13,7 +13,6 @@ messages are counted by reason, logged once per reason, and dropped.
 from __future__ import annotations
 
 import collections
-import json
 import logging
 import queue
 import threading
@@ -32,6 +31,7 @@ from ddnn.edge.metrics import EdgeMetrics
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.exits import entropy_of_logits
 from ddnn.plumbing.mqtt import QOS_REQUESTS, QOS_RESULTS, status_info
+from ddnn.result import Result, result_for
 from ddnn.runtime import BundleRuntime, transmit
 from ddnn.topics import Topics
 
@@ -405,25 +405,42 @@ class EdgeAggregator:
     def _answer(self, f: Frame, scores: np.ndarray, eta: float, tier: str,
                 degraded: bool = False) -> None:
         self.assembler.finish(f)
-        cls = int(np.argmax(scores))
         classes = (f.runtime or self.runtime).manifest.classes
         latency = max(time.time() - f.captured, 0.0)
-        result = {
-            "frame": f.id, "class": cls, "label": classes[cls], "exit": tier,
-            "entropy": round(eta, 6), "views": [self.config.devices[v] for v in f.present],
-            "degraded": degraded, "latency_ms": round(latency * 1000, 3),
-        }
+        fused, missing = self._fused_and_missing(f, tier)
+        result = result_for(frame=f.id, scores=scores, classes=classes, exit=tier, entropy=eta,
+                            views=fused, missing=missing, degraded=degraded,
+                            latency_ms=latency * 1000)
         self.metrics.frames.inc(exit=tier, degraded=str(degraded).lower())
         self.metrics.latency.observe(latency, exit=tier)
         self.publish_result(result)
 
-    def publish_result(self, result: dict) -> None:
+    def _fused_and_missing(self, f: Frame, tier: str) -> tuple[list[str], dict[str, str]]:
+        """The device ids fused into ``f``'s answer, and why each other view is not."""
+        ids = self.config.devices
+        if tier == "local" or self.single_view:
+            fused = f.present
+        else:  # past the local exit the segments fuse the features that arrived
+            fused = [v for v in f.requested if v in f.features]
+        missing = {}
+        for v in range(len(ids)):
+            if v in fused:
+                continue
+            if v in f.absent:
+                missing[ids[v]] = "absent"
+            elif v in f.scores:
+                missing[ids[v]] = "no_features"
+            else:
+                missing[ids[v]] = "late" if self.assembler.is_expected(v) else "offline"
+        return [ids[v] for v in fused], missing
+
+    def publish_result(self, result: Result) -> None:
         """Publish one result (the edge's own, or a one-view device's posted over HTTP)."""
-        body = json.dumps(result)
+        body = result.to_json().decode()
         if self._publish is not None:
             self._publish(self.topics.results, body.encode(), QOS_RESULTS)
         with self._results_lock:
-            self.results.append(result)
+            self.results.append(result.to_dict())
             self.answered += 1
             if self._results_file:
                 self._results_file.write(body + "\n")

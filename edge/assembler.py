@@ -78,6 +78,11 @@ class FrameAssembler:
             self._offline[view] = not online
             self._misses[view] = 0
 
+    def is_expected(self, view: int) -> bool:
+        """The device of ``view`` is believed alive (not offline, not silent for long)."""
+        with self._lock:
+            return not self._offline[view] and self._misses[view] < self.suspect_after
+
     def expected(self) -> list[int]:
         """Views a frame waits for right now."""
         return [v for v in range(self.views)

@@ -18,40 +18,31 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ddnn import envelope as env
 from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.plumbing.metrics import CONTENT_TYPE
+from ddnn.result import Result, ResultError
 
 log = logging.getLogger(__name__)
 
 # Drop reasons that mean the sender is wrong (400); the others are normal in a live system.
 BAD_REQUEST = {"malformed", "shape", "oversized", "model", "deployment", "unknown_device"}
-RESULT_KEYS = {"frame", "class", "label", "exit", "entropy", "views", "degraded", "latency_ms"}
 
 
-def check_device_result(result: object, agg: EdgeAggregator) -> dict:
-    """A one-view device's posted result, checked field by field (ValueError says what is off).
+def check_device_result(body: bytes, agg: EdgeAggregator) -> Result:
+    """A one-view device's posted result, checked (a ResultError says what is off).
 
     It is republished to every consumer of the results topic, so it must be exactly what the
-    edge itself would publish: a known device, a class of this bundle, its label.
+    edge itself would publish: a result by the contract, of a known device, with a class of
+    this bundle and its label, from the device's own (local) exit.
     """
-    if not isinstance(result, dict) or set(result) != RESULT_KEYS:
-        raise ValueError(f"a result has exactly the keys {sorted(RESULT_KEYS)}")
+    result = Result.from_json(body)
     classes = agg.manifest.classes
-    frame, cls, views = result["frame"], result["class"], result["views"]
-    if type(frame) is not int or frame < 0:
-        raise ValueError("frame must be a non-negative integer")
-    if type(cls) is not int or not 0 <= cls < len(classes):
-        raise ValueError(f"class must be an integer in 0..{len(classes) - 1}")
-    if result["label"] != classes[cls]:
-        raise ValueError(f"label must be {classes[cls]!r}, the name of class {cls}")
-    if result["exit"] != "local":
-        raise ValueError("a device's own result exits at 'local'")
-    for key in ("entropy", "latency_ms"):
-        if type(result[key]) not in (int, float) or not 0 <= result[key] < float("inf"):
-            raise ValueError(f"{key} must be a non-negative number")
-    if type(result["degraded"]) is not bool:
-        raise ValueError("degraded must be true or false")
-    if (not isinstance(views, list) or len(views) != 1
-            or views[0] not in agg.config.devices):
-        raise ValueError("views must list the one device of this deployment that answered")
+    if result.cls >= len(classes):
+        raise ResultError(f"class must be an integer in 0..{len(classes) - 1}")
+    if result.label != classes[result.cls]:
+        raise ResultError(f"label must be {classes[result.cls]!r}, the name of class {result.cls}")
+    if result.exit != "local":
+        raise ResultError("a device's own result exits at 'local'")
+    if len(result.views) != 1 or result.views[0] not in agg.config.devices or result.missing:
+        raise ResultError("views must list the one device of this deployment that answered")
     return result
 
 
@@ -160,8 +151,8 @@ def _make_handler(agg: EdgeAggregator, token: str | None):
                     self._json(202, {"accepted": reason is None, "reason": reason})
             elif path == "/v1/results":
                 try:
-                    result = check_device_result(json.loads(body), agg)
-                except ValueError as e:  # (also bad JSON and bad UTF-8)
+                    result = check_device_result(body, agg)
+                except ResultError as e:  # (also bad JSON and bad UTF-8)
                     agg.metrics.dropped.inc(reason="malformed")
                     self._json(400, {"error": str(e)})
                     return

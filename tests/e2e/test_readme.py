@@ -61,3 +61,10 @@ def test_every_option_of_the_services_is_documented(command):
     options = [s for a in sub._actions for s in a.option_strings if s.startswith("--")]
     undocumented = [o for o in options if o != "--help" and f"`{o}" not in docs]
     assert options and not undocumented, f"ddnn {command}: document {undocumented} in docs/"
+
+
+def test_generated_docs_are_current():
+    """The result schema and the options tables in docs/ match the code (ddnn.tools.docs)."""
+    from ddnn.tools.docs import main
+
+    assert main(["--check"]) == 0, "run: python -m ddnn.tools.docs"

@@ -356,12 +356,15 @@ def test_a_frame_that_fails_inside_the_edge_is_counted_and_the_rest_go_on(
     ({"degraded": "no"}, "degraded must be"),
     ({"views": ["intruder"]}, "views must list"),
     ({"extra": 1}, "exactly the keys"),
+    ({"partial": True}, "partial must be"),
+    ({"missing": {"cam1": "late"}, "partial": True}, "views must list"),
 ])
 def test_posted_device_results_are_checked(tiny_bundle, change, why):
     port = free_port()
     edge = Edge(tiny_bundle, None, None, deployment="posted", http_port=port)
     good = {"frame": 7, "class": 0, "label": "car", "exit": "local", "entropy": 0.1,
-            "views": ["cam0"], "degraded": False, "latency_ms": 2.5}
+            "views": ["cam0"], "missing": {}, "partial": False, "degraded": False,
+            "latency_ms": 2.5}
     url = f"http://127.0.0.1:{port}/v1/results"
     try:
         r = httpx.post(url, content=json.dumps({**good, **change}))
