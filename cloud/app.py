@@ -155,15 +155,16 @@ def create_app(settings: CloudSettings) -> FastAPI:
         service.metrics.error(500)
         return _error(500, "internal server error")
 
-    add_routes(app, service)
+    add_server_routes(app, service)
+    add_model_routes(app, service)
+    add_inference_routes(app, service)
     add_bundle_routes(app, service)
     return app
 
 
-def add_routes(app: FastAPI, service: CloudService) -> None:
-    """The protocol's routes, plus ``/metrics``."""
+def add_server_routes(app: FastAPI, service: CloudService) -> None:
+    """Server metadata, liveness, readiness and ``/metrics``."""
     repo = service.repository
-    settings = service.settings
 
     @app.get("/v2", summary="Server metadata", tags=["server"])
     async def server_metadata() -> dict:
@@ -178,6 +179,16 @@ def add_routes(app: FastAPI, service: CloudService) -> None:
         if not repo.ready:
             return _error(400, "no model is loaded yet")
         return JSONResponse({"ready": True})
+
+    @app.get("/metrics", summary="Prometheus metrics", tags=["server"])
+    async def metrics() -> Response:
+        return Response(service.metrics.render(), media_type=CONTENT_TYPE)
+
+
+def add_model_routes(app: FastAPI, service: CloudService) -> None:
+    """Model metadata, readiness and (Triton-style) configuration."""
+    repo = service.repository
+    settings = service.settings
 
     @app.get("/v2/models/{model_name}", summary="Model metadata", tags=["models"])
     @app.get("/v2/models/{model_name}/versions/{model_version}", summary="Model version metadata",
@@ -211,6 +222,12 @@ def add_routes(app: FastAPI, service: CloudService) -> None:
                                      int(settings.max_queue_delay_ms * 1000)}
                 if settings.batching else None}
 
+
+def add_inference_routes(app: FastAPI, service: CloudService) -> None:
+    """Inference (the hot path) and the repository extension."""
+    repo = service.repository
+    settings = service.settings
+
     async def infer_endpoint(request: Request) -> Response:
         params = request.path_params
         body = await read_body(request, settings.max_body_bytes)
@@ -241,7 +258,3 @@ def add_routes(app: FastAPI, service: CloudService) -> None:
         await repo.poll()
         model = repo.get(model_name)
         return {"name": model.name, "version": model.version, "versions": repo.versions(model_name)}
-
-    @app.get("/metrics", summary="Prometheus metrics", tags=["server"])
-    async def metrics() -> Response:
-        return Response(service.metrics.render(), media_type=CONTENT_TYPE)

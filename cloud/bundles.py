@@ -15,6 +15,7 @@ from ddnn.bundle import MANIFEST, read_manifest
 from ddnn.cloud.service import CloudService
 from ddnn.errors import BundleError
 from ddnn.oip import ModelNotFoundError
+from ddnn.signing import SIGNATURE
 
 
 def add_bundle_routes(app: FastAPI, service: CloudService) -> None:
@@ -30,7 +31,7 @@ def add_bundle_routes(app: FastAPI, service: CloudService) -> None:
             segments = read_manifest(path).segments().values()
         except BundleError as e:  # removed or damaged since it was loaded
             raise ModelNotFoundError(f"bundle {name}:{version} is unavailable: {e}") from None
-        allowed = {MANIFEST, "manifest.sig", *(seg.file for seg in segments)}
+        allowed = {MANIFEST, SIGNATURE, *(seg.file for seg in segments)}
         if file not in allowed or not (path / file).is_file():
             raise ModelNotFoundError(f"bundle {name}:{version} has no file {file!r}")
         return FileResponse(path / file, media_type="application/octet-stream")

@@ -36,6 +36,7 @@ COMMAND_MODULES = (
 # Third-party packages a command may import only when it runs, and the extra that brings each.
 EXTRA_OF = {
     "onnxruntime": "device", "paho": "device", "fastapi": "cloud", "uvicorn": "cloud",
+    "prometheus_client": "device", "urllib3": "device", "PIL": "device",
     "torch": "train", "onnx": "train", "onnxscript": "train",
     "tqdm": "train", "matplotlib": "train", "amqtt": "demo", "cryptography": "sign",
 }

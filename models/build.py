@@ -34,6 +34,35 @@ def _check_compatible(train_ds: MultiViewDataset, val_ds: MultiViewDataset, path
         raise DatasetError(f"{path}: class names differ from the training file")
 
 
+def _splits(data: str | Path, val_data: str | Path | None, cfg: DDNNConfig
+            ) -> tuple[MultiViewDataset, MultiViewDataset, MultiViewDataset]:
+    """The whole training file, and its training and validation splits."""
+    full = load_dataset(data)
+    if val_data is None:
+        return (full, *split_holdout(full, cfg.val_fraction, cfg.seed))
+    val_ds = load_dataset(val_data, num_classes=len(full.classes))
+    _check_compatible(full, val_ds, Path(val_data))
+    return full, full, val_ds
+
+
+def _training_summary(data, val_data, cfg: DDNNConfig, train_ds: MultiViewDataset,
+                      val_ds: MultiViewDataset, result, torch_val) -> dict:
+    """The manifest's training section: data, epochs, time, per-exit validation accuracy."""
+    return {
+        "data": str(data),
+        "validation": str(val_data) if val_data else f"{cfg.val_fraction:.0%} of the data",
+        "train_samples": train_ds.num_samples,
+        "val_samples": val_ds.num_samples,
+        "epochs": cfg.epochs,
+        "best_epoch": result.best_epoch,
+        "seconds": round(result.seconds, 2),
+        "val_accuracy": exit_accuracy(torch_val, val_ds),
+        "config": cfg.to_dict(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+
+
 def build_bundle(
     data: str | Path,
     out: str | Path,
@@ -47,12 +76,7 @@ def build_bundle(
     """Train on ``data`` and write a calibrated bundle to ``out``; returns the training metrics."""
     cfg = cfg or DDNNConfig()
     out = Path(out)
-    full = load_dataset(data)
-    if val_data is not None:
-        train_ds, val_ds = full, load_dataset(val_data, num_classes=len(full.classes))
-        _check_compatible(train_ds, val_ds, Path(val_data))
-    else:
-        train_ds, val_ds = split_holdout(full, cfg.val_fraction, cfg.seed)
+    full, train_ds, val_ds = _splits(data, val_data, cfg)
     log(
         f"training on {train_ds.num_samples} samples x {train_ds.num_views} views "
         f"{train_ds.image_shape}, {len(full.classes)} classes, held out {val_ds.num_samples}; "
@@ -65,19 +89,7 @@ def build_bundle(
     staging = staging_dir(out)
     try:
         specs = export_segments(model, staging, train_ds.image_shape)
-        training = {
-            "data": str(data),
-            "validation": str(val_data) if val_data else f"{cfg.val_fraction:.0%} of the data",
-            "train_samples": train_ds.num_samples,
-            "val_samples": val_ds.num_samples,
-            "epochs": cfg.epochs,
-            "best_epoch": result.best_epoch,
-            "seconds": round(result.seconds, 2),
-            "val_accuracy": exit_accuracy(torch_val, val_ds),
-            "config": cfg.to_dict(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-        }
+        training = _training_summary(data, val_data, cfg, train_ds, val_ds, result, torch_val)
 
         def manifest(thresholds: dict[str, float], calibration: dict):
             return build_manifest(

@@ -7,9 +7,11 @@ import sys
 
 
 def register(sub, data_sub, formatter) -> None:
-    from ddnn.models.config import DDNNConfig  # light: numpy and the contract only
+    _register_synth(data_sub, formatter)
+    _register_train(sub, formatter)
 
-    d = DDNNConfig()
+
+def _register_synth(data_sub, formatter) -> None:
     s = data_sub.add_parser(
         "synth",
         help="generate a multi-camera dataset file",
@@ -31,6 +33,11 @@ def register(sub, data_sub, formatter) -> None:
     )
     s.set_defaults(func=_synth)
 
+
+def _register_train(sub, formatter) -> None:
+    from ddnn.models.config import DDNNConfig  # light: numpy and the contract only
+
+    d = DDNNConfig()
     t = sub.add_parser(
         "train",
         help="train a DDNN and export a calibrated bundle",

@@ -1,25 +1,29 @@
 """One keep-alive HTTP(S) connection to a service: the client side the tiers share.
 
 The edge's cloud client, the edge's results callback and the device's HTTP fallback each talk
-to one peer, request after request, from one thread at a time. This holds that connection: the
-URL checked once, TLS with the system's or a private CA (chain and host name always verified),
-a fresh connection after any failure, and one retry when the peer had closed the idle one.
+to one peer, request after request, from one thread at a time. This wraps a one-connection
+``urllib3`` pool: the URL checked once, TLS with the system's or a private CA (chain and host
+name always verified), a fresh connection when the peer closed the idle one, no redirects
+(a credential never follows one to another host). Failures surface as ``OSError``.
 """
 
 from __future__ import annotations
 
-import http.client
 import ssl
 import urllib.parse
 
+import urllib3
+
 from ddnn.errors import ConfigError
 
-# What a peer's close of an idle keep-alive connection looks like on the next request.
-_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
+# One retry, for the race where the peer closes an idle keep-alive connection just as a request
+# goes out; statuses and redirects are the caller's business.
+_RETRY = urllib3.Retry(total=1, connect=1, read=1, status=0, other=0, redirect=False,
+                       allowed_methods=None, raise_on_redirect=False, raise_on_status=False)
 
 
 class KeepAliveConnection:
-    """Requests to the host of ``url``; errors are ``OSError`` or ``http.client.HTTPException``."""
+    """Requests to the host of ``url``; every failure to get an answer is an ``OSError``."""
 
     def __init__(self, url: str, what: str, timeout: float, ca_file: str | None = None):
         u = urllib.parse.urlsplit(url)
@@ -28,39 +32,37 @@ class KeepAliveConnection:
         self.url, self.timeout = url, timeout
         self.host, self.port, self.netloc = u.hostname, u.port, u.netloc
         self.scheme, self.path, self.query = u.scheme, u.path, u.query
-        self._tls: ssl.SSLContext | None = None
+        timeouts = urllib3.Timeout(connect=timeout, read=timeout)
+        pool_args = dict(host=self.host, port=self.port, maxsize=1, block=False,
+                         timeout=timeouts, retries=_RETRY)
         if u.scheme == "https":
             try:
-                self._tls = ssl.create_default_context(cafile=ca_file)
+                tls = ssl.create_default_context(cafile=ca_file)
             except (OSError, ssl.SSLError) as e:
                 raise ConfigError(f"cannot load the {what} CA file {ca_file}: {e}") from None
-        elif ca_file:
-            raise ConfigError(f"a {what} CA file is set but {url!r} is not https://")
-        self._conn: http.client.HTTPConnection | None = None
+            self._new_pool = lambda: urllib3.HTTPSConnectionPool(**pool_args, ssl_context=tls)
+        else:
+            if ca_file:
+                raise ConfigError(f"a {what} CA file is set but {url!r} is not https://")
+            self._new_pool = lambda: urllib3.HTTPConnectionPool(**pool_args)
+        self._pool: urllib3.HTTPConnectionPool = self._new_pool()
 
     def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]
                 ) -> tuple[int, bytes, dict[str, str]]:
         """``(status, body, headers)`` of one request."""
-        for attempt in (0, 1):
-            if self._conn is None:
-                if self._tls is not None:
-                    self._conn = http.client.HTTPSConnection(
-                        self.host, self.port, timeout=self.timeout, context=self._tls)
-                else:
-                    self._conn = http.client.HTTPConnection(self.host, self.port,
-                                                            timeout=self.timeout)
-            try:
-                self._conn.request(method, path, body, headers)
-                resp = self._conn.getresponse()
-                return resp.status, resp.read(), dict(resp.getheaders())
-            except (OSError, http.client.HTTPException) as e:
-                self.close()
-                if attempt or not isinstance(e, _STALE):
-                    raise
-        raise AssertionError("unreachable")
+        try:
+            resp = self._pool.urlopen(method, path, body=body, headers=headers,
+                                      redirect=False, preload_content=True)
+        except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, TLS failed
+            raise ConnectionError(f"{self.netloc}: {_reason(e)}") from None
+        return resp.status, resp.data, dict(resp.headers)
 
     def close(self) -> None:
         """Drop the connection; the next request opens a fresh one."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        self._pool.close()
+        self._pool = self._new_pool()  # (a closed pool refuses requests; a new one is cheap)
+
+
+def _reason(e: Exception) -> str:
+    # MaxRetryError wraps the error that ended the last attempt.
+    return str(getattr(e, "reason", None) or e)

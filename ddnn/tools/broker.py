@@ -74,12 +74,6 @@ class BrokerProcess:
                 self.proc.wait()
         shutil.rmtree(self.workdir, ignore_errors=True)
 
-    def restart(self) -> None:
-        """Start the broker again on the same port (used by fault tests)."""
-        self.stop()
-        fresh = start_broker(self.host, self.port, prefer=self.kind)
-        self.proc, self.workdir = fresh.proc, fresh.workdir
-
     def __enter__(self) -> BrokerProcess:
         return self
 

@@ -167,16 +167,127 @@ def _edge_payload_bytes(http: str) -> float | None:
     return sum(float(v) for v in re.findall(pattern, text, re.M))
 
 
-def run(args) -> int:
-    import paho.mqtt.client as mqtt
-    from tqdm import tqdm
+class ResultsListener:
+    """Subscribes to the deployment's results and shows progress; keeps the first per frame."""
 
+    def __init__(self, broker_url: str, frames: int):
+        import paho.mqtt.client as mqtt
+        from tqdm import tqdm
+
+        from ddnn.plumbing.mqtt import BrokerUrl
+
+        self.frames, self.results = frames, {}
+        self.got_all = threading.Event()
+        self._bar = tqdm(total=frames, desc="frames", unit="frame", file=sys.stderr,
+                         mininterval=0.5)
+        self._counts = {"local": 0, "edge": 0, "cloud": 0}
+        url = BrokerUrl.parse(broker_url)
+        self._client = c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2,
+                                       client_id="ddnn-demo-listener")
+        c.on_message = self._on_message
+        c.on_connect = lambda c, *_a: c.subscribe(f"ddnn/{DEPLOYMENT}/results", qos=1)
+        if url.username:
+            c.username_pw_set(url.username, url.password)
+        if url.tls:
+            c.tls_set()
+        c.connect(url.host, url.port)
+        c.loop_start()
+
+    def _on_message(self, _client, _userdata, msg) -> None:
+        from ddnn.result import Result, ResultError
+
+        try:
+            r = Result.from_json(msg.payload)
+        except ResultError:
+            return  # not ours to judge: the demo only counts what it can read
+        if r.frame in self.results:
+            return
+        self.results[r.frame] = r.to_dict()
+        self._counts[r.exit] += 1
+        self._bar.update(1)
+        self._bar.set_postfix(self._counts)
+        if len(self.results) >= self.frames:
+            self.got_all.set()
+
+    def close(self) -> None:
+        self._bar.close()
+        self._client.loop_stop()
+        self._client.disconnect()
+
+
+def _start_cloud(procs: Processes, bundle_dir: Path, m) -> str:
+    from ddnn.tools.broker import free_port
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = procs.start("cloud", "cloud", "--bundle", str(bundle_dir), "--host", "127.0.0.1",
+                       "--port", str(port))
+    _wait_http(f"{url}/v2/health/ready", proc)
+    _say(f"cloud service ready on {url} (models {m.name}-cloud, {m.name}-full)")
+    return url
+
+
+def _start_edge(procs: Processes, bundle_dir: Path, broker_url: str, cloud_url: str,
+                frames: int, work: Path) -> str:
+    from ddnn.tools.broker import free_port
+
+    port = free_port()
+    http = f"http://127.0.0.1:{port}"
+    edge = procs.start("edge", "edge", "--bundle", str(bundle_dir), "--broker", broker_url,
+                       "--cloud", cloud_url, "--deployment", DEPLOYMENT, "--http-port", str(port),
+                       "--expect-frames", str(frames), "--results-out",
+                       str(work / "results.jsonl"))
+    _wait_http(f"{http}/healthz", edge)
+    return http
+
+
+def _start_devices(procs: Processes, args, bundle_dir: Path, broker_url: str, data_path: Path,
+                   views: int, frames: int) -> None:
+    _say(f"edge aggregator up; starting {views} device agents at {args.fps:g} fps")
+    for view in range(views):
+        procs.start(f"device-{view}", "device", "--bundle", str(bundle_dir), "--broker",
+                    broker_url, "--view", str(view), "--data", str(data_path), "--fps",
+                    str(args.fps), "--limit", str(frames), "--deployment", DEPLOYMENT, "--mode",
+                    args.mode, "--wait-peers", "30")
+
+
+def _run_hierarchy(args, work: Path, bundle_dir: Path, data_path: Path, m, n: int
+                   ) -> tuple[dict[int, dict], float | None]:
+    """Start broker, cloud, edge and devices; collect the results of ``n`` frames."""
+    from ddnn.tools.broker import start_broker
+
+    procs = Processes(work / "logs")
+    broker = None
+    try:
+        broker_url = args.broker
+        if not broker_url:
+            broker = start_broker(prefer=args.broker_kind)
+            broker_url = broker.url
+            _say(f"started {broker.kind} on {broker_url}")
+        cloud_url = args.cloud or _start_cloud(procs, bundle_dir, m)
+        listener = ResultsListener(broker_url, n)
+        edge_http = _start_edge(procs, bundle_dir, broker_url, cloud_url, n, work)
+        _start_devices(procs, args, bundle_dir, broker_url, data_path, m.views, n)
+        budget = n / max(args.fps, 1e-3) + 90
+        if not listener.got_all.wait(budget):
+            _say(f"warning: {len(listener.results)} of {n} frames answered after {budget:.0f} s;"
+                 f" see the logs in {procs.logs}")
+        listener.close()
+        return listener.results, _edge_payload_bytes(edge_http)
+    except KeyboardInterrupt:
+        _say("interrupted: stopping every process")
+        raise
+    finally:
+        procs.stop_all()
+        if broker is not None:
+            broker.stop()
+
+
+def run(args) -> int:
     from ddnn.bundle import load_bundle
     from ddnn.dataset import load_dataset
     from ddnn.hierarchy import summarize
-    from ddnn.plumbing.mqtt import BrokerUrl
     from ddnn.runtime import BundleRuntime
-    from ddnn.tools.broker import free_port, start_broker
 
     work = Path(args.work)
     logs = work / "logs"
@@ -191,124 +302,7 @@ def run(args) -> int:
     offline = summarize(
         BundleRuntime(bundle).run_dataset(sub.X, sub.present), sub.label, sub.y, m, m.policy
     )
-
-    procs = Processes(logs)
-    broker = None
-    results: dict[int, dict] = {}
-    try:
-        if args.broker:
-            broker_url = args.broker
-        else:
-            broker = start_broker(prefer=args.broker_kind)
-            broker_url = broker.url
-            _say(f"started {broker.kind} on {broker_url}")
-        cloud_url = args.cloud
-        if not cloud_url:
-            port = free_port()
-            cloud_url = f"http://127.0.0.1:{port}"
-            proc = procs.start(
-                "cloud",
-                "cloud",
-                "--bundle",
-                str(bundle_dir),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(port),
-            )
-            _wait_http(f"{cloud_url}/v2/health/ready", proc)
-            _say(f"cloud service ready on {cloud_url} (models {m.name}-cloud, {m.name}-full)")
-
-        url = BrokerUrl.parse(broker_url)
-        got_all = threading.Event()
-        bar = tqdm(total=n, desc="frames", unit="frame", file=sys.stderr, mininterval=0.5)
-        counts = {"local": 0, "edge": 0, "cloud": 0}
-
-        def on_message(_c, _u, msg):
-            with contextlib.suppress(ValueError, KeyError, TypeError):
-                r = json.loads(msg.payload)
-                if int(r["frame"]) in results:
-                    return
-                results[int(r["frame"])] = r
-                counts[r["exit"]] = counts.get(r["exit"], 0) + 1
-                bar.update(1)
-                bar.set_postfix(counts)
-                if len(results) >= n:
-                    got_all.set()
-
-        listener = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="ddnn-demo-listener")
-        listener.on_message = on_message
-        listener.on_connect = lambda c, *_a: c.subscribe(f"ddnn/{DEPLOYMENT}/results", qos=1)
-        if url.username:
-            listener.username_pw_set(url.username, url.password)
-        if url.tls:
-            listener.tls_set()
-        listener.connect(url.host, url.port)
-        listener.loop_start()
-
-        edge_port = free_port()
-        edge_http = f"http://127.0.0.1:{edge_port}"
-        edge = procs.start(
-            "edge",
-            "edge",
-            "--bundle",
-            str(bundle_dir),
-            "--broker",
-            broker_url,
-            "--cloud",
-            cloud_url,
-            "--deployment",
-            DEPLOYMENT,
-            "--http-port",
-            str(edge_port),
-            "--expect-frames",
-            str(n),
-            "--results-out",
-            str(work / "results.jsonl"),
-        )
-        _wait_http(f"{edge_http}/healthz", edge)
-        _say(f"edge aggregator up; starting {m.views} device agents at {args.fps:g} fps")
-        for view in range(m.views):
-            procs.start(
-                f"device-{view}",
-                "device",
-                "--bundle",
-                str(bundle_dir),
-                "--broker",
-                broker_url,
-                "--view",
-                str(view),
-                "--data",
-                str(data_path),
-                "--fps",
-                str(args.fps),
-                "--limit",
-                str(n),
-                "--deployment",
-                DEPLOYMENT,
-                "--mode",
-                args.mode,
-                "--wait-peers",
-                "30",
-            )
-        budget = n / max(args.fps, 1e-3) + 90
-        if not got_all.wait(budget):
-            _say(
-                f"warning: {len(results)} of {n} frames answered after {budget:.0f} s; "
-                f"see the logs in {logs}"
-            )
-        bar.close()
-        payload = _edge_payload_bytes(edge_http)
-        listener.loop_stop()
-        listener.disconnect()
-    except KeyboardInterrupt:
-        _say("interrupted: stopping every process")
-        raise
-    finally:
-        procs.stop_all()
-        if broker is not None:
-            broker.stop()
-
+    results, payload = _run_hierarchy(args, work, bundle_dir, data_path, m, n)
     summary = _summary(results, sub, offline, payload, m)
     _say("")
     print(_table(summary))

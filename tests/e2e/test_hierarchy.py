@@ -6,6 +6,7 @@ equal its accounting; a killed device or a broker outage loses no frame.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 import urllib.request
@@ -81,9 +82,15 @@ class Hierarchy:
 
 
 def metric(text: str, series: str) -> float:
-    for line in text.splitlines():
-        if line.startswith(series + " "):
-            return float(line.split()[-1])
+    """The value of ``series`` (``name{a="x",b="y"}``, labels in any order); 0 if absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    name, _, rest = series.partition("{")
+    labels = dict(re.findall(r'(\w+)="([^"]*)"', rest))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == name and sample.labels == labels:
+                return float(sample.value)
     return 0.0
 
 

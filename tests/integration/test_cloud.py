@@ -160,7 +160,7 @@ def test_concurrent_requests_are_batched(cloud_server, tiny_bundle, reference):
     runs = float(metrics.split(f"ddnn_cloud_batch_size_count{labels} ")[1].split()[0])
     total = float(metrics.split(f"ddnn_cloud_batch_size_sum{labels} ")[1].split()[0])
     assert total == 16 and runs < 16  # at least one ONNX Runtime call served several requests
-    assert f'ddnn_cloud_batch_size_bucket{{model="tiny-full",version="1",le="8"}} {runs:g}' \
+    assert f'ddnn_cloud_batch_size_bucket{{le="8.0",model="tiny-full",version="1"}} {runs:.1f}' \
         in metrics  # and none went past the maximum batch size
     assert f"ddnn_cloud_queue_depth{labels} 0" in metrics
 
@@ -183,11 +183,11 @@ def test_metrics_count_requests_and_errors(cloud_tiny_url, reference):
     r = httpx.get(cloud_tiny_url + "/metrics")
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     text = r.text
-    assert ('ddnn_cloud_requests_total{model="tiny-cloud",version="1",encoding="binary",'
-            'code="200"}') in text
+    assert ('ddnn_cloud_requests_total{code="200",encoding="binary",model="tiny-cloud",'
+            'version="1"}') in text
     assert 'code="400"' in text and 'ddnn_cloud_errors_total{kind="bad_request"}' in text
     assert 'ddnn_cloud_errors_total{kind="not_found"}' in text
-    assert 'ddnn_cloud_request_seconds_bucket{model="tiny-cloud",version="1",le="+Inf"}' in text
+    assert 'ddnn_cloud_request_seconds_bucket{le="+Inf",model="tiny-cloud",version="1"}' in text
     assert 'ddnn_cloud_model_ready{model="tiny-full",version="1"} 1' in text
     assert "ddnn_cloud_bundles_failed 0" in text
 
