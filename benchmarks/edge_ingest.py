@@ -27,11 +27,10 @@ from ddnn import envelope as env
 from ddnn.benchmarks.common import pyplot, write_json
 from ddnn.benchmarks.hierarchy_latency import low_latency_broker
 from ddnn.bundle import load_bundle
-from ddnn.edge.aggregator import EdgeAggregator, EdgeConfig
 from ddnn.edge.service import EdgeService
+from ddnn.edge.settings import EdgeSettings
 from ddnn.envelope import MessageType
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
-from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics, default_device_ids
 
 DEPLOYMENT = "ingest"
@@ -119,20 +118,20 @@ def raw_rate(broker: str, bundle: Path, frames: int, views: int, deployment: str
 def edge_rate(broker: str, bundle: Path, frames: int, views: int, deployment: str
               ) -> tuple[float, dict]:
     """Device messages per second the edge turns into results."""
-    b = load_bundle(bundle)
-    cfg = EdgeConfig(devices=default_device_ids(views), deployment=deployment,
-                     local_threshold=1.0, expect_frames=frames, deadline=5.0)
-    agg = EdgeAggregator(BundleRuntime(b, threads=1), cfg, Topics(deployment))
+    settings = EdgeSettings(bundle=bundle, broker=broker, deployment=deployment,
+                            devices=tuple(default_device_ids(views)), local_threshold=1.0,
+                            expect_frames=frames, deadline_ms=5000.0)
+    service = EdgeService.from_settings(settings, max_inflight=1000)
+    agg = service.aggregator
     first = [0.0]
-    orig = agg.on_message
+    orig = agg.ingest.on_message
 
     def timed(topic, payload):
         if not first[0]:
             first[0] = time.perf_counter()
-        orig(topic, payload)
+        return orig(topic, payload)
 
-    agg.on_message = timed
-    service = EdgeService(agg, broker, MqttOptions(max_inflight=1000))
+    agg.ingest.on_message = timed  # the time of the first device message
     service.start()
     service.mqtt.wait_connected(10)
     time.sleep(0.3)

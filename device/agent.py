@@ -13,12 +13,14 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from ddnn import envelope as env
-from ddnn.device.buffer import Outbox, OutMessage
+from ddnn.device.buffer import OutMessage
+from ddnn.device.settings import DeviceSettings
 from ddnn.device.sources import is_absent
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.exits import entropy_of_logits
@@ -26,25 +28,6 @@ from ddnn.result import result_for
 from ddnn.runtime import BundleRuntime, transmit
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class DeviceConfig:
-    """What one device agent does; the CLI fills it from options and ``DDNN_DEVICE_*``."""
-
-    view: int  # which of the bundle's device segments (and camera position) this is
-    device_id: str  # the id in topics and messages; the edge maps it to ``view``
-    deployment: str = "default"  # deployments sharing a broker are kept apart by topic
-    edge_id: str = "edge0"  # whose feature pulls to answer
-    mode: str = "pull"  # "pull": features on request; "push": features with every score
-    fps: float = 0.0  # frames per second to replay at; 0 = as fast as the device can
-    keep: int = 1024  # frames whose features are kept for pulls (covers a broker outage)
-    grace: float = 2.0  # seconds to keep answering pulls after the last frame
-    drain_timeout: float = 60.0  # longest wait to deliver the outbox after the last frame
-    local_threshold: float | None = None  # single-view only: override the bundle's threshold
-    peers: list[str] = field(default_factory=list)  # devices to wait for before replaying
-    wait_peers: float = 0.0  # seconds to wait for the edge and the peers; 0 = do not wait
-    start_at: float | None = None  # Unix time of the first frame: cameras triggered together
 
 
 @dataclass
@@ -63,22 +46,27 @@ class DeviceStats:
 
 
 class DeviceAgent:
-    """Runs the device segment of ``config.view`` on frames and queues messages in ``outbox``."""
+    """Runs the device segment of ``settings.view`` on frames and hands what it sends to ``emit``.
 
-    def __init__(self, runtime: BundleRuntime, config: DeviceConfig, outbox: Outbox):
+    ``settings`` are resolved for the bundle (``DeviceService.from_settings`` does that): its
+    ``mode`` is the one to run. ``emit`` is called from the frame and the transport threads.
+    """
+
+    def __init__(self, runtime: BundleRuntime, settings: DeviceSettings,
+                 emit: Callable[[OutMessage], None]):
+        runtime.runner(f"device-{settings.view}")  # load the session now, not at the first frame
         m = runtime.manifest
-        self.runtime, self.config, self.outbox = runtime, config, outbox
-        # Where messages go: the outbox, or DeviceService.deliver (sends at once when it can).
-        self.emit = outbox.put
+        self.runtime, self.settings, self._emit = runtime, settings, emit
         self.manifest = m
         self.single_view = m.views == 1
-        self.threshold = m.policy.with_overrides(local=config.local_threshold).threshold("local")
+        self.threshold = m.policy.with_overrides(
+            local=settings.local_threshold).threshold("local")
         self.stats = DeviceStats()
         self._features: collections.OrderedDict[int, bytes] = collections.OrderedDict()
         self._lock = threading.Lock()
         self._last_request = time.monotonic()
-        self._ids = dict(model=m.name, version=m.version, deployment=config.deployment,
-                         device=config.device_id)
+        self._ids = dict(model=m.name, version=m.version, deployment=settings.deployment,
+                         device=settings.device_id)
         self._previous: tuple[str, str] | None = None  # the version before the last swap
         self._frame_lock = threading.Lock()  # a frame runs on one version, start to end
 
@@ -86,7 +74,7 @@ class DeviceAgent:
 
     def swap(self, runtime: BundleRuntime) -> None:
         """Run the next frames on ``runtime``; the frame under way finishes on the old one."""
-        runtime.runner(f"device-{self.config.view}")  # load before taking the lock
+        runtime.runner(f"device-{self.settings.view}")  # load before taking the lock
         m = runtime.manifest
         with self._frame_lock:
             old = self.manifest
@@ -94,7 +82,7 @@ class DeviceAgent:
             self.runtime, self.manifest = runtime, m
             self.single_view = m.views == 1
             self.threshold = m.policy.with_overrides(
-                local=self.config.local_threshold).threshold("local")
+                local=self.settings.local_threshold).threshold("local")
             self._ids = {**self._ids, "model": m.name, "version": m.version}
 
     # --- per frame --------------------------------------------------------------------------
@@ -112,7 +100,7 @@ class DeviceAgent:
             self._queue("absent", env.pack(MessageType.ABSENT, frame=frame, timestamp=ts,
                                            **self._ids))
             return
-        scores, features = self.runtime.device(self.config.view, image[None])
+        scores, features = self.runtime.device(self.settings.view, image[None])
         m = self.manifest
         feat_msg = env.pack(MessageType.FEATURES, frame=frame, timestamp=ts, tensor=features,
                             codec=m.codec["device_features"], **self._ids)
@@ -121,12 +109,12 @@ class DeviceAgent:
             return
         self._queue("scores", env.pack(MessageType.SCORES, frame=frame, timestamp=ts,
                                        tensor=scores, codec=m.codec["scores"], **self._ids))
-        if self.config.mode == "push":
+        if self.settings.mode == "push":
             self._queue("features", feat_msg)
         else:
             with self._lock:
                 self._features[frame] = env.encode(feat_msg)
-                while len(self._features) > self.config.keep:
+                while len(self._features) > self.settings.keep:
                     self._features.popitem(last=False)
 
     def _single_view_exit(self, frame: int, scores: np.ndarray, feat_msg: env.Envelope,
@@ -138,16 +126,16 @@ class DeviceAgent:
         if eta < self.threshold:
             self.stats.local_exits += 1
             result = result_for(frame=frame, scores=local[0], classes=self.manifest.classes,
-                                exit="local", entropy=eta, views=[self.config.device_id],
+                                exit="local", entropy=eta, views=[self.settings.device_id],
                                 latency_ms=(time.time() - ts) * 1000)
-            self.emit(OutMessage("results", result.to_json(), frame))
+            self._emit(OutMessage("results", result.to_json(), frame))
             self.stats.sent["results"] += 1
         else:
             self._queue("features", feat_msg)
 
     def _queue(self, kind: str, message: env.Envelope) -> None:
         data = env.encode(message)
-        self.emit(OutMessage(kind, data, message.frame))
+        self._emit(OutMessage(kind, data, message.frame))
         self.stats.sent[kind] += 1
         self.stats.payload_bytes += len(message.payload)
         self.stats.header_bytes += len(data) - len(message.payload)
@@ -171,7 +159,7 @@ class DeviceAgent:
             if self.stats.bad_requests == 1:
                 log.warning("dropping a bad feature request (logged once): %s", e)
             return
-        view = self.config.view
+        view = self.settings.view
         if mask.ndim != 1 or mask.shape[0] <= view or mask[view] <= 0:
             return
         with self._lock:
@@ -180,7 +168,7 @@ class DeviceAgent:
             self.stats.pulls_missed += 1
             log.debug("pull for frame %d: features no longer kept", req.frame)
             return
-        self.emit(OutMessage("features", data, req.frame))
+        self._emit(OutMessage("features", data, req.frame))
         self.stats.pulls_answered += 1
         self.stats.sent["features"] += 1
         payload = self.runtime.device_codec.payload_size(
@@ -194,14 +182,14 @@ class DeviceAgent:
     # --- a whole replay ---------------------------------------------------------------------
 
     def replay(self, source, stop: threading.Event) -> None:
-        """Process every frame of ``source`` at ``config.fps`` until done or ``stop`` is set."""
-        period = 1.0 / self.config.fps if self.config.fps > 0 else 0.0
+        """Process every frame of ``source`` at ``settings.fps`` until done or ``stop`` is set."""
+        period = 1.0 / self.settings.fps if self.settings.fps > 0 else 0.0
         start = time.time()
-        if self.config.start_at is not None:
-            if start > self.config.start_at:
+        if self.settings.start_at is not None:
+            if start > self.settings.start_at:
                 log.warning("started %.3f s after --start-at; catching up",
-                            start - self.config.start_at)
-            start = self.config.start_at
+                            start - self.settings.start_at)
+            start = self.settings.start_at
         for n, (frame, image) in enumerate(source):
             if stop.is_set():
                 return

@@ -18,12 +18,10 @@ from ddnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-KINDS = ("scores", "features", "results", "absent")
-
-
 @dataclass(frozen=True)
 class OutMessage:
-    """A message to send: its kind (which topic or route), body, and the frame it belongs to."""
+    """A message to send: its kind (``scores``, ``absent``, ``features`` or ``results``: which
+    topic or route), body, and the frame it belongs to."""
 
     kind: str
     payload: bytes
@@ -110,10 +108,6 @@ class Outbox:
                 if self._spool:
                     self._path(seq).unlink(missing_ok=True)
                 self._cond.notify_all()
-
-    def wait_empty(self, timeout: float) -> bool:
-        with self._cond:
-            return self._cond.wait_for(lambda: not self._items, timeout)
 
     def __len__(self) -> int:
         return len(self._items)

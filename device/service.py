@@ -1,31 +1,133 @@
 """A running device: agent, outbox, transport and the sender thread between them.
 
-``DeviceService.run(source)`` replays a source, delivers everything queued, keeps answering
-pulls for a grace period, then stops; the CLI and the tests use it alike.
+``DeviceService.from_settings(settings)`` builds everything ``ddnn device`` runs; the service is
+a context manager that starts the transport and the sender on entry and stops them on exit.
+``run()`` replays the source, delivers everything queued, keeps answering pulls for a grace
+period, then returns. The CLI and the tests build and run devices the same way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
+from collections.abc import Iterable
 
+import numpy as np
+
+from ddnn.bundle import Bundle, load_bundle
 from ddnn.device.agent import DeviceAgent
-from ddnn.device.buffer import Outbox
+from ddnn.device.buffer import Outbox, OutMessage
+from ddnn.device.settings import DeviceSettings
+from ddnn.device.sources import Camera, ImageFolder, NpzReplay
+from ddnn.device.transport import HttpTransport, MqttTransport
+from ddnn.errors import ConfigError
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions, security_of
+from ddnn.plumbing.ota import BundleUpdater
+from ddnn.runtime import BundleRuntime
+from ddnn.topics import Topics, default_device_ids
 
 log = logging.getLogger(__name__)
 
+Source = Iterable[tuple[int, np.ndarray]]  # (frame id, float32 (3, H, W) image in [0, 1])
+
 
 class DeviceService:
-    """Wires a :class:`DeviceAgent` to a transport through a bounded :class:`Outbox`."""
+    """Wires a :class:`DeviceAgent` to a transport through a bounded :class:`Outbox`.
 
-    def __init__(self, agent: DeviceAgent, outbox: Outbox, transport):
-        self.agent, self.outbox, self.transport = agent, outbox, transport
+    ``settings`` must be resolved for ``bundle`` (:meth:`from_settings` does that). Nothing
+    runs until the ``with`` block: entering starts the over-the-air updater (MQTT only), the
+    transport and the sender thread; leaving stops them in reverse order.
+    """
+
+    def __init__(self, settings: DeviceSettings, bundle: Bundle, source: Source | None = None):
+        self.settings, self.bundle, self.source = settings, bundle, source
         self.stop_event = threading.Event()
-        self._sender = threading.Thread(target=self._send_loop, name="device-sender", daemon=True)
+        self.refused: BrokerRefusedError | None = None  # the broker refused us for good
+        self.updater: BundleUpdater | None = None  # while running over MQTT
+        self._sender: threading.Thread | None = None
         self._sender_done = threading.Event()
         self._send_lock = threading.Lock()
-        agent.emit = self.deliver
+        self.outbox = Outbox(settings.buffer, settings.spool)
+        self.agent = DeviceAgent(BundleRuntime(bundle, threads=settings.threads), settings,
+                                 emit=self.deliver)
+        self.transport = self._transport()
+
+    @classmethod
+    def from_settings(cls, settings: DeviceSettings) -> DeviceService:
+        """Load and verify the bundle, check the settings against it, open the frame source."""
+        bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
+        settings = for_bundle(settings, bundle)
+        log.info("device config: bundle %s, %s", bundle.ref, settings.describe())
+        return cls(settings, bundle, open_source(settings, bundle))
+
+    def _transport(self) -> MqttTransport | HttpTransport:
+        s = self.settings
+        if not s.broker:
+            return HttpTransport(s.edge_url, s.token)
+        options = MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
+                              security=security_of(s))
+        status = {"device": s.device_id, "view": s.view, "model": self.bundle.ref,
+                  "mode": s.mode}
+        return MqttTransport(s.broker, Topics(s.deployment, s.topic_prefix), s.device_id,
+                             s.edge_id, options, status, self.agent.handle_request,
+                             on_bundle=self._on_bundle, on_refused=self._on_refused)
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def __enter__(self) -> DeviceService:
+        if isinstance(self.transport, MqttTransport):  # updates are announced over MQTT
+            self.updater = BundleUpdater(self.bundle, self._apply_update,
+                                         public_key=self.settings.bundle_key,
+                                         tag=self.settings.device_id)
+        try:
+            self.transport.start()
+        except BaseException:
+            self._stop_updater()
+            raise
+        self._sender = threading.Thread(target=self._send_loop, name="device-sender",
+                                        daemon=True)
+        self._sender.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop_event.set()
+        self._sender_done.set()
+        if self._sender is not None:
+            self._sender.join(timeout=2)
+        self.transport.stop()
+        self._stop_updater()
+        s = self.agent.stats
+        log.info(
+            "device %s done: %d frames (%d absent, %d local exits), sent %s, %d payload + %d "
+            "header bytes, pulls answered %d missed %d, bad requests %d, outbox dropped %d",
+            self.settings.device_id, s.frames, s.absent, s.local_exits, dict(s.sent),
+            s.payload_bytes, s.header_bytes, s.pulls_answered, s.pulls_missed, s.bad_requests,
+            self.outbox.dropped,
+        )
+
+    def _stop_updater(self) -> None:
+        if self.updater is not None:
+            self.updater.stop()
+
+    # --- hooks of the transport and the updater ------------------------------------------------
+
+    def _on_bundle(self, payload: bytes) -> None:
+        if self.updater is not None:
+            self.updater.on_message(payload)
+
+    def _on_refused(self, error: BrokerRefusedError) -> None:
+        # Credentials or certificates refused: stop instead of buffering forever.
+        self.refused = error
+        self.stop_event.set()
+
+    def _apply_update(self, bundle: Bundle) -> None:
+        self.agent.swap(BundleRuntime(bundle, threads=self.settings.threads))
+        if isinstance(self.transport, MqttTransport):
+            self.transport.update_status(model=bundle.ref)
+
+    # --- sending -----------------------------------------------------------------------------
 
     def _send_loop(self) -> None:
         # Order matters (the edge sees scores before the features they announce): one sender,
@@ -41,42 +143,38 @@ class DeviceService:
                 if self.transport.send(msg):
                     self.outbox.pop()
 
-    def deliver(self, msg) -> None:
+    def deliver(self, msg: OutMessage) -> None:
         """Send at once when nothing older waits (saves a thread hop), else queue in order."""
         with self._send_lock:
             if len(self.outbox) == 0 and self.transport.can_send() and self.transport.send(msg):
                 return
         self.outbox.put(msg)
 
-    def start(self) -> DeviceService:
-        self.transport.start()
-        self._sender.start()
-        return self
+    # --- a whole replay ----------------------------------------------------------------------
 
-    def wait_peers(self, devices: list[str], timeout: float) -> bool:
-        ok = self.transport.wait_peers(devices, timeout)
-        if not ok:
-            log.warning("not every peer came online within %.0f s; starting anyway", timeout)
-        return ok
-
-    def run(self, source) -> None:
-        """Replay ``source``, then drain and linger for pulls; returns when done or stopped."""
-        cfg = self.agent.config
-        if cfg.wait_peers > 0:
-            self.wait_peers(cfg.peers, cfg.wait_peers)
+    def run(self, source: Source | None = None) -> None:
+        """Replay ``source`` (default: the settings' source), then drain and linger for pulls;
+        returns when done or stopped."""
+        s = self.settings
+        source = self.source if source is None else source
+        if source is None:
+            raise ConfigError("no frame source to replay")
+        if s.wait_peers > 0 and not self.transport.wait_peers(list(s.peers), s.wait_peers):
+            log.warning("not every peer came online within %.0f s; starting anyway",
+                        s.wait_peers)
         t0 = time.monotonic()
         self.agent.replay(source, self.stop_event)
         log.info("replayed %d frames in %.2f s", self.agent.stats.frames, time.monotonic() - t0)
-        self.drain(cfg.drain_timeout)
+        self.drain(s.drain_timeout)
         # The edge pulls features of the last frames after it has their scores: keep serving
         # until it has been quiet for the grace period.
-        deadline = time.monotonic() + cfg.drain_timeout
+        deadline = time.monotonic() + s.drain_timeout
         while not self.stop_event.is_set() and time.monotonic() < deadline:
             quiet = self.agent.seconds_since_request()
-            if quiet >= cfg.grace and len(self.outbox) == 0:
+            if quiet >= s.grace and len(self.outbox) == 0:
                 break
-            self.stop_event.wait(min(0.05, max(cfg.grace - quiet, 0.01)))
-        self.drain(cfg.drain_timeout)
+            self.stop_event.wait(min(0.05, max(s.grace - quiet, 0.01)))
+        self.drain(s.drain_timeout)
 
     def drain(self, timeout: float) -> bool:
         """Wait until the outbox is empty and the broker acknowledged everything."""
@@ -90,16 +188,26 @@ class DeviceService:
             log.warning("%d messages still undelivered at exit", left)
         return left == 0
 
-    def stop(self) -> None:
-        self.stop_event.set()
-        self._sender_done.set()
-        self._sender.join(timeout=2)
-        self.transport.stop()
-        s = self.agent.stats
-        log.info(
-            "device %s done: %d frames (%d absent, %d local exits), sent %s, %d payload + %d "
-            "header bytes, pulls answered %d missed %d, bad requests %d, outbox dropped %d",
-            self.agent.config.device_id, s.frames, s.absent, s.local_exits, dict(s.sent),
-            s.payload_bytes, s.header_bytes, s.pulls_answered, s.pulls_missed, s.bad_requests,
-            self.outbox.dropped,
-        )
+
+def for_bundle(settings: DeviceSettings, bundle: Bundle) -> DeviceSettings:
+    """``settings`` checked against the bundle, with what depends on it filled in."""
+    m = bundle.manifest
+    if not settings.view < m.views:
+        raise ConfigError(f"--view {settings.view} is outside the bundle's views "
+                          f"0..{m.views - 1}")
+    mode = settings.mode
+    if not settings.broker and mode == "pull" and m.views > 1:
+        log.info("HTTP fallback has no pull channel: using push mode")
+        mode = "push"
+    peers = settings.peers or tuple(default_device_ids(m.views))
+    return dataclasses.replace(settings, mode=mode, peers=peers)
+
+
+def open_source(settings: DeviceSettings, bundle: Bundle) -> Source:
+    """The frame source the settings name (exactly one of data, images, camera)."""
+    m, s = bundle.manifest, settings
+    if s.data is not None:
+        return NpzReplay(s.data, s.view, m.num_classes, s.limit, s.start)
+    if s.images is not None:
+        return ImageFolder(s.images, m.input_shape, s.limit)
+    return Camera(s.camera, m.input_shape, s.limit, s.fps)

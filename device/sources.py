@@ -7,8 +7,7 @@ all-zero image means "this view sees nothing" (the dataset contract's absent vie
 
 from __future__ import annotations
 
-import struct
-import zlib
+import importlib.util
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,7 +34,6 @@ class NpzReplay:
         if not 0 <= view < ds.num_views:
             raise DatasetError(f"{path}: has views 0..{ds.num_views - 1}, not {view}")
         self.path = Path(path)
-        self.image_shape = ds.image_shape
         # The contract marks absent views by label; make their images exactly zero so the
         # device's absence test (all-zero) agrees with the file whatever a writer stored.
         self._images = np.where(ds.present[:, view, None, None, None], ds.X[:, view], 0.0)
@@ -51,10 +49,12 @@ class NpzReplay:
 
 
 class ImageFolder:
-    """Images of a folder in name order (PNG and PPM/PGM need numpy only; JPEG needs Pillow)."""
+    """Images of a folder in name order, decoded by Pillow, numbered from 0."""
 
     def __init__(self, path: str | Path, image_shape: tuple[int, int, int],
                  limit: int | None = None):
+        if importlib.util.find_spec("PIL") is None:  # fail at start, not at the first frame
+            raise ConfigError("reading images needs Pillow: pip install 'ddnn[device]'")
         self.path = Path(path)
         if not self.path.is_dir():
             raise ConfigError(f"{path}: not a folder of images")
@@ -96,7 +96,6 @@ class Camera:
             ) from None
         if fps <= 0:
             raise ConfigError(f"a camera needs a frame rate above 0, got {fps}")
-        self._cv2 = cv2
         self._cap = cv2.VideoCapture(index)
         if not self._cap.isOpened():
             raise ConfigError(f"camera {index} cannot be opened")
@@ -130,93 +129,11 @@ def to_chw(rgb: np.ndarray, image_shape: tuple[int, int, int]) -> np.ndarray:
 
 
 def read_image(path: Path) -> np.ndarray:
-    """An image file as (H, W, 3) uint8."""
-    data = path.read_bytes()
-    suffix = path.suffix.lower()
-    if suffix == ".png":
-        return _read_png(data, path)
-    if suffix in (".ppm", ".pgm"):
-        return _read_pnm(data, path)
+    """An image file as (H, W, 3) uint8: any format Pillow reads (PNG, JPEG, PPM/PGM, ...)."""
+    from PIL import Image, UnidentifiedImageError
+
     try:
-        from PIL import Image
-    except ImportError:
-        raise ConfigError(f"{path}: JPEG needs Pillow (pip install pillow), or use PNG/PPM"
-                          ) from None
-    with Image.open(path) as im:
-        return np.asarray(im.convert("RGB"))
-
-
-def _read_pnm(data: bytes, path: Path) -> np.ndarray:
-    tokens: list[bytes] = []
-    pos = 0
-    while len(tokens) < 4:
-        while pos < len(data) and data[pos : pos + 1].isspace():
-            pos += 1
-        if data[pos : pos + 1] == b"#":
-            pos = data.index(b"\n", pos)
-            continue
-        start = pos
-        while pos < len(data) and not data[pos : pos + 1].isspace():
-            pos += 1
-        tokens.append(data[start:pos])
-    magic, w, h, maxval = tokens[0], int(tokens[1]), int(tokens[2]), int(tokens[3])
-    channels = {b"P6": 3, b"P5": 1}.get(magic)
-    if channels is None or maxval != 255:
-        raise ConfigError(f"{path}: only binary 8-bit PPM (P6) and PGM (P5) are read")
-    pixels = np.frombuffer(data, np.uint8, w * h * channels, pos + 1).reshape(h, w, channels)
-    return np.repeat(pixels, 3, axis=2) if channels == 1 else pixels
-
-
-def _read_png(data: bytes, path: Path) -> np.ndarray:
-    if data[:8] != b"\x89PNG\r\n\x1a\n":
-        raise ConfigError(f"{path}: not a PNG file")
-    pos, idat, header = 8, [], None
-    while pos < len(data):
-        (length,), kind = struct.unpack(">I", data[pos : pos + 4]), data[pos + 4 : pos + 8]
-        body = data[pos + 8 : pos + 8 + length]
-        pos += 12 + length
-        if kind == b"IHDR":
-            header = struct.unpack(">IIBBBBB", body)
-        elif kind == b"IDAT":
-            idat.append(body)
-        elif kind == b"IEND":
-            break
-    if header is None:
-        raise ConfigError(f"{path}: PNG without a header")
-    w, h, depth, color, _, _, interlace = header
-    channels = {0: 1, 2: 3, 4: 2, 6: 4}.get(color)
-    if depth != 8 or channels is None or interlace:
-        raise ConfigError(f"{path}: only 8-bit, non-interlaced, non-palette PNG is read")
-    raw = np.frombuffer(zlib.decompress(b"".join(idat)), np.uint8).reshape(h, 1 + w * channels)
-    out = np.zeros((h, w * channels), np.int32)
-    for y in range(h):
-        _unfilter(raw[y, 0], raw[y, 1:].astype(np.int32), out, y, channels)
-    img = out.astype(np.uint8).reshape(h, w, channels)
-    if channels in (1, 2):
-        return np.repeat(img[:, :, :1], 3, axis=2)
-    return img[:, :, :3]
-
-
-def _unfilter(kind: int, line: np.ndarray, out: np.ndarray, y: int, bpp: int) -> None:
-    prior = out[y - 1] if y else np.zeros_like(line)
-    if kind == 0:
-        out[y] = line
-    elif kind == 2:
-        out[y] = (line + prior) & 0xFF
-    elif kind in (1, 3, 4):  # these depend on the pixel to the left: byte by byte
-        cur = out[y]
-        for x in range(len(line)):
-            a = int(cur[x - bpp]) if x >= bpp else 0
-            b = int(prior[x])
-            c = int(prior[x - bpp]) if x >= bpp else 0
-            if kind == 1:
-                pred = a
-            elif kind == 3:
-                pred = (a + b) // 2
-            else:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-            cur[x] = (int(line[x]) + pred) & 0xFF
-    else:
-        raise ConfigError(f"unknown PNG filter type {kind}")
+        with Image.open(path) as im:
+            return np.asarray(im.convert("RGB"))
+    except (UnidentifiedImageError, OSError) as e:
+        raise ConfigError(f"{path}: not a readable image ({e})") from None

@@ -1,8 +1,8 @@
 """How a device reaches its edge: MQTT (the normal case) or HTTP POSTs (no broker configured).
 
-Both take :class:`device.buffer.OutMessage` from the agent's sender thread. ``send`` returns
-False when the message could not be handed over now; it then stays in the outbox and is sent
-after reconnection, in order.
+Both take :class:`~ddnn.device.buffer.OutMessage` from :class:`~ddnn.device.service.DeviceService`,
+one at a time, oldest first. ``send`` returns False when the message could not be handed over
+now; it then stays in the outbox and is sent after reconnection, in order.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from ddnn.plumbing.mqtt import (
     QOS_RESULTS,
     QOS_SCORES,
     QOS_STATUS,
+    BrokerRefusedError,
     MqttClient,
     MqttOptions,
     parse_status,
@@ -31,12 +32,17 @@ log = logging.getLogger(__name__)
 
 
 class MqttTransport:
-    """Publishes a device's messages and receives the edge's feature pulls over MQTT."""
+    """Publishes a device's messages and receives the edge's feature pulls over MQTT.
 
-    supports_pull = True
+    ``on_request`` gets the edge's pulls, ``on_bundle`` the bundle announcements (over-the-air
+    updates), both on paho's thread; ``on_refused`` is called once when the broker refuses this
+    client for good (credentials, certificate).
+    """
 
     def __init__(self, url: str, topics: Topics, device_id: str, edge_id: str,
                  options: MqttOptions, status_info: dict, on_request: Callable[[bytes], None],
+                 *, on_bundle: Callable[[bytes], None] | None = None,
+                 on_refused: Callable[[BrokerRefusedError], None] | None = None,
                  max_pending: int = 1000):
         self.topics, self.device_id, self.edge_id = topics, device_id, edge_id
         self.max_pending = max_pending  # bounds what paho holds beyond our outbox
@@ -53,18 +59,19 @@ class MqttTransport:
         self._edge_status = topics.edge_status(edge_id)
         options.subscriptions = [(self._requests, 1), (topics.all_devices("status"), QOS_STATUS),
                                  (self._edge_status, QOS_STATUS), (topics.bundle, 1)]
-        self.on_bundle: Callable[[bytes], None] | None = None  # bundle announcements (OTA)
+        self._on_bundle = on_bundle
         self.client = MqttClient(url, f"ddnn-{topics.deployment}-{device_id}", options,
                                  status_topic=topics.device(device_id, "status"),
-                                 status_info=status_info, on_message=self._message)
+                                 status_info=status_info, on_message=self._message,
+                                 on_refused=on_refused)
 
     def _message(self, topic: str, payload: bytes) -> None:
         if topic == self._requests:
             self._on_request(payload)
             return
         if topic == self.topics.bundle:
-            if self.on_bundle is not None:
-                self.on_bundle(payload)
+            if self._on_bundle is not None:
+                self._on_bundle(payload)
             return
         if topic == self._edge_status:
             peer = f"edge:{self.edge_id}"
@@ -130,8 +137,6 @@ class HttpTransport:
     There is no channel for the edge to pull features, so a device on HTTP runs in push mode.
     """
 
-    supports_pull = False
-
     def __init__(self, edge_url: str, token: str | None = None, timeout: float = 5.0):
         self._edge = KeepAliveConnection(edge_url, "edge", timeout)
         self._headers = {"Content-Type": "application/octet-stream"}
@@ -139,8 +144,7 @@ class HttpTransport:
             self._headers["Authorization"] = f"Bearer {token}"
         self._backoff = HTTP_RETRY.backoff()
         self.connected = False
-        self.refused = 0
-        self.peers: dict[str, str] = {}
+        self.refused = 0  # messages the edge refused (4xx other than "later"): dropped
 
     def start(self) -> None:
         pass

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import threading
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -33,7 +34,6 @@ class Frame:
     """One frame being assembled from per-view messages."""
 
     id: int
-    started: float  # monotonic time of the first message
     captured: float  # earliest wall-clock capture time among the views (for latency)
     deadline: float
     stage: str = SCORES
@@ -42,9 +42,8 @@ class Frame:
     features: dict[int, np.ndarray] = field(default_factory=dict)
     requested: tuple[int, ...] = ()
     missing: set[int] = field(default_factory=set)  # views expected but not heard by the deadline
-    payload_bytes: int = 0
     taken: bool = False  # handed to the worker: its views are frozen until it is given back
-    runtime: object = None  # the bundle runtime the frame runs on, pinned at its local exit
+    pipeline: object = None  # the ExitPipeline (bundle version) it runs on, pinned at its start
 
     @property
     def present(self) -> list[int]:
@@ -78,6 +77,10 @@ class FrameAssembler:
             self._offline[view] = not online
             self._misses[view] = 0
 
+    def set_pushing(self, view: int, pushing: bool) -> None:
+        """The device of ``view`` sends its features with every frame (push mode), or not."""
+        self.pushing[view] = pushing
+
     def is_expected(self, view: int) -> bool:
         """The device of ``view`` is believed alive (not offline, not silent for long)."""
         with self._lock:
@@ -95,7 +98,7 @@ class FrameAssembler:
         if f is None:
             if frame in self._done or frame <= self._low_water:
                 raise Drop("late", f"frame {frame} is already answered")
-            f = self._frames[frame] = Frame(frame, now, captured, now + self.deadline)
+            f = self._frames[frame] = Frame(frame, captured, now + self.deadline)
         f.captured = min(f.captured, captured)
         return f
 
@@ -104,7 +107,7 @@ class FrameAssembler:
         self._misses[view] = 0
 
     def add_scores(self, view: int, frame: int, scores: np.ndarray | None, captured: float,
-                   now: float, nbytes: int = 0) -> Frame | None:
+                   now: float) -> Frame | None:
         """Scores (or ``None`` for an absent view) of one view; returns the frame if now ready."""
         with self._lock:
             self._heard(view)
@@ -117,11 +120,10 @@ class FrameAssembler:
                 f.absent.add(view)
             else:
                 f.scores[view] = scores
-                f.payload_bytes += nbytes
             return self._take_if_ready(f)
 
     def add_features(self, view: int, frame: int, features: np.ndarray, captured: float,
-                     now: float, nbytes: int = 0) -> Frame | None:
+                     now: float) -> Frame | None:
         """Features of one view (pulled, pushed, or a one-view device's uplink)."""
         with self._lock:
             self._heard(view)
@@ -140,7 +142,6 @@ class FrameAssembler:
                 # A one-view device sends features only for frames it did not exit itself.
                 f.scores.setdefault(view, np.zeros(0, np.float32))
                 f.features[view] = features
-                f.payload_bytes += nbytes
                 f.stage, f.requested = FEATURES, (view,)
                 return self._take(f)
             if f.stage == SCORES and view not in f.scores:
@@ -152,7 +153,6 @@ class FrameAssembler:
             if f.stage == FEATURES and view not in f.requested:
                 raise Drop("unrequested", f"features of view {view} were not pulled")
             f.features[view] = features
-            f.payload_bytes += nbytes
             if f.stage == FEATURES and all(v in f.features for v in f.requested):
                 return self._take(f)
             return None
@@ -223,6 +223,20 @@ class FrameAssembler:
         with self._lock:
             return min((f.deadline for f in self._frames.values() if not f.taken),
                        default=float("inf"))
+
+    def why_missing(self, f: Frame, fused: Collection[int]) -> dict[int, str]:
+        """Why each view not in ``fused`` is missing from ``f``'s answer (the Result's reasons)."""
+        out = {}
+        for v in range(self.views):
+            if v in fused:
+                continue
+            if v in f.absent:
+                out[v] = "absent"
+            elif v in f.scores:
+                out[v] = "no_features"
+            else:
+                out[v] = "late" if self.is_expected(v) else "offline"
+        return out
 
     def knows(self, frame: int) -> bool:
         """The frame is being assembled or was answered (anything for it is handled here)."""

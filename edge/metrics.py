@@ -49,11 +49,3 @@ class EdgeMetrics:
 
     def render(self) -> str:
         return self.registry.render()
-
-    def results(self) -> int:
-        """Frames answered so far, all tiers."""
-        total = 0.0
-        for tier in ("local", "edge", "cloud"):
-            for degraded in ("false", "true"):
-                total += self.frames.value(exit=tier, degraded=degraded)
-        return int(total)

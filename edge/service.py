@@ -1,63 +1,219 @@
-"""A running edge: the aggregator wired to the broker, the cloud and its HTTP server."""
+"""A running edge: the aggregator wired to the broker, the cloud, its HTTP server and updates.
+
+:meth:`EdgeService.from_settings` builds everything ``ddnn edge`` runs from
+:class:`~edge.settings.EdgeSettings`; nothing runs until the service is entered (or started)::
+
+    with EdgeService.from_settings(settings) as service:
+        service.run_until(stop)
+"""
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import threading
 import time
+from collections.abc import Sequence
 
+from ddnn.bundle import load_bundle
 from ddnn.edge.aggregator import EdgeAggregator
+from ddnn.edge.callback import ResultsCallback
+from ddnn.edge.cloud_client import CLOUD_RETRY, CloudClient
 from ddnn.edge.http import EdgeHttpServer
-from ddnn.plumbing.mqtt import QOS_FEATURES, QOS_SCORES, QOS_STATUS, MqttClient, MqttOptions
+from ddnn.edge.metrics import EdgeMetrics
+from ddnn.edge.settings import EdgeSettings
+from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
+from ddnn.errors import ConfigError
+from ddnn.plumbing.mqtt import (
+    QOS_FEATURES,
+    QOS_SCORES,
+    QOS_STATUS,
+    BrokerRefusedError,
+    MqttClient,
+    MqttOptions,
+    security_of,
+)
+from ddnn.plumbing.ota import BundleUpdater
+from ddnn.plumbing.retry import RetryPolicy
+from ddnn.runtime import BundleRuntime
+from ddnn.topics import Topics, default_device_ids
 
 log = logging.getLogger(__name__)
 
 
 class EdgeService:
-    """Owns the MQTT client (optional), the aggregator's threads and the HTTP server (optional)."""
+    """Owns the aggregator, the bundle updater and the MQTT client (with a broker) and the HTTP
+    server (with an HTTP port). Entering starts the aggregator, the updater, the HTTP server
+    and the MQTT client, in that order; leaving stops them in reverse, once the frames under
+    way are answered."""
 
-    def __init__(self, aggregator: EdgeAggregator, broker: str | None,
-                 options: MqttOptions | None = None, http_host: str = "127.0.0.1",
-                 http_port: int | None = None, http_token: str | None = None):
-        self.aggregator = agg = aggregator
-        t = agg.topics
-        self.mqtt: MqttClient | None = None
-        self.on_bundle = None  # bundle announcements (over-the-air updates, ddnn.plumbing.ota)
-        if broker:
-            options = options or MqttOptions()
-            options.persistent = True  # the broker keeps device messages while the edge restarts
-            options.subscriptions = [(t.all_devices("scores"), QOS_SCORES),
-                                     (t.all_devices("features"), QOS_FEATURES),
-                                     (t.all_devices("status"), QOS_STATUS),
-                                     (t.bundle, 1)]
-            self.mqtt = MqttClient(
-                broker, f"ddnn-{t.deployment}-{agg.config.edge_id}", options,
-                status_topic=t.edge_status(agg.config.edge_id),
-                status_info={"edge": agg.config.edge_id, "model": agg.runtime.bundle.ref},
-                on_message=self._on_message, on_connect=self._connected,
-                on_disconnect=lambda: agg.metrics.broker_up.set(0))
-            agg._publish = self.mqtt.publish
-            agg._connected = self.mqtt.connected.is_set
-        self.http = (EdgeHttpServer(agg, http_host, http_port, http_token)
-                     if http_port is not None else None)
+    def __init__(self, settings: EdgeSettings, runtime: BundleRuntime, *,
+                 cloud: CloudClient | None = None, sinks: Sequence[ResultSink] = (),
+                 max_inflight: int | None = None):
+        self.settings = s = settings
+        m = runtime.manifest
+        devices = list(s.devices) or default_device_ids(m.views)
+        if len(devices) != m.views:
+            raise ConfigError(f"--devices must name {m.views} distinct ids, one per view")
+        topics = Topics(s.deployment, s.topic_prefix)
+        self.metrics = EdgeMetrics()
+        self.mqtt = self._mqtt_client(topics, runtime, max_inflight) if s.broker else None
+        out: list[ResultSink] = []
+        if self.mqtt is not None:
+            out.append(MqttSink(self.mqtt.publish, topics.results))
+        if s.results_out is not None:
+            out.append(FileSink(s.results_out))
+        if s.results_url is not None:
+            out.append(CallbackSink(ResultsCallback(s.results_url, self.metrics.callback,
+                                                    token=s.results_token)))
+        self.aggregator = EdgeAggregator(
+            runtime, s, topics, devices=devices, metrics=self.metrics, cloud=cloud,
+            sinks=[*out, *sinks],
+            publish=self.mqtt.publish if self.mqtt else None,
+            connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
+        self.http = (EdgeHttpServer(self.aggregator, s.http_host, s.http_port, s.http_token)
+                     if s.http_port is not None else None)
+        self.updater: BundleUpdater | None = None  # made on start: it runs a thread
+        self._refused = threading.Event()
+        self._running: contextlib.ExitStack | None = None
+
+    @classmethod
+    def from_settings(cls, settings: EdgeSettings, *, runtime: BundleRuntime | None = None,
+                      sinks: Sequence[ResultSink] = (), cloud_retry: RetryPolicy = CLOUD_RETRY,
+                      max_inflight: int | None = None) -> EdgeService:
+        """Everything ``ddnn edge`` runs, built (not started) from ``settings``.
+
+        ``sinks``: more places for every result (:class:`~edge.sinks.ResultSink`), after those
+        the settings configure. ``runtime``: run this bundle runtime instead of loading
+        ``settings.bundle``; with ``cloud_retry`` (the cloud client's backoff) and
+        ``max_inflight`` (unacknowledged MQTT messages) for tests and benchmarks.
+        """
+        if runtime is None:
+            bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
+            runtime = BundleRuntime(bundle, threads=settings.threads)
+        cloud = None
+        if settings.cloud:
+            cloud = CloudClient(settings.cloud, f"{runtime.manifest.name}-cloud",
+                                token=settings.cloud_token, timeout=settings.cloud_timeout,
+                                retry=cloud_retry, ca_file=settings.cloud_ca_file)
+        return cls(settings, runtime, cloud=cloud, sinks=sinks, max_inflight=max_inflight)
+
+    def _mqtt_client(self, topics: Topics, runtime: BundleRuntime,
+                     max_inflight: int | None) -> MqttClient:
+        s = self.settings
+        options = MqttOptions(
+            keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=security_of(s),
+            persistent=True,  # the broker keeps device messages while the edge restarts
+            subscriptions=[(topics.all_devices("scores"), QOS_SCORES),
+                           (topics.all_devices("features"), QOS_FEATURES),
+                           (topics.all_devices("status"), QOS_STATUS),
+                           (topics.bundle, 1)])
+        if max_inflight is not None:
+            options.max_inflight = max_inflight
+        return MqttClient(
+            s.broker, f"ddnn-{topics.deployment}-{s.edge_id}", options,  # type: ignore[arg-type]
+            status_topic=topics.edge_status(s.edge_id),
+            status_info={"edge": s.edge_id, "model": runtime.bundle.ref},
+            on_message=self._on_message, on_connect=self._connected,
+            on_disconnect=lambda: self.metrics.broker_up.set(0),
+            on_refused=lambda error: self._refused.set())
+
+    # --- MQTT callbacks (paho's thread) ---------------------------------------------------------
 
     def _on_message(self, topic: str, payload: bytes) -> bool | None:
         if topic == self.aggregator.topics.bundle:
-            if self.on_bundle is not None:
-                self.on_bundle(payload)
+            if self.updater is not None:
+                self.updater.on_message(payload)
             return None
-        return self.aggregator.on_message(topic, payload)
+        return self.aggregator.ingest.on_message(topic, payload)
 
     def _connected(self) -> None:
-        self.aggregator.metrics.broker_up.set(1)
+        self.metrics.broker_up.set(1)
         self.aggregator.on_reconnect()
 
+    # --- over-the-air bundle updates ------------------------------------------------------------
+
+    def _updater(self) -> BundleUpdater:
+        s, agg = self.settings, self.aggregator
+
+        def apply(bundle) -> None:
+            agg.swap(BundleRuntime(bundle, threads=s.threads))
+
+        def done(ok: bool) -> None:
+            self.metrics.bundle_updates.inc(result="applied" if ok else "refused")
+            if not ok:  # messages of a refused version are another model again
+                agg.ingest.announce(None)
+
+        return BundleUpdater(agg.runtime.bundle, apply, cloud=s.cloud, token=s.cloud_token,
+                             ca_file=s.cloud_ca_file, public_key=s.bundle_key, on_result=done,
+                             tag=s.edge_id,
+                             on_announce=lambda ann: agg.ingest.announce((ann.name,
+                                                                          ann.version)))
+
+    # --- lifecycle ------------------------------------------------------------------------------
+
     def start(self) -> EdgeService:
-        self.aggregator.start()
-        if self.http:
-            self.http.start()
-        if self.mqtt:
-            self.mqtt.start()
+        """Start the aggregator, the updater, the HTTP server and the MQTT client, in order."""
+        agg, s = self.aggregator, self.settings
+        log.info("edge config: bundle %s, devices %s, thresholds %s; settings %s",
+                 agg.runtime.bundle.ref, ",".join(agg.devices),
+                 dict(agg.pipeline.policy.thresholds), s.describe())
+        with contextlib.ExitStack() as stack:  # a part that fails to start stops the others
+            agg.start()
+            stack.callback(agg.stop)
+            if self.mqtt is not None:
+                self.updater = self._updater()
+                stack.callback(self.updater.stop)
+            if self.http is not None:
+                self.http.start()
+                stack.callback(self.http.stop)
+            if self.mqtt is not None:
+                self.mqtt.start()
+                stack.callback(self._stop_mqtt)
+            self._running = stack.pop_all()
+        if agg.cloud is not None and not agg.cloud.ready():
+            log.warning("cloud %s is not ready yet; frames past the edge exit are degraded "
+                        "until it is", s.cloud)
         return self
+
+    def _stop_mqtt(self) -> None:
+        # Frames under way finish; messages of new ones stay with the broker for the next edge.
+        s = self.settings
+        cloud = self.aggregator.cloud.timeout if self.aggregator.cloud is not None else 0.0
+        self.aggregator.drain(s.deadline + s.feature_deadline + cloud + 1.0)
+        self.flush(5.0)
+        self.mqtt.stop()  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        """Stop what :meth:`start` started, in reverse order."""
+        if self._running is None:
+            return
+        self._running.close()
+        self._running = None
+        m = self.metrics
+        log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d)",
+                 self.settings.edge_id, self.aggregator.answered,
+                 m.frames.value(exit="local", degraded="false"),
+                 m.frames.value(exit="edge", degraded="false"),
+                 m.frames.value(exit="cloud", degraded="false"),
+                 m.frames.value(exit="edge", degraded="true"))
+
+    def __enter__(self) -> EdgeService:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def run_until(self, stop: threading.Event) -> None:
+        """Serve until ``stop`` is set, ``expect_frames`` results are out, or the broker refused
+        this edge's credentials for good (:attr:`refused`)."""
+        while not (stop.is_set() or self.aggregator.done.is_set() or self._refused.is_set()):
+            stop.wait(0.1)
+
+    @property
+    def refused(self) -> BrokerRefusedError | None:
+        """The broker's refusal of this edge's credentials or certificate, if it refused."""
+        return self.mqtt.refused if self.mqtt is not None else None
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every published result and request has been acknowledged."""
@@ -69,22 +225,3 @@ class EdgeService:
                 return True
             time.sleep(0.01)  # polling paho's queue: it has no completion event
         return False
-
-    def stop(self) -> None:
-        if self.mqtt:
-            agg, cfg = self.aggregator, self.aggregator.config
-            cloud = agg.cloud.timeout if agg.cloud is not None else 0.0
-            agg.drain(cfg.deadline + cfg.feature_deadline + cloud + 1.0)
-        self.flush(5.0)
-        if self.mqtt:
-            self.mqtt.stop()
-        self.aggregator.stop()
-        if self.http:
-            self.http.stop()
-        m = self.aggregator.metrics
-        log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d)",
-                 self.aggregator.config.edge_id, self.aggregator.answered,
-                 m.frames.value(exit="local", degraded="false"),
-                 m.frames.value(exit="edge", degraded="false"),
-                 m.frames.value(exit="cloud", degraded="false"),
-                 m.frames.value(exit="edge", degraded="true"))

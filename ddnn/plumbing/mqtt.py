@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ddnn.errors import ConfigError, DdnnError
+from ddnn.plumbing.options import Option
 
 log = logging.getLogger(__name__)
 
@@ -151,31 +152,24 @@ def tls_context(security: MqttSecurity) -> ssl.SSLContext:
     return ctx
 
 
-# Appended to the help of a secret option: "%(default).0s" prints the default as "", which also
-# stops ArgumentDefaultsHelpFormatter from showing a secret taken from the environment in --help.
-HIDE_DEFAULT = "%(default).0s"
+# The MQTT TLS and credential rows of the device's and the edge's options tables; the
+# settings classes have fields of these names and build :class:`MqttSecurity` from them.
+SECURITY_OPTIONS = (
+    Option("ca-file", str, "FILE",
+           "CA certificate (PEM) the broker's certificate must chain to (needs mqtts://)"),
+    Option("cert-file", str, "FILE", "client certificate (PEM) for brokers that require one"),
+    Option("key-file", str, "FILE", "private key (PEM) of --cert-file"),
+    Option("username", str, "NAME", "MQTT username (overrides the URL's)"),
+    Option("password", str, "TEXT", "MQTT password; prefer the environment variable (never "
+                                    "logged)", secret=True),
+)
 
 
-def add_security_options(parser, env: Callable[..., str | None]) -> None:
-    """The MQTT TLS and credential options of ``ddnn device`` and ``ddnn edge``.
-
-    ``env(name)`` reads the tier's variable (``DDNN_DEVICE_CA_FILE``, ...).
-    """
-    a = parser.add_argument
-    a("--ca-file", default=env("ca_file"),
-      help="CA certificate (PEM) the broker's certificate must chain to (needs mqtts://)")
-    a("--cert-file", default=env("cert_file"),
-      help="client certificate (PEM) for brokers that require one")
-    a("--key-file", default=env("key_file"), help="private key (PEM) of --cert-file")
-    a("--username", default=env("username"), help="MQTT username (overrides the URL's)")
-    a("--password", default=env("password"),
-      help="MQTT password; prefer the environment variable (never logged)" + HIDE_DEFAULT)
-
-
-def security_from(args) -> MqttSecurity:
-    """:class:`MqttSecurity` from the options :func:`add_security_options` added."""
-    return MqttSecurity(ca_file=args.ca_file, cert_file=args.cert_file, key_file=args.key_file,
-                        username=args.username, password=args.password)
+def security_of(settings) -> MqttSecurity:
+    """:class:`MqttSecurity` from settings that have the :data:`SECURITY_OPTIONS` fields."""
+    return MqttSecurity(ca_file=settings.ca_file, cert_file=settings.cert_file,
+                        key_file=settings.key_file, username=settings.username,
+                        password=settings.password)
 
 
 @dataclass
@@ -227,7 +221,6 @@ class MqttClient:
         self.refused: BrokerRefusedError | None = None
         self.connected = threading.Event()
         self.connects = 0  # successful connections, reconnections included
-        self.publish_failures = 0
         self._stopping = False
         persistent = self.options.persistent
         self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
@@ -369,13 +362,8 @@ class MqttClient:
         """Queue a message; paho sends it now or after the next reconnection (QoS ≥ 1)."""
         info = self._client.publish(topic, payload, qos, retain)
         if info.rc not in (self._paho.MQTT_ERR_SUCCESS, self._paho.MQTT_ERR_NO_CONN):
-            self.publish_failures += 1
             log.warning("publish to %s failed: %s", topic, self._paho.error_string(info.rc))
         return info
-
-    def set_on_publish(self, callback: Callable[[int], None]) -> None:
-        """Call ``callback(mid)`` when the broker acknowledged a message."""
-        self._client.on_publish = lambda client, userdata, mid, rc, props: callback(mid)
 
     def pending(self) -> int:
         """Messages paho still holds (sent but unacknowledged, or queued)."""

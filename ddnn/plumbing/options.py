@@ -92,7 +92,9 @@ def add_options(parser: argparse.ArgumentParser, options: Iterable[Option], sett
     for o in options:
         target = parser
         if o.group:
-            target = groups.setdefault(o.group, parser.add_mutually_exclusive_group())
+            if o.group not in groups:  # one argparse group per name (not one per row)
+                groups[o.group] = parser.add_mutually_exclusive_group()
+            target = groups[o.group]
         default = "hidden" if o.secret else _shown(_default(settings_cls, o))
         need = "required; " if _required(settings_cls, o) else ""
         # %% because argparse formats help strings with %.
@@ -108,10 +110,15 @@ def settings_from(args: argparse.Namespace | None, options: Iterable[Option], se
     ``fixed`` values (from code, e.g. tests) win over both.
     """
     environ = os.environ if environ is None else environ
+    options = tuple(options)
+    given = {o.field: getattr(args, o.field, None) if args is not None else None for o in options}
+    # A flag of a mutually exclusive group overrides the variables of the whole group.
+    flagged = {o.group for o in options if o.group and given[o.field] is not None}
     values: dict[str, Any] = {}
     for o in options:
-        raw = getattr(args, o.field, None) if args is not None else None
-        source = f"--{o.name}"
+        raw, source = given[o.field], f"--{o.name}"
+        if raw is None and o.group in flagged:
+            continue
         if raw is None:
             raw, source = environ.get(o.env(prefix)), o.env(prefix)
         if raw is None:

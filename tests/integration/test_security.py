@@ -25,7 +25,6 @@ import pytest
 from ddnn.bundle import load_bundle
 from ddnn.errors import BundleError, ConfigError, DdnnError
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions, MqttSecurity
-from ddnn.runtime import BundleRuntime
 from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.tools.broker import free_port, mosquitto_path, wait_for_port
 from ddnn.topics import Topics, default_device_ids
@@ -302,48 +301,41 @@ def test_tls_files_need_an_mqtts_url(pki):
 
 def test_hierarchy_runs_under_tls_passwords_and_the_acl(broker, pki, tiny_bundle, tiny_data):
     """The generated ACL lets the real device agents and edge do their whole job (pull mode)."""
-    from ddnn.device.agent import DeviceAgent, DeviceConfig
-    from ddnn.device.buffer import Outbox
+    from dataclasses import asdict
+
     from ddnn.device.service import DeviceService
-    from ddnn.device.sources import NpzReplay
-    from ddnn.device.transport import MqttTransport
-    from ddnn.edge.aggregator import EdgeAggregator, EdgeConfig
+    from ddnn.device.settings import DeviceSettings
     from ddnn.edge.service import EdgeService
+    from ddnn.edge.settings import EdgeSettings
 
     frames = 12
     b = load_bundle(tiny_bundle)
     ids = default_device_ids(b.manifest.views)
-    agg = EdgeAggregator(BundleRuntime(b, threads=1),
-                         EdgeConfig(devices=ids, deployment=DEPLOYMENT, deadline=2.0,
-                                    feature_deadline=2.0, local_threshold=0.0,
-                                    edge_threshold=1.0, expect_frames=frames), TOPICS)
-    edge = EdgeService(agg, broker.url, MqttOptions(keepalive=5, reconnect_max=1,
-                                                    security=pki.security("edge0"))).start()
+    edge = EdgeService.from_settings(EdgeSettings(
+        bundle=tiny_bundle, broker=broker.url, **asdict(pki.security("edge0")),
+        deployment=DEPLOYMENT, deadline_ms=2000.0, feature_deadline_ms=2000.0,
+        local_threshold=0.0, edge_threshold=1.0, expect_frames=frames, keepalive=5,
+        reconnect_max=1)).start()
+    agg = edge.aggregator
     services = []
+    stack = contextlib.ExitStack()
     try:
         assert edge.mqtt.wait_connected(10)
         for view, cid in enumerate(ids):
-            cfg = DeviceConfig(view=view, device_id=cid, deployment=DEPLOYMENT, grace=0.5,
-                               drain_timeout=30, peers=ids, wait_peers=20)
-            outbox = Outbox(1000)
-            agent = DeviceAgent(BundleRuntime(b, threads=1), cfg, outbox)
-            transport = MqttTransport(broker.url, TOPICS, cid, "edge0",
-                                      MqttOptions(keepalive=5, reconnect_max=1,
-                                                  security=pki.security(cid)),
-                                      {"device": cid, "mode": "pull"}, agent.handle_request)
-            services.append(DeviceService(agent, outbox, transport).start())
-        sources = [NpzReplay(tiny_data.test, v, b.manifest.num_classes, frames)
-                   for v in range(len(ids))]
-        threads = [threading.Thread(target=s.run, args=(src,))
-                   for s, src in zip(services, sources, strict=True)]
+            settings = DeviceSettings(
+                bundle=tiny_bundle, view=view, device_id=cid, deployment=DEPLOYMENT,
+                broker=broker.url, **asdict(pki.security(cid)), data=tiny_data.test,
+                limit=frames, fps=0, buffer=1000, grace=0.5, drain_timeout=30,
+                peers=tuple(ids), wait_peers=20, keepalive=5, reconnect_max=1)
+            services.append(stack.enter_context(DeviceService.from_settings(settings)))
+        threads = [threading.Thread(target=s.run) for s in services]
         for t in threads:
             t.start()
         assert agg.done.wait(60), f"{agg.answered} of {frames} frames answered"
         for t in threads:
             t.join(60)
     finally:
-        for s in services:
-            s.stop()
+        stack.close()
         edge.stop()
     exits = {r["exit"] for r in agg.results}
     assert agg.answered == frames and "edge" in exits  # features were pulled through the ACL
@@ -405,13 +397,11 @@ def test_edge_reaches_the_cloud_over_tls_with_its_token(cloud_server, tiny_bundl
 
 
 def test_edge_http_ingest_needs_its_token(tiny_bundle, caplog):
-    from ddnn.edge.aggregator import EdgeAggregator, EdgeConfig
     from ddnn.edge.service import EdgeService
+    from ddnn.edge.settings import EdgeSettings
 
-    b = load_bundle(tiny_bundle)
-    agg = EdgeAggregator(BundleRuntime(b, threads=1),
-                         EdgeConfig(devices=default_device_ids(b.manifest.views)), Topics())
-    edge = EdgeService(agg, None, http_port=0, http_token="t0ken").start()
+    edge = EdgeService.from_settings(EdgeSettings(bundle=tiny_bundle, http_port=0,
+                                                  http_token="t0ken")).start()
     try:
         url = edge.http.url + "/v1/ingest"
         with caplog.at_level(logging.WARNING, logger="ddnn.edge.http"):

@@ -45,7 +45,7 @@ def _png(img: np.ndarray) -> bytes:
             + chunk(b"IDAT", zlib.compress(b"".join(rows))) + chunk(b"IEND", b""))
 
 
-def test_png_and_ppm_are_read_without_pillow(tmp_path):
+def test_png_and_ppm_are_read(tmp_path):
     img = np.random.default_rng(0).integers(0, 256, (5, 7, 3), dtype=np.uint8)
     (tmp_path / "a.png").write_bytes(_png(img))
     (tmp_path / "b.ppm").write_bytes(b"P6\n# comment\n7 5\n255\n" + img.tobytes())

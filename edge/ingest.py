@@ -1,0 +1,179 @@
+"""Device messages in: decoded, checked, and fed to the :class:`~edge.assembler.FrameAssembler`.
+
+A message is taken only when everything about it is right: its size, its envelope, its
+deployment, its model version (the running one, the one before an over-the-air update, or one
+announced for it: devices switch one after another), its device (one of this edge's, and the
+one whose topic carried it), its codec and its shape. Anything else is dropped with a reason,
+which the ``on_drop`` hook counts; each reason is logged once. Status messages keep the
+assembler's view of which devices are alive and which push their features.
+
+A frame the assembler declares ready goes to ``on_ready``; the aggregator's worker takes it on.
+Runs on the MQTT thread and on the HTTP handlers' threads.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from ddnn import envelope as env
+from ddnn.bundle import Manifest
+from ddnn.edge.assembler import Drop, Frame, FrameAssembler
+from ddnn.envelope import DecodeError, MessageType
+from ddnn.plumbing.mqtt import status_info
+from ddnn.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def _ignore(*args) -> None:
+    pass
+
+
+class Ingest:
+    """Takes device messages for one deployment's devices (``devices[i]`` runs view ``i``)."""
+
+    def __init__(self, assembler: FrameAssembler, topics: Topics, devices: Sequence[str],
+                 manifest: Manifest, *, on_ready: Callable[[Frame], None],
+                 on_received: Callable[[str, int, int], None] = _ignore,
+                 on_drop: Callable[[str], None] = _ignore,
+                 on_status: Callable[[str, bool], None] = _ignore):
+        self.assembler, self.topics = assembler, topics
+        self.devices = list(devices)
+        self.views = {d: i for i, d in enumerate(self.devices)}
+        self._on_ready = on_ready
+        self._on_received = on_received  # (kind, payload bytes, header bytes) of a taken message
+        self._on_drop = on_drop  # (reason) of a dropped message
+        self._on_status = on_status  # (device, online) of a status change
+        self._logged: set[str] = set()  # drop reasons already logged once
+        self._previous: tuple[str, str] | None = None  # the version before the last update
+        self._announced: tuple[str, str] | None = None  # a version announced for an update
+        self.draining = False  # stopping: frames under way finish, new ones are declined
+        self.declined = 0  # messages of new frames declined while draining
+        self.manifest = manifest
+        # Updates keep the codecs and wire shapes (ddnn.plumbing.ota.compatible).
+        self._scores_shape = (1, manifest.num_classes)
+        self._feature_shape = (1, *manifest.devices[0].output("features").sample_shape)
+
+    def serve(self, manifest: Manifest) -> None:
+        """Take messages of ``manifest``'s version (an update), still those of the one before."""
+        self._previous = (self.manifest.name, self.manifest.version)
+        self.manifest = manifest
+
+    def announce(self, version: tuple[str, str] | None) -> None:
+        """Also take messages of this ``(name, version)``, announced for an update (None: no
+        longer: the update was refused)."""
+        self._announced = version
+
+    def decline_new_frames(self) -> None:
+        """From now on, decline messages of frames not under way (for the next edge)."""
+        self.draining = True
+
+    # --- MQTT -----------------------------------------------------------------------------------
+
+    def on_message(self, topic: str, payload: bytes) -> bool | None:
+        """One MQTT message; False declines it (while draining: a frame for the next edge)."""
+        parsed = self.topics.parse_device(topic)
+        if parsed is None:
+            self._drop("topic", f"message on unexpected topic {topic!r}")
+            return None
+        device, kind = parsed
+        if kind == "status":
+            self.on_status(device, payload)
+        elif self.draining and not self._handled_here(payload):
+            self.declined += 1
+            return False
+        else:
+            self.accept(payload, device)
+        return None
+
+    def _handled_here(self, payload: bytes) -> bool:
+        try:
+            frame = env.decode(payload).frame
+        except DecodeError:
+            return True  # dropped and counted here like any malformed message
+        return self.assembler.knows(frame)
+
+    def on_status(self, device: str, payload: bytes) -> None:
+        """A device's retained status: online (with its mode) or offline (its last will)."""
+        view = self.views.get(device)
+        info = status_info(payload)
+        state = info.get("state")
+        if view is None or state not in ("online", "offline"):
+            return  # other deployments' or tools' devices, or an empty retained message
+        self.assembler.set_online(view, state == "online")
+        if state == "online" and "mode" in info:  # a pushing device is never asked for features
+            self.assembler.set_pushing(view, info["mode"] == "push")
+        log.info("device %s (view %d) is %s", device, view, state)
+        self._on_status(device, state == "online")
+
+    # --- envelopes (MQTT and HTTP) -------------------------------------------------------------
+
+    def accept(self, payload: bytes, device: str | None = None) -> str | None:
+        """Take one device message; returns the drop reason, or ``None`` when taken.
+
+        ``device``: the device whose topic carried it (None over HTTP).
+        """
+        try:
+            frame = self._take(payload, device)
+        except Drop as d:
+            self._drop(d.reason, str(d))
+            return d.reason
+        if frame is not None:
+            self._on_ready(frame)
+        return None
+
+    def _take(self, payload: bytes, device: str | None) -> Frame | None:
+        e = self._decode(payload, device)
+        view = self.views[e.device]
+        kind = e.kind.name.lower()
+        self._on_received(kind, len(e.payload), len(payload) - len(e.payload))
+        m, a, now = self.manifest, self.assembler, time.monotonic()
+        if e.kind == MessageType.SCORES and not a.single_view:
+            x = self._tensor(e, m.codec["scores"], self._scores_shape)
+            return a.add_scores(view, e.frame, x[0], e.timestamp, now)
+        if e.kind == MessageType.ABSENT:
+            return a.add_scores(view, e.frame, None, e.timestamp, now)
+        if e.kind == MessageType.FEATURES:
+            x = self._tensor(e, m.codec["device_features"], self._feature_shape)
+            return a.add_features(view, e.frame, x, e.timestamp, now)
+        raise Drop("malformed", f"a device cannot send {kind} messages")
+
+    def _decode(self, payload: bytes, device: str | None) -> env.Envelope:
+        """The envelope of a message of this deployment, model and devices, else a Drop."""
+        if len(payload) > env.MAX_MESSAGE:
+            raise Drop("oversized", f"message of {len(payload)} bytes")
+        try:
+            e = env.decode(payload)
+        except DecodeError as err:
+            raise Drop("malformed", str(err)) from None
+        m = self.manifest
+        if device is not None and e.device != device:
+            raise Drop("malformed", f"device {e.device!r} publishing on {device!r}'s topic")
+        if e.deployment != self.topics.deployment:
+            raise Drop("deployment", f"message for deployment {e.deployment!r}")
+        if (e.model, e.version) not in ((m.name, m.version), self._previous, self._announced):
+            raise Drop("model", f"message for model {e.model}:{e.version}, serving "
+                                f"{m.name}:{m.version}")
+        if e.device not in self.views:
+            raise Drop("unknown_device", f"device {e.device!r} is not one of {self.devices}")
+        return e
+
+    def _tensor(self, e: env.Envelope, codec: str, shape: tuple[int, ...]) -> np.ndarray:
+        if e.codec != codec or e.shape != shape:
+            raise Drop("shape", f"{e.kind.name.lower()} of {e.device} is {e.codec} {e.shape}, "
+                                f"expected {codec} {shape}")
+        try:
+            return e.tensor()
+        except DecodeError as err:
+            raise Drop("malformed", str(err)) from None
+
+    def _drop(self, reason: str, detail: str) -> None:
+        self._on_drop(reason)
+        # One line per kind, the counters say the rest; push mode's extra features are normal.
+        if reason not in self._logged and reason != "unneeded":
+            self._logged.add(reason)
+            log.warning("dropped a message (%s): %s; further ones are only counted", reason, detail)

@@ -1,0 +1,151 @@
+"""The edge aggregator's settings: one typed, frozen object from flags or ``DDNN_EDGE_*``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ddnn.errors import ConfigError
+from ddnn.exits import check_threshold
+from ddnn.names import check_name
+from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl
+from ddnn.plumbing.options import Option, describe, id_list, path
+
+ENV_PREFIX = "DDNN_EDGE_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class EdgeSettings:
+    """Everything ``ddnn edge`` can be told; every field is a flag and an environment variable.
+
+    Checks that need the bundle (one device id per view) are made when the service is built.
+    """
+
+    bundle: Path  # the bundle directory (from ddnn train); required
+    broker: str | None = None  # MQTT broker URL; None: devices post over HTTP only
+    # MQTT TLS and credentials (ddnn.plumbing.mqtt.SECURITY_OPTIONS)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    username: str | None = None
+    password: str | None = None
+    bundle_key: Path | None = None  # Ed25519 public key (PEM): refuse bundles it did not sign
+    cloud: str | None = None  # cloud base URL; None: frames past the edge exit are degraded
+    cloud_token: str | None = None
+    cloud_ca_file: str | None = None  # CA of the cloud's HTTPS certificate; None: system CAs
+    cloud_timeout: float = 2.0  # seconds before a cloud call counts as failed
+    cloud_batch: int = 32  # frames per cloud call at most
+    deployment: str = "default"
+    edge_id: str = "edge0"
+    topic_prefix: str = "ddnn"
+    devices: tuple[str, ...] = ()  # device ids in view order; empty: cam0 .. cam{V-1}
+    deadline_ms: float = 200.0  # a frame waits this long for its views' scores
+    feature_deadline_ms: float = 500.0  # and this long for pulled features
+    suspect_after: int = 3  # missed deadlines in a row before a silent device is not waited for
+    local_threshold: float | None = None  # overrides of the bundle's exit thresholds
+    edge_threshold: float | None = None
+    http_host: str = "127.0.0.1"  # loopback by default: exposing the edge is a deliberate choice
+    http_port: int | None = None  # None: no HTTP server
+    http_token: str | None = None  # bearer token of the POST routes
+    results_out: Path | None = None  # also append every result to this JSON-lines file
+    results_url: str | None = None  # also POST every result to this URL (edge.callback)
+    results_token: str | None = None
+    expect_frames: int | None = None  # stop after this many results (replays, tests, demos)
+    keepalive: int = 10  # MQTT keepalive seconds
+    reconnect_max: int = 30  # cap of the reconnection backoff, seconds
+    threads: int = 1  # ONNX Runtime threads
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(self.devices))
+        if not self.broker and self.http_port is None:
+            raise ConfigError("give --broker, or --http-port for devices posting over HTTP")
+        if self.broker:
+            BrokerUrl.parse(self.broker)
+        check_name("deployment", self.deployment)
+        check_name("edge id", self.edge_id)
+        for part in self.topic_prefix.split("/"):
+            check_name("topic prefix", part)
+        for d in self.devices:
+            check_name("device id", d)
+        if len(set(self.devices)) != len(self.devices):
+            raise ConfigError(f"--devices names a device twice: {','.join(self.devices)}")
+        for name in ("cloud_timeout", "deadline_ms", "feature_deadline_ms"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("cloud_batch", "suspect_after", "keepalive", "reconnect_max", "threads"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.expect_frames is not None and self.expect_frames < 1:
+            raise ConfigError(f"expect_frames must be at least 1, got {self.expect_frames}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http_port must be in 0..65535, got {self.http_port}")
+        for tier in ("local", "edge"):
+            if getattr(self, f"{tier}_threshold") is not None:
+                check_threshold(tier, getattr(self, f"{tier}_threshold"))
+        for name in ("cloud_token", "http_token", "results_token"):
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                raise ConfigError(f"{name} must not be empty")
+
+    @property
+    def deadline(self) -> float:
+        """Seconds a frame waits for its views' scores."""
+        return self.deadline_ms / 1000
+
+    @property
+    def feature_deadline(self) -> float:
+        """Seconds a frame waits for pulled features."""
+        return self.feature_deadline_ms / 1000
+
+    def describe(self) -> dict:
+        """The resolved settings for the start-up log, secrets masked (the broker URL's too)."""
+        out = describe(self, OPTIONS)
+        if self.broker:
+            out["broker"] = str(BrokerUrl.parse(self.broker))  # never prints a password
+        return out
+
+
+# The options table: one row per field above (its default is the field's default).
+OPTIONS = (
+    Option("bundle", path, "DIR", "bundle directory (from ddnn train)"),
+    Option("broker", str, "URL", "MQTT broker URL mqtt://[user:pass@]host:port (mqtts:// for "
+                                 "TLS); without it only HTTP ingest is served"),
+    *SECURITY_OPTIONS,
+    Option("bundle-key", path, "PUBKEY",
+           "Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it"),
+    Option("cloud", str, "URL", "cloud service base URL, http://host:port; without it frames "
+                                "past the edge exit are answered by the edge, degraded"),
+    Option("cloud-token", str, "TOKEN", "bearer token for the cloud", secret=True),
+    Option("cloud-ca-file", str, "FILE", "CA certificate (PEM) the cloud's HTTPS certificate "
+                                         "must chain to (default: the system's CAs)"),
+    Option("cloud-timeout", float, "SECONDS",
+           "seconds to wait for a cloud answer before answering degraded"),
+    Option("cloud-batch", int, "N",
+           "frames per cloud call at most (frames waiting together are batched)"),
+    Option("deployment", str, "NAME", "deployment name (topic level)"),
+    Option("edge-id", str, "ID", "this edge's id (its requests topic)"),
+    Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
+    Option("devices", id_list, "IDS",
+           "comma-separated device ids in view order (unset: cam0,cam1,...)"),
+    Option("deadline-ms", float, "MS",
+           "how long a frame waits for the other views' scores after its first one"),
+    Option("feature-deadline-ms", float, "MS", "how long a frame waits for pulled features"),
+    Option("suspect-after", int, "N",
+           "deadlines a silent device may miss in a row before frames stop waiting for it"),
+    Option("local-threshold", float, "T", "override the bundle's local exit threshold (0..1)"),
+    Option("edge-threshold", float, "T", "override the bundle's edge exit threshold (0..1)"),
+    Option("http-host", str, "ADDR", "address of the HTTP server"),
+    Option("http-port", int, "PORT",
+           "port of the HTTP server (/metrics, /healthz, /v1/ingest); unset: no HTTP server"),
+    Option("http-token", str, "TOKEN", "bearer token required by POST routes", secret=True),
+    Option("results-out", path, "FILE", "also append every result to this JSON-lines file"),
+    Option("results-url", str, "URL",
+           "also POST every result as JSON to this http(s) URL (an application's web hook); "
+           "results wait in a bounded queue while it is unreachable"),
+    Option("results-token", str, "TOKEN", "bearer token sent to --results-url", secret=True),
+    Option("expect-frames", int, "N",
+           "exit after answering this many frames (replays, tests, demos)"),
+    Option("keepalive", int, "SECONDS", "MQTT keepalive seconds"),
+    Option("reconnect-max", int, "SECONDS",
+           "longest wait in seconds between reconnection attempts (exponential backoff)"),
+    Option("threads", int, "N", "ONNX Runtime threads"),
+)

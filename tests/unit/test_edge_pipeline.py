@@ -1,0 +1,130 @@
+"""The edge's exit pipeline on its own: frames in, decisions out; no broker, no threads."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddnn.bundle import load_bundle
+from ddnn.dataset import load_dataset
+from ddnn.edge.pipeline import Exit, ExitPipeline, Pull, ToCloud
+from ddnn.exits import ExitPolicy, entropy_of_logits
+from ddnn.runtime import BundleRuntime, transmit
+
+
+@pytest.fixture(scope="module")
+def runtime(tiny_bundle) -> BundleRuntime:
+    return BundleRuntime(load_bundle(tiny_bundle), threads=1)
+
+
+@pytest.fixture(scope="module")
+def wire(runtime, tiny_data):
+    """Per sample and view, the device's scores (C,) and features (1, ...) as the edge receives
+    them, and every exit ``ddnn evaluate`` computes for the same samples."""
+    ds = load_dataset(tiny_data.test)
+    X, present = ds.X[:24], ds.present[:24]
+    scores, features = {}, {}
+    for v in range(X.shape[1]):
+        s, f = runtime.device(v, X[:, v])
+        s, f = transmit(s, runtime.scores_codec), transmit(f, runtime.device_codec)
+        for i in np.flatnonzero(present[:, v]):
+            scores[i, v], features[i, v] = s[i], f[i : i + 1]
+    return scores, features, present, runtime.all_exits(X, present)
+
+
+def frame(wire, i):
+    """Sample ``i``'s present views: their scores and their features."""
+    scores, features, present, _ = wire
+    views = np.flatnonzero(present[i])
+    return {v: scores[i, v] for v in views}, {v: features[i, v] for v in views}
+
+
+def pipeline(runtime, local: float, edge: float, on_segment=None) -> ExitPipeline:
+    return ExitPipeline(runtime, ExitPolicy({"local": local, "edge": edge}),
+                        on_segment=on_segment)
+
+
+def test_a_confident_frame_exits_at_the_local_exit(runtime, wire):
+    timings = []
+    p = pipeline(runtime, 1.0, 0.0, on_segment=lambda step, s: timings.append(step))
+    for i in range(24):
+        scores, _ = frame(wire, i)
+        decision = p.local(scores)
+        assert isinstance(decision, Exit) and decision.tier == "local"
+        expected = wire[3]["local"][i]
+        np.testing.assert_allclose(decision.scores, expected, rtol=1e-6)
+        assert decision.entropy == pytest.approx(float(entropy_of_logits(expected[None])[0]))
+        assert decision.views == tuple(sorted(scores))
+    assert timings == ["local"] * 24  # reported through the hook, once per run
+
+
+def test_an_unconfident_frame_pulls_the_present_views_that_do_not_push(runtime, wire):
+    p = pipeline(runtime, 0.0, 0.0)  # threshold 0: nothing is confident enough
+    _, _, present, _ = wire
+    i = next(i for i in range(24) if present[i].sum() >= 2 and not present[i].all())
+    scores, _ = frame(wire, i)
+    views = tuple(sorted(scores))
+    decision = p.local(scores)
+    assert isinstance(decision, Pull)
+    assert decision.views == views and decision.ask == views  # never an absent view
+    pushing, arrived = {views[0]}, {views[-1]}
+    decision = p.local(scores, pushing=pushing, arrived=arrived)
+    assert decision.views == views
+    assert decision.ask == tuple(v for v in views if v not in pushing | arrived)
+
+
+def test_thresholds_decide_where_a_frame_exits(runtime, wire):
+    scores, features = frame(wire, 0)
+    eta = pipeline(runtime, 1.0, 1.0).local(scores).entropy
+    assert isinstance(pipeline(runtime, np.nextafter(eta, 1), 0.0).local(scores), Exit)
+    assert isinstance(pipeline(runtime, eta, 0.0).local(scores), Pull)  # exits where η < T
+    edge_eta = pipeline(runtime, 0.0, 1.0).edge(features).entropy
+    assert isinstance(pipeline(runtime, 0.0, np.nextafter(edge_eta, 1)).edge(features), Exit)
+    assert isinstance(pipeline(runtime, 0.0, edge_eta).edge(features), ToCloud)
+
+
+def test_a_confident_frame_exits_at_the_edge_with_its_features(runtime, wire):
+    p = pipeline(runtime, 0.0, 1.0)
+    for i in range(24):
+        scores, features = frame(wire, i)
+        assert isinstance(p.local(scores), Pull)
+        decision = p.edge(features)
+        assert isinstance(decision, Exit) and decision.tier == "edge"
+        np.testing.assert_allclose(decision.scores, wire[3]["edge"][i], rtol=1e-5, atol=1e-6)
+        assert decision.views == tuple(sorted(features))
+
+
+def test_a_frame_for_the_cloud_carries_its_edge_features_as_transmitted(runtime, wire):
+    p = pipeline(runtime, 0.0, 0.0)
+    sent = []
+    for i in range(24):
+        _, features = frame(wire, i)
+        decision = p.edge(features)
+        assert isinstance(decision, ToCloud)
+        assert decision.version == runtime.manifest.version
+        assert decision.fallback.tier == "edge"  # the answer when the cloud cannot give one
+        np.testing.assert_allclose(decision.fallback.scores, wire[3]["edge"][i], rtol=1e-5,
+                                   atol=1e-6)
+        sent.append(decision)
+    # What the cloud receives is the edge codec's output: the offline cloud exit follows.
+    cloud = runtime.cloud(np.concatenate([d.features for d in sent]))
+    np.testing.assert_allclose(cloud, wire[3]["cloud"][:24], rtol=1e-5, atol=1e-5)
+    answers = ExitPipeline.cloud(cloud, sent)
+    assert [a.tier for a in answers] == ["cloud"] * 24
+    assert [a.views for a in answers] == [d.fallback.views for d in sent]
+
+
+def test_a_frame_with_missing_features_fuses_only_those_that_arrived(runtime, wire):
+    _, _, present, _ = wire
+    i = next(i for i in range(24) if present[i].sum() >= 2)
+    _, features = frame(wire, i)
+    arrived = dict(list(features.items())[:-1])  # the last view's features never came
+    p = pipeline(runtime, 0.0, 1.0)
+    decision = p.edge(arrived)
+    assert decision.views == tuple(sorted(arrived))
+    mask = np.zeros((1, runtime.manifest.views), bool)
+    x = np.zeros((1, runtime.manifest.views, *features[min(features)].shape[1:]), np.float32)
+    for v, f in arrived.items():
+        mask[0, v], x[0, v] = True, f[0]
+    expected, _ = runtime.edge(x, mask)
+    np.testing.assert_allclose(decision.scores, expected[0], rtol=1e-6)
