@@ -16,6 +16,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from ddnn import __version__
@@ -78,11 +79,14 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise PayloadTooLargeError(f"request body of {declared} bytes exceeds the limit of "
                                        f"{limit} bytes")
     chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total > limit:
-            raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-        chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            total += len(chunk)
+            if total > limit:
+                raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
+            chunks.append(chunk)
+    except ClientDisconnect:  # gone, or closed by the body timeout (ddnn.cloud.protocol)
+        raise OipError("the client disconnected before the end of its body") from None
     body = b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):

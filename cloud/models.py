@@ -19,7 +19,7 @@ import numpy as np
 
 from ddnn.errors import CodecError
 from ddnn.exits import entropy_of_logits
-from ddnn.oip import DATATYPES, InferRequest, OipError
+from ddnn.oip import DATATYPES, InferRequest, OipError, json_array_limit
 from ddnn.runtime import BundleRuntime
 
 PLATFORM = "onnxruntime_onnx"
@@ -58,6 +58,11 @@ class ServedModel:
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
+
+    def json_arrays(self, json_bytes: int) -> int:
+        """The most ``[`` a JSON request body of ``json_bytes`` bytes may hold for this model's
+        inputs (checked before the body is parsed: :func:`ddnn.oip.json_array_limit`)."""
+        return json_array_limit([(t.datatype, t.shape[1:]) for t in self.inputs], json_bytes)
 
     def metadata(self, versions: list[str]) -> dict:
         return {

@@ -14,13 +14,15 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
+import stat
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddnn.bundle import MANIFEST, load_bundle, read_manifest
 from ddnn.cloud.models import MODEL_KINDS, ServedModel
-from ddnn.errors import DdnnError
+from ddnn.errors import BundleError, DdnnError
 from ddnn.oip import ModelNotFoundError
 from ddnn.runtime import BundleRuntime
 from ddnn.signing import SIGNATURE
@@ -28,6 +30,8 @@ from ddnn.signing import SIGNATURE
 log = logging.getLogger(__name__)
 
 Signature = tuple[tuple[str, int, int], ...]
+# What identifies one file as it was verified: device, inode, size, modification time.
+Identity = tuple[int, int, int, int]
 
 
 def version_order(a: str, b: str) -> int:
@@ -37,6 +41,23 @@ def version_order(a: str, b: str) -> int:
 
 
 latest_key = functools.cmp_to_key(version_order)
+
+
+def identity(st: os.stat_result) -> Identity | None:
+    """A regular file's identity; None for anything else (a symlink, a directory, a FIFO)."""
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _identities(path: Path, names) -> dict[str, Identity | None]:
+    out = {}
+    for name in names:
+        try:
+            out[name] = identity(os.lstat(path / name))
+        except OSError:
+            out[name] = None
+    return out
 
 
 def signature(path: Path) -> Signature:
@@ -60,6 +81,9 @@ class LoadedBundle:
     signature: Signature
     runtime: BundleRuntime
     models: list[ServedModel] = field(default_factory=list)
+    # Each segment file of the verified manifest that may be handed out (over-the-air
+    # downloads): a regular file, not a symlink, as it was when its checksum was verified.
+    files: dict[str, Identity] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, str]:
@@ -128,9 +152,14 @@ class ModelRepository:
 
     def bundle_path(self, name: str, version: str) -> Path | None:
         """The directory of the served bundle ``name`` at ``version`` (for downloads)."""
+        entry = self.served_bundle(name, version)
+        return entry.path if entry else None
+
+    def served_bundle(self, name: str, version: str) -> LoadedBundle | None:
+        """The verified, loaded bundle ``name`` at ``version``, if it is serving."""
         for entry in self._bundles.values():
             if entry.key == (name, version):
-                return entry.path
+                return entry
         return None
 
     def failures(self) -> list[Failure]:
@@ -162,11 +191,21 @@ class ModelRepository:
                 return {p: b.signature for p, b in self._bundles.items()}  # keep serving
         return {p: signature(p) for p in dirs}
 
-    def _load(self, path: Path) -> BundleRuntime:
-        runtime = BundleRuntime(load_bundle(path, public_key=self.public_key),
-                                threads=self.ort_threads)
+    def _load(self, path: Path) -> tuple[BundleRuntime, dict[str, Identity]]:
+        try:
+            before = _identities(path, [f.name for f in path.iterdir()])
+        except OSError as e:
+            raise BundleError(f"{path}: cannot list the bundle directory ({e})") from None
+        bundle = load_bundle(path, public_key=self.public_key)
+        names = {seg.file for seg in bundle.manifest.segments().values()}
+        after = _identities(path, names)
+        if any(before.get(n) != after[n] for n in names):
+            raise BundleError(f"{path}: files changed while the bundle was verified; it is "
+                              "loaded again when they settle")
+        runtime = BundleRuntime(bundle, threads=self.ort_threads)
         runtime.load_all()  # every session now, so a bad graph fails here and not on a request
-        return runtime
+        # Segment files that are symlinks or not regular files are served, never handed out.
+        return runtime, {n: i for n, i in after.items() if i is not None}
 
     async def poll(self) -> bool:
         """Bring the served set in line with the directory; True when anything changed."""
@@ -188,13 +227,13 @@ class ModelRepository:
 
     async def _try_load(self, path: Path, sig: Signature) -> bool:
         try:
-            runtime = await asyncio.to_thread(self._load, path)
+            runtime, files = await asyncio.to_thread(self._load, path)
         except DdnnError as e:
             return self._fail(path, sig, str(e))
         except Exception as e:  # an unexpected loader bug must not stop the repository
             log.exception("unexpected error loading bundle %s", path)
             return self._fail(path, sig, f"{type(e).__name__}: {e}")
-        entry = LoadedBundle(path, sig, runtime)
+        entry = LoadedBundle(path, sig, runtime, files=files)
         clash = next((b for p, b in self._bundles.items()
                       if p != path and b.key == entry.key), None)
         if clash is not None:

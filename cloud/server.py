@@ -11,23 +11,40 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from ddnn.cloud.protocol import ConnectionLimits, guarded_protocol, httptools_available
 from ddnn.cloud.settings import CloudSettings
 from ddnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
 
+def http_options(settings: CloudSettings) -> dict:
+    """The HTTP protocol and its bounds: httptools under :mod:`ddnn.cloud.protocol`'s guard
+    (head size, header and body read times), or h11 with its head bound when httptools is
+    not installed."""
+    if httptools_available():
+        limits = ConnectionLimits(settings.max_header_bytes, settings.header_timeout,
+                                  settings.body_timeout)
+        return {"http": guarded_protocol(limits)}
+    log.warning("httptools is not installed: serving with h11, whose head size is bounded but "
+                "whose header and body read times are not")
+    return {"http": "h11", "h11_max_incomplete_event_size": settings.max_header_bytes}
+
+
 def uvicorn_config(settings: CloudSettings, **overrides):
-    """The uvicorn configuration for ``settings`` (TLS, access log, no websockets)."""
+    """The uvicorn configuration for ``settings`` (TLS, access log, no websockets, bounded
+    request heads and read times)."""
     import uvicorn
 
     from ddnn.cloud.app import create_app
 
+    options = {**http_options(settings), **overrides}
     return uvicorn.Config(
         create_app(settings),
         host=settings.host,
         port=settings.port,
         ws="none",  # the protocol needs no websockets; skipping them skips their imports
+        timeout_keep_alive=settings.keep_alive_timeout,  # type: ignore[arg-type]
         lifespan="on",
         access_log=settings.access_log,
         log_config=None,  # keep the process's logging setup (ddnn's format and level)
@@ -36,7 +53,7 @@ def uvicorn_config(settings: CloudSettings, **overrides):
         ssl_keyfile_password=settings.ssl_keyfile_password,
         ssl_ca_certs=str(settings.ssl_ca_certs) if settings.ssl_ca_certs else None,
         timeout_graceful_shutdown=10,
-        **overrides,
+        **options,
     )
 
 

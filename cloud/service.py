@@ -120,10 +120,14 @@ class CloudService:
             model = self.repository.get(name, version)
             batcher = self._batchers[model]
             with batcher.expecting():
+                # A JSON body holding more arrays than this model's tensors can need is
+                # refused by a count of its bytes, before json.loads builds them.
+                limit = model.json_arrays
                 if len(body) > _PARSE_OFF_LOOP:
-                    request = await asyncio.to_thread(decode_request, body, headers)
+                    request = await asyncio.to_thread(decode_request, body, headers,
+                                                      max_json_arrays=limit)
                 else:
-                    request = decode_request(body, headers)
+                    request = decode_request(body, headers, max_json_arrays=limit)
                 inputs, size = model.decode(request)
             outputs = await batcher.submit(inputs, size)
             answer = encode_response(model.name, model.version, model.encode(request, outputs),

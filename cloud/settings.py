@@ -29,6 +29,10 @@ class CloudSettings:
     ort_threads: int | None = 1
     poll_interval: float = 2.0  # seconds between repository scans; 0 turns hot reload off
     max_body_bytes: int = 32 << 20  # larger request bodies get 413 before they are read
+    max_header_bytes: int = 64 << 10  # request line + headers; larger: 431, connection closed
+    header_timeout: float = 10.0  # seconds a client may take to send its request line and headers
+    body_timeout: float = 60.0  # seconds from the end of the headers to the end of the body
+    keep_alive_timeout: float = 5.0  # an idle keep-alive connection is closed after this
     token: str | None = None  # require "Authorization: Bearer TOKEN" (health checks exempt)
     ssl_certfile: Path | None = None  # TLS certificate (PEM); with ssl_keyfile turns on HTTPS
     ssl_keyfile: Path | None = None
@@ -48,6 +52,12 @@ class CloudSettings:
         for name in ("max_batch_size", "max_queue", "inference_threads", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.max_header_bytes < 1024:
+            raise ConfigError(f"max_header_bytes must be at least 1024, got "
+                              f"{self.max_header_bytes}")
+        for name in ("header_timeout", "body_timeout", "keep_alive_timeout"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if self.ort_threads is not None and self.ort_threads < 1:
             raise ConfigError(f"ort_threads must be at least 1, got {self.ort_threads}")
         if self.max_queue_delay_ms < 0 or self.poll_interval < 0:
@@ -93,6 +103,16 @@ OPTIONS = (
     Option("poll-interval", float, "SECONDS",
            "seconds between repository scans for new or changed bundles (0: never)"),
     Option("max-body-bytes", int, "BYTES", "largest accepted request body (larger: 413)"),
+    Option("max-header-bytes", int, "BYTES",
+           "largest request line plus headers (larger: 431, and the connection is closed)"),
+    Option("header-timeout", float, "SECONDS",
+           "seconds a client may take from connecting (or its request's first byte) to the end "
+           "of its headers (then 408, and the connection is closed)"),
+    Option("body-timeout", float, "SECONDS",
+           "seconds a client may take from the end of its headers to the end of its body (then "
+           "the connection is closed)"),
+    Option("keep-alive-timeout", float, "SECONDS",
+           "an idle keep-alive connection is closed after this many seconds"),
     Option("token", str, "TOKEN", "require 'Authorization: Bearer TOKEN' on every route but the "
                                   "health checks (prefer the environment variable to the flag)",
            secret=True),

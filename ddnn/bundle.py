@@ -95,14 +95,22 @@ class SegmentSpec:
     sha256: str
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
+    # The file's size in bytes (manifests written since it was added; None in older ones).
+    # Downloads are capped by it; the sha256 alone decides whether the file is intact.
+    size: int | None = None
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> SegmentSpec:
+        size = d.get("size")
+        if size is not None and (type(size) is not int or size < 0):
+            raise BundleError(f"segment {d.get('file')!r} has size {size!r}; expected a "
+                              "non-negative integer")
         return cls(
             file=str(d["file"]),
             sha256=str(d["sha256"]),
             inputs=tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
             outputs=tuple(TensorSpec.from_dict(t) for t in d["outputs"]),
+            size=size,
         )
 
     def input(self, name: str) -> TensorSpec:
@@ -118,7 +126,10 @@ class SegmentSpec:
         raise BundleError(f"segment {self.file} has no output {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        if self.size is None:  # an older manifest re-written stays as it was
+            del d["size"]
+        return d
 
 
 @dataclass(frozen=True)
@@ -281,6 +292,10 @@ class Bundle:
 
     path: Path
     manifest: Manifest
+    # The exact bytes of manifest.json (and manifest.sig, None when unsigned) that were read and
+    # verified when the bundle was loaded: what a server hands out, never the file as it is now.
+    manifest_bytes: bytes | None = field(default=None, compare=False, repr=False)
+    signature_bytes: bytes | None = field(default=None, compare=False, repr=False)
 
     def file(self, segment: SegmentSpec) -> Path:
         return self.path / segment.file
@@ -316,14 +331,21 @@ def load_bundle(path: str | Path, verify: bool = True,
     With ``public_key`` (an Ed25519 PEM file, see :mod:`ddnn.signing`) the manifest's signature
     is checked first, whatever ``verify`` says: an unsigned or tampered bundle is refused.
     """
-    path = Path(path)
-    raw = None
-    if public_key is not None:
-        from ddnn.signing import verify_bundle
+    from ddnn.signing import read_signed_files, verify_manifest_bytes
 
-        if not path.is_dir():
-            raise BundleError(f"{path}: no such bundle directory")
-        raw = verify_bundle(path, public_key)
+    path = Path(path)
+    if not path.is_dir():
+        raise BundleError(f"{path}: no such bundle directory")
+    if public_key is not None:
+        from ddnn.signing import _crypto, _load_key
+
+        _crypto()
+        _load_key(public_key, private=False)  # a bad key is a ConfigError before any file
+    elif not (path / MANIFEST).is_file():
+        raise BundleError(f"{path}: not a bundle (no {MANIFEST})")
+    raw, sig = read_signed_files(path)  # read once: what is verified is what is parsed
+    if public_key is not None:
+        verify_manifest_bytes(raw, sig, public_key, str(path))
     manifest = read_manifest(path, raw)
     if verify:
         for role, seg in manifest.segments().items():
@@ -336,7 +358,7 @@ def load_bundle(path: str | Path, verify: bool = True,
                     f"{path}: checksum mismatch for {seg.file} ({role}): the file was changed "
                     f"after export (expected sha256 {seg.sha256[:12]}…, got {digest[:12]}…)"
                 )
-    return Bundle(path, manifest)
+    return Bundle(path, manifest, raw, sig)
 
 
 def write_manifest(path: str | Path, manifest: Manifest) -> Path:

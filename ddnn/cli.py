@@ -28,7 +28,7 @@ COMMAND_MODULES = (
     "ddnn.edge.cli",
     "ddnn.cloud.cli",
     "ddnn.tools.demo",
-    "ddnn.plumbing.ota",  # announce (over-the-air bundle updates)
+    "ddnn.tools.announce",  # announce (over-the-air bundle updates)
     "ddnn.benchmarks.cli",
 )
 

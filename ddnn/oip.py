@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +33,14 @@ MAX_BODY = 256 << 20
 MAX_TENSORS = 64
 MAX_RANK = 8
 MAX_NAME = 256
+# No dimension may exceed the element bound: a shape like [10**30, 0] holds no elements yet is no
+# tensor anyone can allocate or reshape to.
+MAX_DIM = MAX_ELEMENTS
+# Arrays a JSON body may hold beyond those its tensors' nesting needs (the inputs and outputs
+# lists, each tensor's shape, a few in parameters).
+JSON_ARRAY_SLACK = 4 * MAX_TENSORS + 64
+# The fewest bytes one value takes in a JSON tensor ("0,"): bounds a batch by the body's size.
+_MIN_VALUE_BYTES = 2
 
 # v2 datatype <-> numpy dtype (little-endian on the wire). BYTES is not supported.
 DATATYPES: dict[str, np.dtype] = {
@@ -144,7 +152,11 @@ def _shape(obj: Mapping[str, Any], where: str) -> tuple[int, ...]:
     if len(shape) > MAX_RANK:
         raise OipError(f"{where}: rank {len(shape)} exceeds the limit of {MAX_RANK}")
     if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise OipError(f"{where}: shape must be a list of non-negative integers, got {shape!r}")
+        raise OipError(f"{where}: shape must be a list of non-negative integers, got "
+                       f"{shape!r:.200}")
+    if any(d > MAX_DIM for d in shape):
+        raise OipError(f"{where}: a dimension of shape {shape!r:.200} exceeds the limit of "
+                       f"{MAX_DIM}")
     if math.prod(shape) > MAX_ELEMENTS:
         raise OipError(f"{where}: {math.prod(shape)} elements exceed the limit of {MAX_ELEMENTS}")
     return tuple(shape)
@@ -162,11 +174,15 @@ def _from_json_data(data: Any, datatype: str, dtype: np.dtype, shape: tuple[int,
                     where: str) -> np.ndarray:
     if not isinstance(data, list):
         raise OipError(f"{where}: 'data' must be a list")
+    n = math.prod(shape)
+    # Flat (n values) or nested (shape[0] rows): anything else is refused before numpy walks it.
+    if len(data) != n and (len(shape) < 2 or len(data) != shape[0]):
+        raise OipError(f"{where}: 'data' holds {len(data)} values but shape {list(shape)} needs "
+                       f"{n}")
     try:
         raw = np.asarray(data)
     except ValueError as e:  # ragged nesting
         raise OipError(f"{where}: 'data' is not a regular array: {e}") from None
-    n = math.prod(shape)
     if raw.size != n:
         raise OipError(f"{where}: 'data' holds {raw.size} values but shape {list(shape)} needs {n}")
     if n and raw.dtype.kind not in _JSON_KINDS.get(datatype, "iu"):
@@ -228,14 +244,50 @@ def _read_tensors(items: Any, binary: memoryview, where: str, *, allow_data: boo
     return tensors, offset
 
 
-def _split(body: bytes, headers: Mapping[str, str], what: str
+def json_array_limit(tensors: Iterable[tuple[str, tuple[int, ...]]], json_bytes: int) -> int:
+    """The most JSON arrays a request body of ``json_bytes`` bytes can need for tensors given as
+    ``(datatype, sample shape)`` (the batch axis dropped), sent nested or flat.
+
+    Nested, a sample of shape ``(a, b, c)`` takes ``1 + a + a*b`` arrays for its ``a*b*c``
+    values, each at least ``"0,"`` (``"true,"`` for BOOL); a body of ``json_bytes`` holds at
+    most so many samples of any one input, so the bound is what the largest legitimate body
+    could need. A body of ``[[],[],…]`` needs far more arrays than values and is refused before
+    it is parsed.
+    """
+    arrays = JSON_ARRAY_SLACK
+    for datatype, shape in tensors:
+        values = max(1, math.prod(shape))
+        per_sample = 1 + sum(math.prod(shape[:i]) for i in range(1, len(shape)))
+        value_bytes = 5 if datatype == "BOOL" else _MIN_VALUE_BYTES
+        samples = json_bytes // (value_bytes * values) + 1
+        arrays += 1 + samples * per_sample
+    return arrays
+
+
+def _check_arrays(data: bytes, limit: int) -> None:
+    """Count the JSON's arrays before parsing it: ``bytes.count`` runs at memory speed, while
+    ``json.loads`` of millions of empty lists takes seconds and gigabytes. Brackets inside
+    strings count too, which only makes the bound stricter for odd bodies."""
+    arrays = data.count(b"[")
+    if arrays > limit:
+        raise OipError(f"the JSON holds {arrays} arrays; tensors of this model's shapes need at "
+                       f"most {limit} for a body of {len(data)} bytes (send 'data' flat, or "
+                       "binary tensors)")
+
+
+def _split(body: bytes, headers: Mapping[str, str], what: str,
+           max_json_arrays: int | Callable[[int], int] | None = None
            ) -> tuple[dict[str, Any], memoryview]:
     if len(body) > MAX_BODY:
         raise PayloadTooLargeError(f"{what} of {len(body)} bytes exceeds the limit of {MAX_BODY}")
     if not body:
         raise OipError(f"{what} is empty")
     n = _json_length(body, headers)
-    return _parse_json(body[:n], what), memoryview(body)[n:]
+    head = body if n == len(body) else body[:n]
+    if max_json_arrays is not None:
+        _check_arrays(head, max_json_arrays(n) if callable(max_json_arrays)
+                      else max_json_arrays)
+    return _parse_json(head, what), memoryview(body)[n:]
 
 
 def _check_consumed(binary: memoryview, used: int) -> None:
@@ -263,9 +315,14 @@ class InferRequest:
         return name in self.binary_outputs
 
 
-def decode_request(body: bytes, headers: Mapping[str, str]) -> InferRequest:
-    """Parse and validate an inference request body (JSON, or JSON plus binary tensors)."""
-    obj, binary = _split(body, headers, "request body")
+def decode_request(body: bytes, headers: Mapping[str, str], *,
+                   max_json_arrays: int | Callable[[int], int] | None = None) -> InferRequest:
+    """Parse and validate an inference request body (JSON, or JSON plus binary tensors).
+
+    ``max_json_arrays``: how many ``[`` the JSON part may hold (a number, or a function of its
+    length such as one made with :func:`json_array_limit`), checked before it is parsed.
+    """
+    obj, binary = _split(body, headers, "request body", max_json_arrays)
     req_id = _field(obj, "id", str, "request", default=None)
     params = _parameters(obj, "request")
     binary_default = params.get("binary_data_output", False)

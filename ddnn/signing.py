@@ -96,15 +96,32 @@ def sign_bundle(bundle_dir: str | Path, private_key_path: str | Path) -> Path:
     return sig_path
 
 
-def verify_bundle(bundle_dir: str | Path, public_key_path: str | Path) -> bytes:
-    """Check ``manifest.sig`` against ``manifest.json``; returns the verified manifest bytes.
+def verify_manifest_bytes(data: bytes, encoded: bytes | None, public_key_path: str | Path,
+                          where: str) -> None:
+    """Check a base64 signature (``manifest.sig``'s bytes) against manifest bytes in memory.
 
-    Raises :class:`BundleError` saying "unsigned" when there is no signature and "bad signature"
-    when it does not match (the manifest was changed, or signed by another key). Callers should
-    parse the returned bytes rather than read the file again.
+    ``encoded`` None means there is no signature: refused as "unsigned". ``where`` names the
+    bundle in the messages. Used by :func:`verify_bundle` and by over-the-air downloads, which
+    verify the manifest before fetching anything it names.
     """
     _, _, invalid_signature = _crypto()
     key = _load_key(public_key_path, private=False)
+    if encoded is None:
+        raise BundleError(f"{where}: bundle is unsigned (no {SIGNATURE}) but a bundle key is "
+                          f"configured; sign it with `ddnn bundle sign`")
+    try:
+        signature = base64.b64decode(encoded.strip(), validate=True)
+    except (binascii.Error, ValueError):
+        raise BundleError(f"{where}: bad signature ({SIGNATURE} is not base64)") from None
+    try:
+        key.verify(signature, data)
+    except invalid_signature:
+        raise BundleError(f"{where}: bad signature: {MANIFEST} was changed after signing, or was "
+                          f"signed with another key than {public_key_path}") from None
+
+
+def read_signed_files(bundle_dir: str | Path) -> tuple[bytes, bytes | None]:
+    """The bytes of ``manifest.json`` and of ``manifest.sig`` (None when absent)."""
     d = Path(bundle_dir)
     try:
         data = (d / MANIFEST).read_bytes()
@@ -113,17 +130,21 @@ def verify_bundle(bundle_dir: str | Path, public_key_path: str | Path) -> bytes:
     try:
         encoded = (d / SIGNATURE).read_bytes()
     except FileNotFoundError:
-        raise BundleError(f"{d}: bundle is unsigned (no {SIGNATURE}) but a bundle key is "
-                          f"configured; sign it with `ddnn bundle sign`") from None
+        encoded = None
     except OSError as e:
         raise BundleError(f"{d}: cannot read {SIGNATURE} ({e.strerror or e})") from None
-    try:
-        signature = base64.b64decode(encoded.strip(), validate=True)
-    except (binascii.Error, ValueError):
-        raise BundleError(f"{d}: bad signature ({SIGNATURE} is not base64)") from None
-    try:
-        key.verify(signature, data)
-    except invalid_signature:
-        raise BundleError(f"{d}: bad signature: {MANIFEST} was changed after signing, or was "
-                          f"signed with another key than {public_key_path}") from None
+    return data, encoded
+
+
+def verify_bundle(bundle_dir: str | Path, public_key_path: str | Path) -> bytes:
+    """Check ``manifest.sig`` against ``manifest.json``; returns the verified manifest bytes.
+
+    Raises :class:`BundleError` saying "unsigned" when there is no signature and "bad signature"
+    when it does not match (the manifest was changed, or signed by another key). Callers should
+    parse the returned bytes rather than read the file again.
+    """
+    _crypto()
+    _load_key(public_key_path, private=False)  # a bad key is a ConfigError before any file
+    data, encoded = read_signed_files(bundle_dir)
+    verify_manifest_bytes(data, encoded, public_key_path, str(bundle_dir))
     return data

@@ -78,9 +78,11 @@ class DeviceService:
 
     def __enter__(self) -> DeviceService:
         if isinstance(self.transport, MqttTransport):  # updates are announced over MQTT
-            self.updater = BundleUpdater(self.bundle, self._apply_update,
-                                         public_key=self.settings.bundle_key,
-                                         tag=self.settings.device_id)
+            s = self.settings
+            self.updater = BundleUpdater(self.bundle, self._apply_update, cloud=s.ota_origin,
+                                         public_key=s.bundle_key, tag=s.device_id,
+                                         allow_unsigned=s.ota_allow_unsigned,
+                                         allow_downgrade=s.ota_allow_downgrade)
         try:
             self.transport.start()
         except BaseException:

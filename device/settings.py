@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl
-from ddnn.plumbing.options import Option, describe, id_list, path
+from ddnn.plumbing.options import Option, boolean, describe, id_list, path
 
 ENV_PREFIX = "DDNN_DEVICE_"
 MODES = ("pull", "push")
@@ -32,6 +33,9 @@ class DeviceSettings:
     username: str | None = None
     password: str | None = None
     bundle_key: Path | None = None  # Ed25519 public key: run only bundles signed by it
+    ota_allow_unsigned: bool = False  # apply unsigned over-the-air bundles (explicit opt-out)
+    ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
+    ota_origin: str | None = None  # fetch over-the-air bundles only from this http(s) origin
     edge_url: str | None = None  # the HTTP fallback: the edge's http://host:port
     token: str | None = None  # bearer token for the HTTP fallback
     device_id: str | None = None  # the id in topics and messages; None: cam0, cam1, ... by view
@@ -86,6 +90,10 @@ class DeviceSettings:
             raise ConfigError(f"bundle key {self.bundle_key}: no such file")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the bearer token must not be empty")
+        if self.ota_origin is not None:
+            u = urllib.parse.urlsplit(self.ota_origin)
+            if u.scheme not in ("http", "https") or not u.hostname:
+                raise ConfigError(f"--ota-origin {self.ota_origin!r} must be http(s)://host[:port]")
         self._check_numbers()
 
     def _check_numbers(self) -> None:
@@ -122,6 +130,14 @@ OPTIONS = (
     *SECURITY_OPTIONS,
     Option("bundle-key", path, "PUBKEY",
            "Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it"),
+    Option("ota-allow-unsigned", boolean, "BOOL",
+           "apply over-the-air bundles that carry no signature by --bundle-key (unsafe: anyone "
+           "who can publish on the bundle topic and serve files picks the model)"),
+    Option("ota-allow-downgrade", boolean, "BOOL",
+           "apply an over-the-air bundle whose version is not newer than the running one"),
+    Option("ota-origin", str, "URL",
+           "fetch over-the-air bundles only from this http(s) origin (e.g. the cloud's URL); "
+           "unset: from the announced URL, signature still required"),
     Option("edge-url", str, "URL",
            "HTTP fallback when no --broker: the edge's http://host:port (push mode only)"),
     Option("token", str, "TOKEN", "bearer token for the HTTP fallback", secret=True),

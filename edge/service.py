@@ -146,7 +146,8 @@ class EdgeService:
 
         return BundleUpdater(agg.runtime.bundle, apply, cloud=s.cloud, token=s.cloud_token,
                              ca_file=s.cloud_ca_file, public_key=s.bundle_key, on_result=done,
-                             tag=s.edge_id,
+                             tag=s.edge_id, allow_unsigned=s.ota_allow_unsigned,
+                             allow_downgrade=s.ota_allow_downgrade,
                              on_announce=lambda ann: agg.ingest.announce((ann.name,
                                                                           ann.version)))
 

@@ -9,7 +9,7 @@ from ddnn.errors import ConfigError
 from ddnn.exits import check_threshold
 from ddnn.names import check_name
 from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl
-from ddnn.plumbing.options import Option, describe, id_list, path
+from ddnn.plumbing.options import Option, boolean, describe, id_list, path
 
 ENV_PREFIX = "DDNN_EDGE_"
 
@@ -30,6 +30,8 @@ class EdgeSettings:
     username: str | None = None
     password: str | None = None
     bundle_key: Path | None = None  # Ed25519 public key (PEM): refuse bundles it did not sign
+    ota_allow_unsigned: bool = False  # apply unsigned over-the-air bundles (explicit opt-out)
+    ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
     cloud: str | None = None  # cloud base URL; None: frames past the edge exit are degraded
     cloud_token: str | None = None
     cloud_ca_file: str | None = None  # CA of the cloud's HTTPS certificate; None: system CAs
@@ -112,6 +114,11 @@ OPTIONS = (
     *SECURITY_OPTIONS,
     Option("bundle-key", path, "PUBKEY",
            "Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it"),
+    Option("ota-allow-unsigned", boolean, "BOOL",
+           "apply over-the-air bundles that carry no signature by --bundle-key (unsafe: anyone "
+           "who can publish on the bundle topic and serve files picks the model)"),
+    Option("ota-allow-downgrade", boolean, "BOOL",
+           "apply an over-the-air bundle whose version is not newer than the running one"),
     Option("cloud", str, "URL", "cloud service base URL, http://host:port; without it frames "
                                 "past the edge exit are answered by the edge, degraded"),
     Option("cloud-token", str, "TOKEN", "bearer token for the cloud", secret=True),

@@ -68,7 +68,8 @@ def _spec(
     def tensors(d: dict[str, torch.Tensor]) -> tuple[TensorSpec, ...]:
         return tuple(TensorSpec(n, (BATCH, *t.shape[1:]), "float32") for n, t in d.items())
 
-    return SegmentSpec(path.name, sha256_file(path), tensors(inputs), tensors(outputs))
+    return SegmentSpec(path.name, sha256_file(path), tensors(inputs), tensors(outputs),
+                       path.stat().st_size)
 
 
 @dataclass(frozen=True)

@@ -25,11 +25,19 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 class _Metric:
     def __init__(self, registry: CollectorRegistry, metric, sample: str):
         self._registry, self._metric, self._sample = registry, metric, sample
+        self._children: dict[tuple, object] = {}  # label values -> the library's child
 
     def _series(self, labels: dict[str, str]):
-        # The library wants every label, as text; unlabelled metrics are their own series.
-        return self._metric.labels(**{k: str(v) for k, v in labels.items()}) if labels \
-            else self._metric
+        # Unlabelled metrics are their own series. The children are cached: the edge updates
+        # a few labelled series per message, and the library's labels() lookup is not free.
+        if not labels:
+            return self._metric
+        key = tuple(labels.items())
+        child = self._children.get(key)
+        if child is None:
+            child = self._metric.labels(**{k: str(v) for k, v in labels.items()})
+            self._children[key] = child
+        return child
 
     def _read(self, suffix: str, labels: dict[str, str]) -> float:
         v = self._registry.get_sample_value(self._sample + suffix,

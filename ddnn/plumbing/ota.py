@@ -2,34 +2,46 @@
 
 An operator (or CI) announces a bundle version on the deployment's retained bundle topic,
 ``{prefix}/{deployment}/bundle``, as JSON ``{"name": ..., "version": ..., "url": ...}``
-(``ddnn announce``). Devices and edges subscribed to it download the manifest and the files it
-names from ``url`` (by default their cloud's ``/v1/bundles/{name}/{version}``) into a staging
-directory beside their bundle, verify them with :func:`ddnn.bundle.load_bundle` (checksums, and
-the signature when a public key is configured), check that the new version can replace the
-running one, and hand it to the tier, which swaps its runtime atomically. A bad update is
-refused with one log line and the running version keeps serving. Standard library only.
+(``ddnn announce``). Devices and edges subscribed to it fetch the version from ``url`` (by
+default their cloud's ``/v1/bundles/{name}/{version}``), verify it and hand it to the tier, which
+swaps its runtime atomically. A bad update is refused with one log line and the running version
+keeps serving. Standard library only.
+
+Anyone who may publish on the broker can announce, so an announcement is trusted for nothing but
+the name and version to look for:
+
+* **Origin**: a tier with a cloud fetches only from the cloud's origin (scheme, host and port);
+  an announcement pointing elsewhere is refused. Redirects are followed only within the origin
+  the download started on, and the cloud's bearer token is sent only to the cloud's origin.
+* **Signature first**: the manifest and its signature are fetched (small, capped) and verified
+  before anything the manifest names is downloaded; without a bundle key an over-the-air
+  bundle is refused unless the tier opted out (``allow_unsigned=True``).
+* **Versions only go forward**: a version not newer than the running one is refused unless the
+  tier allows downgrades (``allow_downgrade=True``); versions compare as integers or dotted
+  integers (``2 < 10``, ``1.9 < 1.10``), and versions that are not numbers cannot be ordered.
+* **Bounded**: every file is capped by the size the manifest declares (else :data:`MAX_FILE`)
+  and hashed while it streams; one deadline covers the whole download, however slowly the
+  server trickles; a failed or refused download leaves nothing on disk.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import threading
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddnn.bundle import MANIFEST, Bundle, Manifest, check_name, load_bundle
+from ddnn.bundle import Bundle, Manifest, check_name
 from ddnn.errors import BundleError, ConfigError, DdnnError
+from ddnn.plumbing.download import Origin, fetch_bundle
 
 log = logging.getLogger(__name__)
 
-SIGNATURE = "manifest.sig"  # ddnn.signing's file, fetched when the cloud has it
-MAX_FILE = 512 << 20  # bytes: a bigger download is refused, not written
+_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")
 
 
 @dataclass(frozen=True)
@@ -49,9 +61,10 @@ class Announcement:
         except (ValueError, KeyError, TypeError, AttributeError) as e:
             raise BundleError(f"unreadable bundle announcement ({type(e).__name__}: {e})"
                               ) from None
-        if ann.url is not None and urllib.parse.urlsplit(ann.url).scheme not in ("http",
-                                                                                  "https"):
-            raise BundleError(f"bundle URL {ann.url!r} must be http(s)://")
+        if ann.url is not None:
+            if not isinstance(ann.url, str):
+                raise BundleError(f"bundle URL {ann.url!r} must be a string")
+            Origin.of(ann.url)  # http(s), a host, a valid port, no credentials
         return ann
 
     def to_bytes(self) -> bytes:
@@ -64,6 +77,23 @@ class Announcement:
 def bundle_url(cloud: str, name: str, version: str) -> str:
     """Where the cloud serves a bundle version's files (``cloud/bundles.py``)."""
     return f"{cloud.rstrip('/')}/v1/bundles/{name}/{version}"
+
+
+def parse_version(version: str) -> tuple[int, ...] | None:
+    """``"12"`` -> ``(12,)``, ``"1.10.2"`` -> ``(1, 10, 2)``; None for anything else."""
+    if not _VERSION.fullmatch(version):
+        return None
+    return tuple(int(p) for p in version.split("."))
+
+
+def is_newer(new: str, running: str) -> bool:
+    """True when version ``new`` is strictly newer than ``running``; versions that are not
+    integers or dotted integers cannot be ordered, so they are never newer (``1.0`` == ``1``)."""
+    a, b = parse_version(new), parse_version(running)
+    if a is None or b is None:
+        return False
+    n = max(len(a), len(b))
+    return a + (0,) * (n - len(a)) > b + (0,) * (n - len(b))
 
 
 def compatible(running: Manifest, new: Manifest) -> None:
@@ -84,77 +114,46 @@ def compatible(running: Manifest, new: Manifest) -> None:
             raise BundleError(f"incompatible update: {what} {b} differs from the running {a}")
 
 
-def _get(url: str, token: str | None, timeout: float, optional: bool = False) -> bytes | None:
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers),
-                                    timeout=timeout) as r:
-            data = r.read(MAX_FILE + 1)
-    except urllib.error.HTTPError as e:
-        if optional and e.code == 404:
-            return None
-        raise BundleError(f"GET {url}: HTTP {e.code}") from None
-    except (OSError, ValueError) as e:
-        raise BundleError(f"GET {url}: {e}") from None
-    if len(data) > MAX_FILE:
-        raise BundleError(f"GET {url}: larger than {MAX_FILE} bytes")
-    return data
-
-
-def fetch_bundle(url: str, staging: Path, *, token: str | None = None, timeout: float = 30.0,
-                 public_key: str | Path | None = None) -> Bundle:
-    """Download a bundle from ``url`` into ``staging`` and verify it; returns the loaded bundle.
-
-    Files land in ``{staging}.part`` first, which is renamed when complete, so a half-done
-    download is never taken for a bundle.
-    """
-    part = staging.with_name(staging.name + ".part")
-    shutil.rmtree(part, ignore_errors=True)
-    part.mkdir(parents=True)
-    try:
-        raw = _get(f"{url}/{MANIFEST}", token, timeout)
-        try:
-            manifest = Manifest.from_dict(json.loads(raw))
-        except ValueError as e:
-            raise BundleError(f"{url}/{MANIFEST}: not JSON ({e})") from None
-        (part / MANIFEST).write_bytes(raw)
-        sig = _get(f"{url}/{SIGNATURE}", token, timeout, optional=True)
-        if sig is not None:
-            (part / SIGNATURE).write_bytes(sig)
-        for seg in manifest.segments().values():  # file names were checked by from_dict
-            (part / seg.file).write_bytes(_get(f"{url}/{seg.file}", token, timeout))
-        shutil.rmtree(staging, ignore_errors=True)
-        part.rename(staging)
-    except BaseException:
-        shutil.rmtree(part, ignore_errors=True)
-        raise
-    if public_key is not None:
-        return load_bundle(staging, public_key=public_key)
-    return load_bundle(staging)
-
-
 class BundleUpdater:
     """Follows a tier's bundle topic: fetches, verifies and applies announced versions.
 
     ``apply(bundle)`` swaps the tier's runtime (and may raise to refuse). Updates run on a
     thread of their own, one at a time; the MQTT thread only hands the announcement over.
+
+    ``cloud``: the tier's cloud; with it, bundles are fetched only from its origin and the
+    ``token`` goes only there. Without it (a device), the announced URL is used, with no token.
+    ``public_key``: bundles must be signed by it; without one every announced version is
+    refused unless ``allow_unsigned``. ``allow_downgrade``: accept a version that is not newer
+    than the running one. ``timeout``: seconds for one whole download. ``ca_file``: the CA an
+    https cloud's certificate chains to (default: the system's CAs).
     """
 
     def __init__(self, running: Bundle, apply: Callable[[Bundle], None], *,
                  cloud: str | None = None, token: str | None = None,
                  public_key: str | Path | None = None, staging_root: Path | None = None,
-                 timeout: float = 30.0, on_result: Callable[[bool], None] | None = None,
-                 tag: str = "", on_announce: Callable[[Announcement], None] | None = None):
+                 timeout: float = 120.0, on_result: Callable[[bool], None] | None = None,
+                 tag: str = "", on_announce: Callable[[Announcement], None] | None = None,
+                 allow_unsigned: bool = False, allow_downgrade: bool = False,
+                 ca_file: str | Path | None = None):
         self.running = running
         self.tag = tag  # in staging names: tiers sharing a bundle directory never collide
         self._apply = apply
         self._on_result = on_result  # True: applied, False: refused (for metrics)
         self._on_announce = on_announce  # a version is coming (before it is fetched)
         self.cloud, self.token, self.public_key, self.timeout = cloud, token, public_key, timeout
+        self.allow_unsigned, self.allow_downgrade, self.ca_file = (allow_unsigned,
+                                                                   allow_downgrade, ca_file)
+        try:
+            self.origin = Origin.of(cloud) if cloud else None
+        except BundleError as e:
+            raise ConfigError(f"cloud URL for bundle updates: {e}") from None
         self.staging_root = staging_root or running.path.parent / ".ddnn-ota"
         self.applied = 0
         self.refused = 0
         self.last_error: str | None = None
+        if public_key is None and not allow_unsigned:
+            log.warning("no bundle key: over-the-air bundle updates will be refused (configure "
+                        "--bundle-key, or allow unsigned updates explicitly)")
         self._lock = threading.Lock()
         self._pending: Announcement | None = None
         self._wake = threading.Event()
@@ -174,6 +173,11 @@ class BundleUpdater:
         m = self.running.manifest
         if (ann.name, ann.version) == (m.name, m.version):
             return  # already running it (the retained announcement at every connection)
+        try:
+            self._precheck(ann)
+        except DdnnError as e:  # refused before anything is fetched or announced to the tier
+            self._refuse(ann, str(e))
+            return
         if self._on_announce:
             self._on_announce(ann)
         with self._lock:
@@ -189,23 +193,68 @@ class BundleUpdater:
             if ann is not None:
                 self.update(ann)
 
+    def _url(self, ann: Announcement) -> str:
+        if ann.url is not None:
+            return ann.url
+        if self.cloud is None:
+            raise ConfigError("the announcement has no url and this tier knows no cloud")
+        return bundle_url(self.cloud, ann.name, ann.version)
+
+    def _precheck(self, ann: Announcement) -> str:
+        """What can be refused from the announcement alone; returns the URL to fetch."""
+        url = self._url(ann)
+        if self.origin is not None and Origin.of(url) != self.origin:
+            raise BundleError(f"the announced URL {url!r:.200} is not on the cloud's origin "
+                              f"{self.origin}; bundles are fetched from the cloud only")
+        if self.public_key is None and not self.allow_unsigned:
+            raise BundleError("over-the-air bundles must be signed and no bundle key is "
+                              "configured (--bundle-key); unsigned updates are refused unless "
+                              "allowed explicitly")
+        self._check_version(ann.name, ann.version)
+        return url
+
+    def _check_version(self, name: str, version: str) -> None:
+        running = self.running.manifest
+        if self.allow_downgrade or name != running.name:
+            return  # another model is refused by compatible()
+        if not is_newer(version, running.version):
+            ordered = parse_version(version) is not None and \
+                parse_version(running.version) is not None
+            why = "" if ordered else (" (only versions that are integers or dotted integers "
+                                      "can be ordered)")
+            raise BundleError(f"version {version} is not newer than the running "
+                              f"{running.version}{why}; downgrades are refused unless allowed "
+                              "explicitly")
+
     def update(self, ann: Announcement) -> bool:
         """Fetch, verify and apply one version; False (and the old version keeps running)
         when anything about it is wrong."""
         running = self.running.manifest
-        url = ann.url or (bundle_url(self.cloud, ann.name, ann.version) if self.cloud else None)
-        try:
-            if url is None:
-                raise ConfigError("the announcement has no url and this tier knows no cloud")
-            suffix = f"-{self.tag}" if self.tag else ""
-            staging = self.staging_root / f"{ann.name}-{ann.version}{suffix}"
-            bundle = fetch_bundle(url, staging, token=self.token, timeout=self.timeout,
-                                  public_key=self.public_key)
-            m = bundle.manifest
+        suffix = f"-{self.tag}" if self.tag else ""
+        staging = self.staging_root / f"{ann.name}-{ann.version}{suffix}"
+        url = None
+
+        def check(m: Manifest) -> None:  # on the verified manifest, before its files
             if (m.name, m.version) != (ann.name, ann.version):
-                raise BundleError(f"{url} holds {bundle.ref}, not {ann.name}:{ann.version}")
+                raise BundleError(f"{url} holds {m.name}:{m.version}, not "
+                                  f"{ann.name}:{ann.version}")
+            self._check_version(m.name, m.version)
             compatible(running, m)
-            self._apply(bundle)
+
+        try:
+            url = self._precheck(ann)
+            if staging.resolve() == self.running.path.resolve():
+                raise BundleError(f"{staging} holds the running bundle")
+            bundle = fetch_bundle(url, staging, token=self.token, timeout=self.timeout,
+                                  public_key=self.public_key,
+                                  allow_unsigned=self.allow_unsigned, token_origin=self.cloud,
+                                  ca_file=self.ca_file, check=check)
+            try:
+                check(bundle.manifest)  # what was loaded from disk, once more
+                self._apply(bundle)
+            except BaseException:
+                shutil.rmtree(staging, ignore_errors=True)
+                raise
         except (DdnnError, OSError) as e:
             self._refuse(ann, str(e))
             return False
@@ -234,50 +283,3 @@ class BundleUpdater:
         self._done.set()
         self._wake.set()
         self._thread.join(timeout=5)
-
-
-def announce(broker: str, deployment: str, ann: Announcement, prefix: str = "ddnn",
-             timeout: float = 10.0) -> None:
-    """Publish ``ann`` retained on the deployment's bundle topic and wait for the broker."""
-    from ddnn.plumbing.mqtt import MqttClient, MqttError, MqttOptions
-    from ddnn.topics import Topics
-
-    topic = Topics(deployment, prefix).bundle
-    client = MqttClient(broker, f"ddnn-announce-{deployment}", MqttOptions()).start()
-    try:
-        if not client.wait_connected(timeout):
-            raise MqttError(f"broker {broker} not reachable in {timeout:.0f} s")
-        info = client.publish(topic, ann.to_bytes(), 1, retain=True)
-        info.wait_for_publish(timeout)
-    finally:
-        client.stop()
-    log.info("announced %s:%s on %s", ann.name, ann.version, topic)
-
-
-def register(sub, data_sub, formatter) -> None:
-    p = sub.add_parser(
-        "announce", help="announce a bundle version to a deployment (over-the-air update)",
-        description="Publish a bundle version on the deployment's retained bundle topic. "
-        "Devices and edges fetch it over HTTP (from --url, or --cloud's /v1/bundles/NAME/"
-        "VERSION, or their own cloud), verify it and swap it in; a bad one is refused and the "
-        "running version keeps serving. The cloud must serve that version (--repository).",
-        formatter_class=formatter)
-    p.add_argument("--broker", required=True, help="MQTT broker URL")
-    p.add_argument("--deployment", default="default", help="deployment name (topic level)")
-    p.add_argument("--topic-prefix", default="ddnn", help="first topic level(s)")
-    p.add_argument("--name", required=True, help="model name of the bundle")
-    p.add_argument("--version", dest="bundle_version", required=True, help="bundle version")
-    p.add_argument("--cloud", default=None,
-                   help="cloud base URL: the files are fetched from its /v1/bundles/NAME/VERSION")
-    p.add_argument("--url", default=None, help="fetch the bundle from this base URL instead")
-    p.set_defaults(func=_announce)
-
-
-def _announce(args) -> int:
-    url = args.url or (bundle_url(args.cloud, args.name, args.bundle_version)
-                       if args.cloud else None)
-    ann = Announcement(check_name("model name", args.name),
-                       check_name("model version", args.bundle_version), url)
-    announce(args.broker, args.deployment, ann, args.topic_prefix)
-    print(f"announced {ann.name}:{ann.version} to deployment {args.deployment}")
-    return 0

@@ -20,9 +20,29 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddnn.envelope import MAX_MESSAGE
 from ddnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# The largest MQTT packet a ddnn client ever sends: one envelope of MAX_MESSAGE bytes (the
+# receivers' bound, ddnn.envelope) in a PUBLISH with the longest topic MQTT allows (2 + 65535
+# bytes), the fixed header (at most 5), the packet id (2) and room for MQTT 5 properties. The
+# broker disconnects a client sending a larger packet before it routes anything (Mosquitto's
+# max_packet_size), so no subscriber ever receives one; the exact envelope bound stays with the
+# receivers, which count a larger payload as "oversized". deploy/mosquitto/*.conf use the same.
+MAX_PACKET = MAX_MESSAGE + (64 << 10) + 1024
+
+
+def mosquitto_config(host: str, port: int) -> str:
+    """The Mosquitto configuration of a test or demo broker on ``host:port``."""
+    return (
+        f"listener {port} {host}\nallow_anonymous true\npersistence false\n"
+        "max_inflight_messages 1000\nmax_queued_messages 100000\n"
+        # Small messages must not wait for a delayed ACK (Nagle): ~40 ms per feature pull.
+        "set_tcp_nodelay true\n"
+        f"max_packet_size {MAX_PACKET}\n"
+    )
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -101,12 +121,7 @@ def start_broker(
         raise ConfigError("mosquitto is not installed (apt-get install mosquitto)")
     if exe is not None and prefer != "amqtt":
         conf = workdir / "mosquitto.conf"
-        conf.write_text(
-            f"listener {port} {host}\nallow_anonymous true\npersistence false\n"
-            "max_inflight_messages 1000\nmax_queued_messages 100000\n"
-            # Small messages must not wait for a delayed ACK (Nagle): ~40 ms per feature pull.
-            "set_tcp_nodelay true\n"
-        )
+        conf.write_text(mosquitto_config(host, port))
         cmd, kind = [exe, "-c", str(conf)], "mosquitto"
     else:
         cmd, kind = (

@@ -146,6 +146,8 @@ def test_a_killed_device_never_blocks_a_frame(mosquitto, tiny_bundle, tiny_data,
     assert_each_frame_once(results)
     late = [r for r in results if r["frame"] > killed_after + 10]
     assert late and all("cam2" not in r["views"] for r in late)
+    # ...and each of those answers says so: cam2 is missing (late, then offline), partial.
+    assert all(r["missing"].get("cam2") in ("late", "offline") and r["partial"] for r in late)
     assert any("cam2" in r["views"] for r in results)
     assert "cam2 (view 2) is offline" in h.log("edge")
 

@@ -1,6 +1,9 @@
 """Bundle updates over the air, with real processes: a version announced on the retained bundle
 topic is fetched from the cloud, verified and swapped in by the edge and every device while they
 run; a tampered version is refused and the running one keeps serving; no frame is lost.
+
+Over-the-air bundles must be signed (ddnn.plumbing.ota): every version here is signed with a
+key made for the test, and every tier runs with ``--bundle-key``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions, status_info
+from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.tools.broker import free_port
 from ddnn.topics import Topics
 from tests.e2e.conftest import ENV, STREAM, stop_process, wait_until
@@ -25,12 +29,15 @@ from tests.e2e.thresholds import mixed_thresholds
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
-def version_copy(src: Path, dst: Path, version: str) -> Path:
+def version_copy(src: Path, dst: Path, version: str, key: Path | None = None) -> Path:
+    """A copy of ``src`` at another version, signed with ``key`` (last: signing seals it)."""
     shutil.copytree(src, dst)
     mf = dst / "manifest.json"
     d = json.loads(mf.read_text())
     d["model"]["version"] = version
     mf.write_text(json.dumps(d, indent=2))
+    if key is not None:
+        sign_bundle(dst, key)
     return dst
 
 
@@ -62,25 +69,27 @@ def announce(broker: str, version: str, cloud: str) -> None:
 
 
 def test_update_over_the_air_while_running(mosquitto, tiny_bundle, stream_data, tmp_path):
+    key, pub = generate_keypair(tmp_path / "keys")
     repo = tmp_path / "repo"
     repo.mkdir()
-    version_copy(tiny_bundle, repo / "tiny-1", "1")
-    v1 = version_copy(tiny_bundle, tmp_path / "running" / "tiny", "1")  # what the tiers load
-    version_copy(tiny_bundle, repo / "tiny-2", "2")
-    v3 = version_copy(tiny_bundle, repo / "tiny-3", "3")
+    version_copy(tiny_bundle, repo / "tiny-1", "1", key)
+    v1 = version_copy(tiny_bundle, tmp_path / "running" / "tiny", "1", key)  # the tiers load it
+    version_copy(tiny_bundle, repo / "tiny-2", "2", key)
+    v3 = version_copy(tiny_bundle, repo / "tiny-3", "3", key)
     port = free_port()
     cloud_url = f"http://127.0.0.1:{port}"
-    cloud = start_cloud_repository(repo, port, tmp_path / "cloud.log")
+    cloud = start_cloud_repository(repo, port, tmp_path / "cloud.log", "--bundle-key", str(pub))
     # Version 3 is damaged after the cloud loaded it: what it serves fails the checksums.
     onnx = next(v3.glob("*.onnx"))
     onnx.write_bytes(onnx.read_bytes()[:-10] + b"0123456789")
     thresholds = mixed_thresholds(v1, stream_data)
     d = Deployment(tmp_path, v1, mosquitto.url, cloud_url, thresholds=thresholds)
+    d.edge_args += ["--bundle-key", str(pub)]
     statuses = Statuses(mosquitto.url)
     try:
         d.start_edge()
         for v in range(3):
-            d.start_device(v, stream_data, 25, "--wait-peers", "60")
+            d.start_device(v, stream_data, 25, "--wait-peers", "60", "--bundle-key", str(pub))
         d.wait(lambda r: len(r) >= 30, "30 results")
         announce(mosquitto.url, "2", cloud_url)
         wait_until(lambda: metric(d.metrics(), 'ddnn_edge_bundle_info{model="tiny",version="2"}')
@@ -112,11 +121,11 @@ def test_update_over_the_air_while_running(mosquitto, tiny_bundle, stream_data, 
     assert statuses.models() <= {"tiny:2"}
 
 
-def start_cloud_repository(repo: Path, port: int, log: Path) -> subprocess.Popen:
+def start_cloud_repository(repo: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
     from tests.e2e.conftest import ddnn_process, http_ok
 
     proc = ddnn_process(["cloud", "--repository", str(repo), "--host", "127.0.0.1", "--port",
-                         str(port), "--ort-threads", "1", "--poll-interval", "0"], log)
+                         str(port), "--ort-threads", "1", "--poll-interval", "0", *extra], log)
     wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/v2/models/tiny-cloud/versions/3/ready"),
                60, "cloud ready", [proc])
     return proc

@@ -348,8 +348,11 @@ def test_posted_device_results_are_checked(tiny_bundle, change, why):
         r = httpx.post(url, content=json.dumps({**good, **change}))
         assert r.status_code == 400 and why in r.json()["error"]
         assert httpx.post(url, content=b"\xff{").status_code == 400
+        # Nesting past the parser's recursion limit is a 400 too, not a dropped connection.
+        deep = httpx.post(url, content=b"[" * 50_000)
+        assert deep.status_code == 400 and "not JSON" in deep.json()["error"]
         assert httpx.post(url, content=json.dumps(good)).status_code == 202
         assert httpx.get(url).json() == [good]  # the bad ones never reached the results
     finally:
         edge.stop()
-    assert edge.agg.metrics.dropped.value(reason="malformed") == 2
+    assert edge.agg.metrics.dropped.value(reason="malformed") == 3

@@ -82,3 +82,13 @@ def test_from_settings_checks_the_view_and_resolves_for_the_bundle(tiny_bundle, 
     # The HTTP fallback has no pull channel; peers default to every view.
     assert (s.mode, s.peers, s.device_id) == ("push", ("cam0", "cam1", "cam2"), "cam2")
     assert service.agent.settings is s and len(service.source) == 120
+
+
+def test_over_the_air_options(env):
+    s = settings_from(argparse.Namespace(), {**env, "DDNN_DEVICE_OTA_ORIGIN": "https://cloud:8000",
+                                             "DDNN_DEVICE_OTA_ALLOW_DOWNGRADE": "true"})
+    assert (s.ota_origin, s.ota_allow_downgrade, s.ota_allow_unsigned) == (
+        "https://cloud:8000", True, False)
+    for bad in ("ftp://cloud", "cloud:8000", "https://"):
+        with pytest.raises(ConfigError, match="--ota-origin"):
+            settings_from(argparse.Namespace(), {**env, "DDNN_DEVICE_OTA_ORIGIN": bad})

@@ -1,0 +1,179 @@
+"""Connection guards under the HTTP parser: bounded request heads, bounded read times.
+
+uvicorn bounds neither the request line and headers nor the time a client takes to send them
+when it parses with httptools (its ``h11_max_incomplete_event_size`` applies to h11 only): one
+GET with a 100 MB header costs the event loop seconds of CPU before any route or token check
+runs, and a client sending a header byte every few seconds holds its connection open forever.
+:func:`guarded_protocol` makes a subclass of uvicorn's httptools protocol that
+
+* counts the bytes of each request's head (request line and headers) as they arrive and stops
+  feeding the parser at ``max_head`` bytes: ``431`` and the connection is closed;
+* gives a client ``header_timeout`` seconds from its first byte (or from connecting) to the end
+  of the headers — else ``408`` and close — and ``body_timeout`` seconds from there to the end
+  of the body, else the connection is closed (the route sees a disconnected client).
+
+Idle keep-alive connections are closed by uvicorn's own ``timeout_keep_alive``. The parser stays
+httptools, the fast one (docs/cloud.md has the measurement); without httptools installed the
+server falls back to h11 with ``h11_max_incomplete_event_size`` (the head bound only).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+
+from ddnn.oip import JSON_TYPE, error_body
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """What one client connection may take from the server."""
+
+    max_head: int = 64 << 10  # bytes of request line + headers
+    header_timeout: float = 10.0  # seconds from the first byte (or the connection) to the headers
+    body_timeout: float = 60.0  # seconds from the end of the headers to the end of the body
+
+
+class _RateLimitedLog:
+    """One warning per ``period`` at most: hostile clients must not flood the log either."""
+
+    def __init__(self, period: float = 10.0):
+        self.period = period
+        self._last = -period
+        self._suppressed = 0
+
+    def warning(self, message: str, *args) -> None:
+        now = time.monotonic()
+        if now - self._last < self.period:
+            self._suppressed += 1
+            return
+        more = f" ({self._suppressed} more since the last such line)" if self._suppressed else ""
+        self._last, self._suppressed = now, 0
+        log.warning(message + more, *args)
+
+
+_refusals = _RateLimitedLog()
+
+
+def _response(status: int, phrase: str, message: str) -> bytes:
+    body = error_body(message)
+    return (f"HTTP/1.1 {status} {phrase}\r\ncontent-type: {JSON_TYPE}\r\n"
+            f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
+
+
+def httptools_available() -> bool:
+    try:
+        import httptools  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class _Guard:
+    """The guard, mixed in before uvicorn's ``HttpToolsProtocol`` by :func:`guarded_protocol`."""
+
+    limits: ConnectionLimits
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._in_head = True  # waiting for the end of a request's headers
+        self._head_bytes = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    # --- timers ---------------------------------------------------------------------------
+
+    def _arm(self, seconds: float, callback) -> None:
+        self._disarm()
+        self._timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _peer(self) -> str:
+        return self.client[0] if self.client else "?"
+
+    def _refuse(self, status: int, phrase: str, message: str) -> None:
+        """Answer ``status`` unless a response is under way, then close the connection."""
+        self._disarm()
+        if self.transport.is_closing():
+            return
+        _refusals.warning("refused a request from %s: %s", self._peer(), message)
+        if self.cycle is None or self.cycle.response_complete:
+            self.transport.write(_response(status, phrase, message))
+        self.transport.close()
+
+    def _head_timed_out(self) -> None:
+        self._timer = None
+        self._refuse(408, "Request Timeout",
+                     f"the request line and headers did not arrive within "
+                     f"{self.limits.header_timeout:g} s")
+
+    def _body_timed_out(self) -> None:
+        self._timer = None
+        if not self.transport.is_closing():
+            _refusals.warning("closed the connection of %s: the request body did not "
+                              "arrive within %g s", self._peer(), self.limits.body_timeout)
+            self.transport.close()
+
+    # --- asyncio.Protocol -----------------------------------------------------------------
+
+    def connection_made(self, transport) -> None:
+        super().connection_made(transport)
+        self._arm(self.limits.header_timeout, self._head_timed_out)  # a silent client too
+
+    def connection_lost(self, exc) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            room = self.limits.max_head - self._head_bytes
+            if len(data) > room:
+                # Feed the parser no more than the bound: it may end the head in time.
+                head, rest = data[:max(room, 0)], data[max(room, 0):]
+                self._head_bytes += len(head)
+                if head:
+                    super().data_received(head)
+                if self.transport.is_closing():
+                    return
+                if self._in_head:
+                    self._refuse(431, "Request Header Fields Too Large",
+                                 f"the request line and headers exceed {self.limits.max_head} "
+                                 "bytes")
+                    return
+                if rest:
+                    self.data_received(rest)
+                return
+            self._head_bytes += len(data)
+        super().data_received(data)
+
+    # --- parser callbacks -----------------------------------------------------------------
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        if self._timer is None:  # the first byte of a request after a keep-alive pause
+            self._arm(self.limits.header_timeout, self._head_timed_out)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._arm(self.limits.body_timeout, self._body_timed_out)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        self._in_head, self._head_bytes = True, 0
+        super().on_message_complete()
+
+
+def guarded_protocol(limits: ConnectionLimits) -> type[asyncio.Protocol]:
+    """uvicorn's httptools protocol with ``limits`` enforced (pass it as ``Config(http=...)``)."""
+    # Imported here: uvicorn's httptools module needs httptools, which is optional.
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    return type("GuardedHttpToolsProtocol", (_Guard, HttpToolsProtocol), {"limits": limits})

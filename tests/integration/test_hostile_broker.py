@@ -1,0 +1,168 @@
+"""Brokers against hostile MQTT clients, with real Mosquitto: the test/demo broker of
+``ddnn.tools.broker`` and the deployed configurations of ``deploy/mosquitto``.
+
+* a packet larger than one envelope needs never reaches a subscriber (``max_packet_size``);
+* with ``secure.conf``'s ``use_username_as_clientid``, a device's credentials cannot take over
+  the edge's client id (and so disconnect the edge).
+"""
+
+from __future__ import annotations
+
+import getpass
+import shutil
+import subprocess
+import threading
+from pathlib import Path
+
+import paho.mqtt.client as paho
+import pytest
+
+from ddnn.envelope import MAX_MESSAGE
+from ddnn.tools.broker import MAX_PACKET, free_port, mosquitto_path, wait_for_port
+from tests.integration.conftest import wait_for
+
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
+
+pytestmark = pytest.mark.skipif(mosquitto_path() is None, reason="mosquitto is not installed")
+
+
+class Client:
+    """A bare paho client (no ddnn-side size checks: the broker is what is under test)."""
+
+    def __init__(self, port: int, client_id: str, username: str | None = None,
+                 password: str | None = None, subscribe: str | None = None):
+        self.messages: list[tuple[str, int]] = []  # (topic, payload length)
+        self.connected = threading.Event()
+        self.disconnected = threading.Event()
+        self.refused: list = []
+        c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id)
+        if username:
+            c.username_pw_set(username, password)
+
+        def on_connect(client, _userdata, _flags, reason, _props):
+            if reason.is_failure:
+                self.refused.append(reason)
+                return
+            if subscribe:
+                client.subscribe(subscribe, qos=1)
+            self.connected.set()
+
+        def on_disconnect(*_args):
+            self.disconnected.set()
+
+        c.on_connect = on_connect
+        c.on_disconnect = on_disconnect
+        c.on_subscribe = lambda *a: self.subscribed.set()
+        c.on_message = lambda _c, _u, m: self.messages.append((m.topic, len(m.payload)))
+        self.subscribed = threading.Event()
+        self.stopped = False
+        self.client = c
+        c.connect("127.0.0.1", port, keepalive=30)
+        c.loop_start()
+        assert self.connected.wait(10), f"{client_id} did not connect: {self.refused}"
+        if subscribe:
+            assert self.subscribed.wait(10)
+
+    def publish(self, topic: str, size: int, qos: int = 1):
+        return self.client.publish(topic, bytes(size), qos=qos)
+
+    def stop(self) -> None:
+        if not self.stopped:
+            self.stopped = True
+            self.client.disconnect()
+            self.client.loop_stop()
+            # paho's wake-up socket pair is closed only when the client is collected.
+            self.client._reset_sockets()
+
+
+@pytest.fixture
+def clients():
+    made: list[Client] = []
+
+    def make(*args, **kwargs) -> Client:
+        made.append(Client(*args, **kwargs))
+        return made[-1]
+
+    yield make
+    for c in made:
+        c.stop()
+
+
+def run_mosquitto(workdir: Path, lines: list[str]) -> tuple[int, subprocess.Popen]:
+    port = free_port()
+    conf = workdir / "mosquitto.conf"
+    conf.write_text("\n".join([f"listener {port} 127.0.0.1", "persistence false",
+                               f"user {getpass.getuser()}", *lines]) + "\n")
+    proc = subprocess.Popen([mosquitto_path(), "-c", str(conf)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True)
+    wait_for_port("127.0.0.1", port, 10, proc)
+    return port, proc
+
+
+def deployed(name: str, drop: tuple[str, ...]) -> list[str]:
+    """The deployed configuration's lines, minus those naming files or ports of a real host."""
+    out = []
+    for line in (DEPLOY / name).read_text().splitlines():
+        word = line.split(" ", 1)[0]
+        if line and not line.startswith("#") and word not in drop:
+            out.append(line)
+    return out
+
+
+HOST_LINES = ("listener", "cafile", "certfile", "keyfile", "tls_version", "require_certificate",
+              "password_file", "acl_file", "persistence", "persistence_location")
+
+
+def check_oversize_is_dropped(port: int, clients) -> None:
+    sub = clients(port, "listener", subscribe="ddnn/t/#")
+    pub = clients(port, "vandal")
+    other = clients(port, "bystander")
+    # The largest envelope a receiver accepts arrives: the bound is not too tight.
+    pub.publish("ddnn/t/devices/cam0/features", MAX_MESSAGE).wait_for_publish(10)
+    wait_for(lambda: ("ddnn/t/devices/cam0/features", MAX_MESSAGE) in sub.messages,
+             what="a MAX_MESSAGE payload at the subscriber")
+    # One packet over the bound: the broker drops the client, and routes nothing.
+    pub.publish("ddnn/t/devices/cam0/features", MAX_PACKET, qos=0)
+    assert pub.disconnected.wait(10), "the broker accepted a packet over max_packet_size"
+    pub.stop()  # no reconnection
+    other.publish("ddnn/t/sentinel", 1).wait_for_publish(10)
+    wait_for(lambda: ("ddnn/t/sentinel", 1) in sub.messages, what="the sentinel")
+    assert [n for _, n in sub.messages] == [MAX_MESSAGE, 1]
+
+
+def test_the_test_broker_never_delivers_a_packet_over_the_bound(mosquitto, clients):
+    assert mosquitto.kind == "mosquitto"
+    check_oversize_is_dropped(mosquitto.port, clients)
+
+
+def test_the_deployed_config_never_delivers_a_packet_over_the_bound(tmp_path, clients):
+    lines = deployed("mosquitto.conf", HOST_LINES)
+    assert f"max_packet_size {MAX_PACKET}" in lines
+    port, proc = run_mosquitto(tmp_path, lines)
+    try:
+        check_oversize_is_dropped(port, clients)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.skipif(shutil.which("mosquitto_passwd") is None, reason="no mosquitto_passwd")
+def test_a_device_cannot_take_over_the_edges_client_id(tmp_path, clients):
+    passwd = tmp_path / "passwd"
+    subprocess.run(["mosquitto_passwd", "-c", "-b", str(passwd), "edge0", "edge-pw"], check=True)
+    subprocess.run(["mosquitto_passwd", "-b", str(passwd), "cam0", "cam0-pw"], check=True)
+    lines = deployed("secure.conf", HOST_LINES)
+    assert "use_username_as_clientid true" in lines
+    port, proc = run_mosquitto(tmp_path, [*lines, f"password_file {passwd}"])
+    try:
+        edge = clients(port, "ddnn-plant-edge0", "edge0", "edge-pw", subscribe="ddnn/#")
+        # cam0's leaked credentials, asking for the edge's client id.
+        cam0 = clients(port, "ddnn-plant-edge0", "cam0", "cam0-pw")
+        cam0.publish("ddnn/plant/devices/cam0/status", 3).wait_for_publish(10)
+        wait_for(lambda: ("ddnn/plant/devices/cam0/status", 3) in edge.messages,
+                 what="the edge still receiving")
+        assert not edge.disconnected.is_set(), "the edge was taken over"
+        cam0.stop()
+    finally:
+        proc.terminate()
+        proc.wait(10)
