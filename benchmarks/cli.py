@@ -15,6 +15,7 @@ BENCHMARKS = {
     "device_footprint": "ddnn.benchmarks.device_footprint",
     "cloud_throughput": "ddnn.benchmarks.cloud_throughput",
     "hierarchy_latency": "ddnn.benchmarks.hierarchy_latency",
+    "alignment": "ddnn.benchmarks.alignment",  # skewed starts under load: fixed vs adaptive
     "edge_ingest": "ddnn.benchmarks.edge_ingest",
     "raw_vs_hierarchy": "ddnn.benchmarks.raw_vs_hierarchy",
     "bandwidth": "ddnn.benchmarks.bandwidth",
@@ -22,7 +23,7 @@ BENCHMARKS = {
 }
 
 
-OWN_PACKAGES = {"ddnn", "device", "edge", "cloud", "models", "benchmarks"}
+OWN_PACKAGES = {"ddnn"}
 
 
 def register(sub, data_sub, formatter) -> None:

@@ -63,7 +63,7 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
         agent = subprocess.Popen(
             [sys.executable, "-m", "ddnn", "device", "--bundle", str(bundle), "--broker",
              broker.url, "--view", "0", "--data", str(data), "--fps", "200", "--limit", str(n),
-             "--grace", "0.5", "--threads", "1"],
+             "--grace", "0.5", "--threads", "1", "--wait-peers", "0"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         agent_rss, agent_torch = _watch(agent)

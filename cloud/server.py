@@ -6,6 +6,7 @@ import contextlib
 import logging
 import signal
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +17,9 @@ from ddnn.cloud.settings import CloudSettings
 from ddnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
+# --ssl-client-cert -> what the server's TLS context asks of clients.
+CERT_REQS = {"required": ssl.CERT_REQUIRED, "optional": ssl.CERT_OPTIONAL, "none": ssl.CERT_NONE}
 
 
 def http_options(settings: CloudSettings) -> dict:
@@ -52,6 +56,9 @@ def uvicorn_config(settings: CloudSettings, **overrides):
         ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
         ssl_keyfile_password=settings.ssl_keyfile_password,
         ssl_ca_certs=str(settings.ssl_ca_certs) if settings.ssl_ca_certs else None,
+        # uvicorn never asks for a client certificate unless told: without this, a CA given
+        # with --ssl-ca-certs would be loaded and never used.
+        ssl_cert_reqs=CERT_REQS[settings.ssl_client_cert or "none"],
         timeout_graceful_shutdown=10,
         **options,
     )

@@ -9,6 +9,7 @@ from ddnn.errors import ConfigError
 from ddnn.plumbing.options import Option, boolean, describe, optional_int, path
 
 ENV_PREFIX = "DDNN_CLOUD_"
+CLIENT_CERT_MODES = ("required", "optional", "none")  # --ssl-client-cert
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -37,7 +38,11 @@ class CloudSettings:
     ssl_certfile: Path | None = None  # TLS certificate (PEM); with ssl_keyfile turns on HTTPS
     ssl_keyfile: Path | None = None
     ssl_keyfile_password: str | None = None
-    ssl_ca_certs: Path | None = None  # CA bundle to verify client certificates against
+    ssl_ca_certs: Path | None = None  # CA bundle that client certificates must chain to
+    # Client certificates (mutual TLS): "required" (the handshake fails without a certificate
+    # that chains to ssl_ca_certs), "optional" (one that is presented must chain to it) or
+    # "none" (never asked for). Unset: "required" when ssl_ca_certs is given, else "none".
+    ssl_client_cert: str | None = None
     access_log: bool = False  # one log line per request (off: it costs throughput)
     bundle_key: Path | None = None  # Ed25519 public key (PEM): serve only bundles signed by it
 
@@ -64,10 +69,29 @@ class CloudSettings:
             raise ConfigError("max_queue_delay_ms and poll_interval must not be negative")
         if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
             raise ConfigError("TLS needs both --ssl-certfile and --ssl-keyfile")
+        self._check_client_certificates()
         if self.bundle_key is not None and not Path(self.bundle_key).is_file():
             raise ConfigError(f"bundle key {self.bundle_key}: no such file")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the bearer token must not be empty")
+
+    def _check_client_certificates(self) -> None:
+        mode = self.ssl_client_cert
+        if mode is None:  # resolved here, so the start-up log shows what is enforced
+            mode = "required" if self.ssl_ca_certs is not None else "none"
+            object.__setattr__(self, "ssl_client_cert", mode)
+        if mode not in CLIENT_CERT_MODES:
+            raise ConfigError(f"ssl_client_cert must be one of {', '.join(CLIENT_CERT_MODES)}, "
+                              f"got {mode!r}")
+        if self.ssl_ca_certs is not None:
+            if self.ssl_certfile is None:
+                raise ConfigError("--ssl-ca-certs verifies client certificates over HTTPS: it "
+                                  "needs --ssl-certfile and --ssl-keyfile")
+            if not Path(self.ssl_ca_certs).is_file():
+                raise ConfigError(f"--ssl-ca-certs {self.ssl_ca_certs}: no such file")
+        elif mode != "none":
+            raise ConfigError(f"--ssl-client-cert {mode} needs --ssl-ca-certs (the CA that "
+                              "client certificates must chain to)")
 
     @property
     def root(self) -> Path:
@@ -119,7 +143,15 @@ OPTIONS = (
     Option("ssl-certfile", path, "FILE", "TLS certificate (PEM); with --ssl-keyfile serves HTTPS"),
     Option("ssl-keyfile", path, "FILE", "TLS private key (PEM)"),
     Option("ssl-keyfile-password", str, "TEXT", "password of the TLS private key", secret=True),
-    Option("ssl-ca-certs", path, "FILE", "CA certificates to verify client certificates against"),
+    Option("ssl-ca-certs", path, "FILE",
+           "CA certificate(s) (PEM) that client certificates must chain to: mutual TLS. With it "
+           "a client without such a certificate is refused in the TLS handshake (see "
+           "--ssl-client-cert); needs --ssl-certfile"),
+    Option("ssl-client-cert", str, "MODE",
+           "client certificates: required (the handshake fails without one that chains to "
+           "--ssl-ca-certs), optional (one that is presented must chain to it), none (never "
+           "asked for); unset: required with --ssl-ca-certs, else none",
+           choices=CLIENT_CERT_MODES),
     Option("access-log", boolean, "BOOL", "log one line per request"),
     Option("bundle-key", path, "FILE", "Ed25519 public key (PEM): serve only bundles whose "
                                        "manifest it signed (ddnn bundle sign); others are refused "

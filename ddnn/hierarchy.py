@@ -27,6 +27,14 @@ def exit_tiers(
     return tier
 
 
+def hierarchy_predictions(exits: dict[str, np.ndarray], policy: ExitPolicy
+                          ) -> tuple[np.ndarray, np.ndarray]:
+    """Each sample's class as the hierarchy answers it, and the tier that answers (0/1/2)."""
+    tier = exit_tiers(entropy_of_logits(exits["local"]), entropy_of_logits(exits["edge"]), policy)
+    preds = [np.argmax(exits[k], axis=-1) for k in ("local", "edge", "cloud")]
+    return np.choose(tier, preds), tier
+
+
 @dataclass(frozen=True)
 class UplinkCost:
     """Bytes one device sends per frame: its scores always, its features when pulled."""
@@ -68,8 +76,7 @@ def summarize(
     present = view_labels >= 0
     preds = {k: np.argmax(exits[k], axis=-1) for k in ("local", "edge", "cloud")}
     device_pred = np.argmax(exits["device"], axis=-1)
-    tier = exit_tiers(entropy_of_logits(exits["local"]), entropy_of_logits(exits["edge"]), policy)
-    overall = np.choose(tier, [preds["local"], preds["edge"], preds["cloud"]])
+    overall, tier = hierarchy_predictions(exits, policy)
     n_present = present.sum(axis=1)
     cost = UplinkCost.of(manifest)
     ddnn_bytes = cost.per_frame(n_present, tier)

@@ -2,19 +2,26 @@
 # Make a private CA and every certificate and MQTT credential of one ddnn deployment.
 #
 #   deploy/make-certs.sh OUT_DIR --broker-host broker.lan [--broker-host 10.0.0.5] \
-#       --devices cam0,cam1,cam2 [--edges edge0] [--cloud-host cloud.lan] \
-#       [--days 825] [--install-dir /etc/ddnn/tls]
+#       --devices cam0,cam1,cam2 [--edges edge0] [--operators operator] \
+#       [--cloud-host cloud.lan] [--days 825] [--install-dir /etc/ddnn/tls]
 #
 # Writes into OUT_DIR:
 #   ca.crt, ca.key            the deployment's CA (ca.key: keep it offline; only ca.crt travels)
 #   broker.crt, broker.key    Mosquitto's server certificate, SAN = every --broker-host
 #   cloud.crt, cloud.key      the cloud service's HTTPS certificate (with --cloud-host)
-#   clients/ID.crt, ID.key    one client certificate per device and edge (CN = ID)
+#   clients/ID.crt, ID.key    one client certificate per device, edge and operator (CN = ID;
+#                             extendedKeyUsage clientAuth: also good for the cloud's mutual TLS,
+#                             ddnn cloud --ssl-ca-certs ca.crt)
 #   passwd                    Mosquitto password file (mosquitto_passwd), one user per ID
 #   acl                       Mosquitto ACL: devices publish only under devices/ID/, edges own
-#                             edges/ID/ and the results (see mosquitto/acl.example)
-#   env/ID.env                DDNN_DEVICE_* / DDNN_EDGE_* settings for that ID (CA, certificate,
-#                             key, username, password) with paths under --install-dir
+#                             edges/ID/ and the results, operators announce bundles on
+#                             ddnn/+/bundle (see mosquitto/acl.example)
+#   env/ID.env                DDNN_DEVICE_* / DDNN_EDGE_* / DDNN_ANNOUNCE_* settings for that ID
+#                             (CA, certificate, key, username, password) with paths under
+#                             --install-dir
+#
+# Operators (--operators, default "operator") are the identities of the people or CI jobs that
+# run `ddnn announce`: `set -a; . env/operator.env; ddnn announce --broker mqtts://... ...`.
 #
 # Running it again with more --devices adds the new ones and keeps the CA, the existing
 # certificates and passwords. Keys are EC P-256 (fast on small boards). Host names that look
@@ -27,13 +34,15 @@ set -euo pipefail
 
 usage() { sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
-out="" ; broker_hosts=() ; devices="" ; edges="edge0" ; cloud_host="" ; days=825
+out="" ; broker_hosts=() ; devices="" ; edges="edge0" ; operators="operator" ; cloud_host=""
+days=825
 install_dir="/etc/ddnn/tls" ; ca_days=3650
 while [ $# -gt 0 ]; do
   case "$1" in
     --broker-host) broker_hosts+=("$2"); shift 2 ;;
     --devices) devices="$2"; shift 2 ;;
     --edges) edges="$2"; shift 2 ;;
+    --operators) operators="$2"; shift 2 ;;
     --cloud-host) cloud_host="$2"; shift 2 ;;
     --days) days="$2"; shift 2 ;;
     --ca-days) ca_days="$2"; shift 2 ;;
@@ -95,7 +104,7 @@ have_passwd=1
 command -v mosquitto_passwd >/dev/null || {
   have_passwd=0; echo "make-certs: mosquitto_passwd not found; skipping the password file" >&2; }
 ids_of() { tr ',' '\n' <<<"$1" | sed '/^$/d'; }
-add_client() {  # ID ROLE(DEVICE|EDGE)
+add_client() {  # ID ROLE(DEVICE|EDGE|ANNOUNCE)
   local id="$1" role="$2" pw envf="env/$1.env"
   id_ok "$id"
   issue "clients/$id" "$id" "$client_ext"
@@ -112,9 +121,17 @@ DDNN_${role}_KEY_FILE=$install_dir/$id.key
 DDNN_${role}_USERNAME=$id
 DDNN_${role}_PASSWORD=$pw
 EOF
+  if [ "$role" = EDGE ]; then  # the same certificate opens a mutual-TLS cloud
+    cat >> "$envf" <<EOF
+DDNN_EDGE_CLOUD_CA_FILE=$install_dir/ca.crt
+DDNN_EDGE_CLOUD_CERT_FILE=$install_dir/$id.crt
+DDNN_EDGE_CLOUD_KEY_FILE=$install_dir/$id.key
+EOF
+  fi
 }
 for id in $(ids_of "$devices"); do add_client "$id" DEVICE; done
 for id in $(ids_of "$edges"); do add_client "$id" EDGE; done
+for id in $(ids_of "$operators"); do add_client "$id" ANNOUNCE; done
 
 # 4. The ACL: patterns for every device (%u = the username), one block per edge.
 {
@@ -129,6 +146,11 @@ for id in $(ids_of "$edges"); do add_client "$id" EDGE; done
     echo "topic read ddnn/+/devices/#"
     echo "topic write ddnn/+/edges/$id/#"
     echo "topic write ddnn/+/results"
+  done
+  # Operators announce bundle versions (retained) and read them back; nothing else.
+  for id in $(ids_of "$operators"); do
+    printf '\nuser %s\n' "$id"
+    echo "topic readwrite ddnn/+/bundle"
   done
 } > acl
 chmod 0644 ca.crt broker.crt acl; [ ! -f cloud.crt ] || chmod 0644 cloud.crt

@@ -5,6 +5,12 @@ and keeps its packed features for a while: the edge pulls them for the frames th
 locally (``pull``), or the device sends them along with the scores (``push``: no round trip,
 but features for every frame). With one view the device decides its own exit with the local
 threshold: a confident frame produces its result here; the others send their features up.
+
+A frame's features are sent once per pull, not once per request: a request repeating a pull
+this device answered less than :data:`REPULL_AFTER` seconds ago, on the same connection to the
+broker, is ignored and counted (a flood of requests cannot make it resend). The edge's own
+re-pulls after an outage still get an answer: they come after the device reconnected, or
+after that time.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ from ddnn.runtime import BundleRuntime, transmit
 
 log = logging.getLogger(__name__)
 
+REPULL_AFTER = 5.0  # seconds before the same connection may pull a frame's features again
+
 
 @dataclass
 class DeviceStats:
@@ -42,6 +50,7 @@ class DeviceStats:
     header_bytes: int = 0
     pulls_answered: int = 0
     pulls_missed: int = 0
+    pulls_repeated: int = 0  # requests for a frame answered moments ago: ignored
     bad_requests: int = 0
 
 
@@ -63,6 +72,11 @@ class DeviceAgent:
             local=settings.local_threshold).threshold("local")
         self.stats = DeviceStats()
         self._features: collections.OrderedDict[int, bytes] = collections.OrderedDict()
+        # frame -> (when, connection number) its features were last sent on a pull
+        self._answered: dict[int, tuple[float, int]] = {}
+        # The transport's count of connections to the broker (MqttClient.connects): a pull
+        # repeated after a reconnection is answered at once.
+        self.connections: Callable[[], int] = lambda: 0
         self._lock = threading.Lock()
         self._last_request = time.monotonic()
         self._ids = dict(model=m.name, version=m.version, deployment=settings.deployment,
@@ -115,7 +129,8 @@ class DeviceAgent:
             with self._lock:
                 self._features[frame] = env.encode(feat_msg)
                 while len(self._features) > self.settings.keep:
-                    self._features.popitem(last=False)
+                    old, _ = self._features.popitem(last=False)
+                    self._answered.pop(old, None)
 
     def _single_view_exit(self, frame: int, scores: np.ndarray, feat_msg: env.Envelope,
                           ts: float) -> None:
@@ -162,11 +177,23 @@ class DeviceAgent:
         view = self.settings.view
         if mask.ndim != 1 or mask.shape[0] <= view or mask[view] <= 0:
             return
+        now, connection = time.monotonic(), self.connections()
         with self._lock:
             data = self._features.get(req.frame)
+            last = self._answered.get(req.frame)
+            repeated = (data is not None and last is not None
+                        and last[1] == connection and now - last[0] < REPULL_AFTER)
+            if data is not None and not repeated:
+                self._answered[req.frame] = (now, connection)
         if data is None:
             self.stats.pulls_missed += 1
             log.debug("pull for frame %d: features no longer kept", req.frame)
+            return
+        if repeated:
+            self.stats.pulls_repeated += 1
+            if self.stats.pulls_repeated == 1:
+                log.warning("ignoring a repeated pull for frame %d, answered %.1f s ago (logged "
+                            "once; counted)", req.frame, now - last[0])  # type: ignore[index]
             return
         self._emit(OutMessage("features", data, req.frame))
         self.stats.pulls_answered += 1
@@ -181,15 +208,20 @@ class DeviceAgent:
 
     # --- a whole replay ---------------------------------------------------------------------
 
-    def replay(self, source, stop: threading.Event) -> None:
-        """Process every frame of ``source`` at ``settings.fps`` until done or ``stop`` is set."""
+    def replay(self, source, stop: threading.Event, start_at: float | None = None) -> None:
+        """Process every frame of ``source`` at ``settings.fps`` until done or ``stop`` is set.
+
+        ``start_at`` (Unix time; default ``settings.start_at``): when frame 0 is captured, so
+        devices given the same time capture frame n together.
+        """
         period = 1.0 / self.settings.fps if self.settings.fps > 0 else 0.0
         start = time.time()
-        if self.settings.start_at is not None:
-            if start > self.settings.start_at:
-                log.warning("started %.3f s after --start-at; catching up",
-                            start - self.settings.start_at)
-            start = self.settings.start_at
+        start_at = self.settings.start_at if start_at is None else start_at
+        if start_at is not None:
+            if start > start_at:
+                log.warning("started %.3f s after the agreed start; catching up",
+                            start - start_at)
+            start = start_at
         for n, (frame, image) in enumerate(source):
             if stop.is_set():
                 return

@@ -1,22 +1,26 @@
 """The device's outbox: messages wait here while the broker (or edge) cannot be reached.
 
 Bounded: when full, the oldest message is dropped and counted, so a long outage costs the
-oldest frames rather than the device's memory. With a spool directory every message is also a
-file until it is handed to the transport, so a restart of the agent loses nothing either.
+oldest frames rather than the device's memory. With a spool directory
+(:class:`~ddnn.device.spool.Spool`) every message is written to disk first and stays there
+until the broker acknowledged it (PUBACK), not merely until the MQTT client took it: a crash,
+SIGKILL or power cut of the agent loses nothing that was put, and what was in flight is sent
+again after a restart (at least once; the edge drops duplicates).
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from ddnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class OutMessage:
@@ -28,52 +32,62 @@ class OutMessage:
     frame: int = -1
 
 
-class Outbox:
-    """A bounded FIFO of :class:`OutMessage`, optionally mirrored on disk."""
+class Receipt(Protocol):
+    """What a transport returns for a message it took: whether the peer acknowledged it."""
 
-    def __init__(self, capacity: int = 10_000, spool: str | Path | None = None):
+    def is_published(self) -> bool: ...
+
+
+class Acknowledged:
+    """The receipt of a message the peer acknowledged at once (an HTTP answer)."""
+
+    def is_published(self) -> bool:
+        return True
+
+
+DELIVERED = Acknowledged()
+
+
+class Outbox:
+    """A bounded FIFO of :class:`OutMessage`, optionally kept on disk until acknowledged.
+
+    The sender peeks the oldest waiting message, hands it to the transport and reports the
+    transport's receipt with :meth:`taken`; :meth:`settle` then forgets every message whose
+    receipt says the broker acknowledged it. Without a spool a taken message is forgotten at
+    once (the MQTT client holds it in memory, as the process does). ``len()`` counts the
+    messages waiting plus those taken but not acknowledged (spool only).
+    """
+
+    def __init__(self, capacity: int = 10_000, spool: str | Path | None = None, *,
+                 sync_every: int = 64, sync_interval: float = 0.2):
         if capacity < 1:
             raise ConfigError("the outbox needs room for at least one message")
         self.capacity = capacity
         self.dropped = 0
         self._items: collections.deque[tuple[int, OutMessage]] = collections.deque()
+        self._inflight: collections.deque[tuple[int, Receipt]] = collections.deque()
         self._cond = threading.Condition()
         self._seq = 0
-        self._spool = Path(spool) if spool else None
-        if self._spool:
-            self._spool.mkdir(parents=True, exist_ok=True)
-            self._recover()
+        self._spool = None
+        if spool:
+            from ddnn.device.spool import Spool  # (the spool module uses OutMessage)
 
-    def _recover(self) -> None:
-        assert self._spool is not None
-        for f in sorted(self._spool.glob("*.msg")):
-            try:
-                seq = int(f.stem)
-                data = f.read_bytes()
-                kind_len = data[0]
-                kind = data[1 : 1 + kind_len].decode()
-                frame = int.from_bytes(data[1 + kind_len : 9 + kind_len], "little", signed=True)
-                msg = OutMessage(kind, data[9 + kind_len :], frame)
-            except (ValueError, IndexError, UnicodeDecodeError, OSError):
-                log.warning("spool: dropping unreadable %s", f.name)
-                f.unlink(missing_ok=True)
-                continue
-            self._items.append((seq, msg))
-            self._seq = max(self._seq, seq + 1)
-        if self._items:
-            log.info("spool: %d messages recovered from %s", len(self._items), self._spool)
-        while len(self._items) > self.capacity:
-            self._drop_oldest()
+            self._spool = Spool(spool, sync_every=sync_every, sync_interval=sync_interval)
+            self._items.extend(self._spool.recovered)
+            self._spool.recovered = []
+            self._seq = self._spool.next_seq
+            while len(self._items) > self.capacity:
+                self._drop_oldest()
 
-    def _path(self, seq: int) -> Path:
-        assert self._spool is not None
-        return self._spool / f"{seq:016d}.msg"
+    @property
+    def spooled(self) -> bool:
+        return self._spool is not None
 
     def _drop_oldest(self) -> None:
         seq, _ = self._items.popleft()
         self.dropped += 1
         if self._spool:
-            self._path(seq).unlink(missing_ok=True)
+            self._spool.done(seq)
         if self.dropped == 1 or self.dropped % 1000 == 0:
             log.warning("outbox full (%d): dropped the oldest message (%d so far)",
                         self.capacity, self.dropped)
@@ -85,29 +99,64 @@ class Outbox:
             seq = self._seq
             self._seq += 1
             if self._spool:
-                kind = msg.kind.encode()
-                tmp = self._path(seq).with_suffix(".tmp")
-                tmp.write_bytes(bytes([len(kind)]) + kind
-                                + msg.frame.to_bytes(8, "little", signed=True) + msg.payload)
-                os.replace(tmp, self._path(seq))  # a crash never leaves half a message
+                self._spool.append(seq, msg)
             self._items.append((seq, msg))
             self._cond.notify()
 
     def peek(self, timeout: float) -> OutMessage | None:
-        """The oldest message without removing it, waiting up to ``timeout`` for one."""
+        """The oldest waiting message without removing it, waiting up to ``timeout`` for one."""
         with self._cond:
             if not self._items:
                 self._cond.wait(timeout)
             return self._items[0][1] if self._items else None
 
-    def pop(self) -> None:
-        """Remove the oldest message: the transport has taken it."""
+    def taken(self, receipt: Receipt = DELIVERED, msg: OutMessage | None = None) -> None:
+        """The transport took the oldest waiting message (``msg``, when given: what the sender
+        peeked); ``receipt`` says when it is acknowledged (with a spool it stays on disk until
+        then)."""
         with self._cond:
-            if self._items:
-                seq, _ = self._items.popleft()
-                if self._spool:
-                    self._path(seq).unlink(missing_ok=True)
+            if not self._items or (msg is not None and self._items[0][1] is not msg):
+                return  # the full outbox dropped it meanwhile (counted): nothing to take
+            seq, _ = self._items.popleft()
+            if self._spool is not None:
+                if receipt.is_published():
+                    self._spool.done(seq)
+                else:
+                    self._inflight.append((seq, receipt))
+            self._cond.notify_all()
+
+    def pop(self) -> None:
+        """Remove the oldest waiting message: it was delivered."""
+        self.taken(DELIVERED)
+
+    def settle(self) -> int:
+        """Forget the messages acknowledged since the last call (oldest first: a broker
+        acknowledges in order); fsync the spool if a batch is due. Returns how many."""
+        n = 0
+        with self._cond:
+            while self._inflight and self._inflight[0][1].is_published():
+                seq, _ = self._inflight.popleft()
+                self._spool.done(seq)  # type: ignore[union-attr]
+                n += 1
+            if self._spool is not None:
+                self._spool.sync_if_due()
+            if n:
                 self._cond.notify_all()
+        return n
+
+    def waiting(self) -> int:
+        """Messages not yet handed to the transport."""
+        return len(self._items)
+
+    def in_flight(self) -> int:
+        """Messages handed over and not yet acknowledged (kept on disk)."""
+        return len(self._inflight)
+
+    def close(self) -> None:
+        """fsync and close the spool; what is not acknowledged is sent by the next process."""
+        with self._cond:
+            if self._spool is not None:
+                self._spool.close()
 
     def __len__(self) -> int:
-        return len(self._items)
+        return len(self._items) + len(self._inflight)

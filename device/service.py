@@ -18,13 +18,15 @@ import numpy as np
 
 from ddnn.bundle import Bundle, load_bundle
 from ddnn.device.agent import DeviceAgent
-from ddnn.device.buffer import Outbox, OutMessage
-from ddnn.device.settings import DeviceSettings
+from ddnn.device.buffer import DELIVERED, Outbox, OutMessage
+from ddnn.device.health import DeviceMetrics, SourceWatch, monitor
+from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
 from ddnn.device.transport import HttpTransport, MqttTransport
 from ddnn.errors import ConfigError
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions, security_of
 from ddnn.plumbing.ota import BundleUpdater
+from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics, default_device_ids
 
@@ -42,14 +44,23 @@ class DeviceService:
     """
 
     def __init__(self, settings: DeviceSettings, bundle: Bundle, source: Source | None = None):
-        self.settings, self.bundle, self.source = settings, bundle, source
+        self.settings, self.bundle = settings, bundle
+        # Watched for the health check (a source that stops producing); stopped with us.
+        self.source = SourceWatch(source) if source is not None else None
         self.stop_event = threading.Event()
+        if hasattr(source, "stop_event"):  # a camera or a followed folder stops waiting too
+            source.stop_event = self.stop_event
         self.refused: BrokerRefusedError | None = None  # the broker refused us for good
         self.updater: BundleUpdater | None = None  # while running over MQTT
         self._sender: threading.Thread | None = None
         self._sender_done = threading.Event()
         self._send_lock = threading.Lock()
-        self.outbox = Outbox(settings.buffer, settings.spool)
+        self.outbox = Outbox(settings.buffer, settings.spool,
+                             sync_every=settings.spool_sync_every,
+                             sync_interval=settings.spool_sync_ms / 1000)
+        self.metrics = DeviceMetrics()
+        self.metrics.bundle.set(1, model=bundle.manifest.name, version=bundle.manifest.version)
+        self.http = None  # the HTTP server of /metrics and /healthz, with --http-port
         self.agent = DeviceAgent(BundleRuntime(bundle, threads=settings.threads), settings,
                                  emit=self.deliver)
         self.transport = self._transport()
@@ -68,29 +79,43 @@ class DeviceService:
             return HttpTransport(s.edge_url, s.token)
         options = MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
                               security=security_of(s))
+        # "since": when this device came online; replaying peers agree on a start from it.
         status = {"device": s.device_id, "view": s.view, "model": self.bundle.ref,
-                  "mode": s.mode}
-        return MqttTransport(s.broker, Topics(s.deployment, s.topic_prefix), s.device_id,
-                             s.edge_id, options, status, self.agent.handle_request,
-                             on_bundle=self._on_bundle, on_refused=self._on_refused)
+                  "mode": s.mode, "since": round(time.time(), 3)}
+        transport = MqttTransport(s.broker, Topics(s.deployment, s.topic_prefix), s.device_id,
+                                  s.edge_id, options, status, self.agent.handle_request,
+                                  on_bundle=self._on_bundle, on_refused=self._on_refused)
+        # A pull repeated after a reconnection is answered again (the agent's de-duplication).
+        self.agent.connections = lambda: transport.client.connects
+        return transport
 
     # --- lifetime ----------------------------------------------------------------------------
 
     def __enter__(self) -> DeviceService:
+        s = self.settings
+        # Bound first: a port in use fails before anything runs.
+        http = monitor(self, s.http_host, s.http_port) if s.http_port is not None else None
         if isinstance(self.transport, MqttTransport):  # updates are announced over MQTT
-            s = self.settings
             self.updater = BundleUpdater(self.bundle, self._apply_update, cloud=s.ota_origin,
                                          public_key=s.bundle_key, tag=s.device_id,
                                          allow_unsigned=s.ota_allow_unsigned,
-                                         allow_downgrade=s.ota_allow_downgrade)
+                                         allow_downgrade=s.ota_allow_downgrade,
+                                         retry=RetryPolicy(min(1.0, s.ota_retry_max),
+                                                           s.ota_retry_max),
+                                         on_result=self._update_result,
+                                         on_retry=lambda ann, why: self._update_result(None))
         try:
             self.transport.start()
         except BaseException:
             self._stop_updater()
+            if http is not None:
+                http.server.server_close()
             raise
         self._sender = threading.Thread(target=self._send_loop, name="device-sender",
                                         daemon=True)
         self._sender.start()
+        if http is not None:
+            self.http = http.start()
         return self
 
     def __exit__(self, *exc) -> None:
@@ -99,13 +124,22 @@ class DeviceService:
         if self._sender is not None:
             self._sender.join(timeout=2)
         self.transport.stop()
+        self.outbox.settle()  # acknowledged while stopping: not sent again by the next process
+        self.outbox.close()
         self._stop_updater()
+        if self.http is not None:
+            self.http.stop()
+        close = getattr(self.source.source if self.source is not None else None, "close", None)
+        if close is not None:
+            close()
         s = self.agent.stats
         log.info(
             "device %s done: %d frames (%d absent, %d local exits), sent %s, %d payload + %d "
-            "header bytes, pulls answered %d missed %d, bad requests %d, outbox dropped %d",
+            "header bytes, pulls answered %d missed %d repeated %d, bad requests %d, outbox "
+            "dropped %d",
             self.settings.device_id, s.frames, s.absent, s.local_exits, dict(s.sent),
-            s.payload_bytes, s.header_bytes, s.pulls_answered, s.pulls_missed, s.bad_requests,
+            s.payload_bytes, s.header_bytes, s.pulls_answered, s.pulls_missed,
+            s.pulls_repeated, s.bad_requests,
             self.outbox.dropped,
         )
 
@@ -125,34 +159,77 @@ class DeviceService:
         self.stop_event.set()
 
     def _apply_update(self, bundle: Bundle) -> None:
+        old = self.agent.manifest
         self.agent.swap(BundleRuntime(bundle, threads=self.settings.threads))
+        self.metrics.bundle.set(0, model=old.name, version=old.version)
+        self.metrics.bundle.set(1, model=bundle.manifest.name, version=bundle.manifest.version)
         if isinstance(self.transport, MqttTransport):
             self.transport.update_status(model=bundle.ref)
+
+    def _update_result(self, ok: bool | None) -> None:
+        """Count an update's outcome (None: a fetch to retry); a refusal is also in the
+        retained status (``ota_error``), beside the version that keeps running."""
+        self.metrics.bundle_updates.inc(result={True: "applied", False: "refused",
+                                                None: "retry"}[ok])
+        if ok is not None and self.updater is not None and isinstance(self.transport,
+                                                                      MqttTransport):
+            error = self.updater.last_error if not ok else None
+            self.transport.update_status(ota_error=error[:300] if error else None)
 
     # --- sending -----------------------------------------------------------------------------
 
     def _send_loop(self) -> None:
         # Order matters (the edge sees scores before the features they announce): one sender,
         # oldest first, and a message leaves the outbox only once the transport took it.
+        # With a spool a message stays on disk until the broker acknowledged it (settle).
         while not self._sender_done.is_set():
-            msg = self.outbox.peek(timeout=0.1)
+            self.outbox.settle()
+            msg = self.outbox.peek(timeout=0.05)
             if msg is None:
                 continue
             if not self.transport.can_send():
                 self._sender_done.wait(0.005)  # broker down or paho's window full: wait a tick
                 continue
             with self._send_lock:
-                if self.transport.send(msg):
-                    self.outbox.pop()
+                receipt = self.transport.send(msg)
+                if receipt:
+                    self.outbox.taken(DELIVERED if receipt is True else receipt, msg)
+
+    def sender_alive(self) -> bool:
+        return self._sender is not None and self._sender.is_alive()
 
     def deliver(self, msg: OutMessage) -> None:
-        """Send at once when nothing older waits (saves a thread hop), else queue in order."""
-        with self._send_lock:
-            if len(self.outbox) == 0 and self.transport.can_send() and self.transport.send(msg):
-                return
+        """Send at once when nothing older waits (saves a thread hop), else queue in order.
+        With a spool every message goes to disk first, for the sender to send."""
+        if not self.outbox.spooled:
+            with self._send_lock:
+                if (len(self.outbox) == 0 and self.transport.can_send()
+                        and self.transport.send(msg)):
+                    return
         self.outbox.put(msg)
 
     # --- a whole replay ----------------------------------------------------------------------
+
+    def _agree_on_start(self) -> float | None:
+        """When this replay's frame 0 is captured, agreed with the peers through the broker.
+
+        Devices started one after another (a shell loop, a busy machine) would otherwise replay
+        frame n seconds apart, and the edge would answer most frames without the late views.
+        Each device waits for the edge and its peers to be online, then starts at the moment
+        the last of them came online (their retained statuses say when), plus a margin: the
+        same time on every device. ``--start-at`` fixes it instead; ``--wait-peers 0`` starts
+        at once.
+        """
+        s = self.settings
+        if s.start_at is not None or s.wait_peers <= 0:
+            return s.start_at
+        if not self.transport.wait_peers(list(s.peers), s.wait_peers):
+            log.warning("not every peer came online within %.0f s; starting now", s.wait_peers)
+            return None
+        start = getattr(self.transport, "agreed_start", lambda peers: None)(list(s.peers))
+        if start is not None:
+            log.info("replay starts at %.3f, agreed with %s", start, ", ".join(s.peers))
+        return start
 
     def run(self, source: Source | None = None) -> None:
         """Replay ``source`` (default: the settings' source), then drain and linger for pulls;
@@ -161,11 +238,9 @@ class DeviceService:
         source = self.source if source is None else source
         if source is None:
             raise ConfigError("no frame source to replay")
-        if s.wait_peers > 0 and not self.transport.wait_peers(list(s.peers), s.wait_peers):
-            log.warning("not every peer came online within %.0f s; starting anyway",
-                        s.wait_peers)
+        start_at = self._agree_on_start() if s.camera is None else None
         t0 = time.monotonic()
-        self.agent.replay(source, self.stop_event)
+        self.agent.replay(source, self.stop_event, start_at)
         log.info("replayed %d frames in %.2f s", self.agent.stats.frames, time.monotonic() - t0)
         self.drain(s.drain_timeout)
         # The edge pulls features of the last frames after it has their scores: keep serving
@@ -211,5 +286,9 @@ def open_source(settings: DeviceSettings, bundle: Bundle) -> Source:
     if s.data is not None:
         return NpzReplay(s.data, s.view, m.num_classes, s.limit, s.start)
     if s.images is not None:
-        return ImageFolder(s.images, m.input_shape, s.limit)
-    return Camera(s.camera, m.input_shape, s.limit, s.fps)
+        mode, archive = after_send_mode(s.after_send)
+        return ImageFolder(s.images, m.input_shape, s.limit, follow=s.follow, after_send=mode,
+                           archive=archive, fps=s.fps)
+    retry = RetryPolicy(initial=min(0.5, s.camera_retry_max), maximum=s.camera_retry_max)
+    return Camera(s.camera, m.input_shape, s.limit, s.fps, retries=s.camera_retries,
+                  retry=retry)

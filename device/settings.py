@@ -10,9 +10,19 @@ from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl
 from ddnn.plumbing.options import Option, boolean, describe, id_list, path
+from ddnn.plumbing.ota import UPDATE_OPTIONS
 
 ENV_PREFIX = "DDNN_DEVICE_"
 MODES = ("pull", "push")
+
+
+def after_send_mode(value: str) -> tuple[str, Path | None]:
+    """``keep``/``delete`` or ``archive:DIR`` as (mode, archive folder)."""
+    if value in ("keep", "delete"):
+        return value, None
+    if value.startswith("archive:") and value[len("archive:"):].strip():
+        return "archive", Path(value[len("archive:"):])
+    raise ConfigError(f"--after-send must be keep, delete or archive:DIR, got {value!r}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -35,6 +45,7 @@ class DeviceSettings:
     bundle_key: Path | None = None  # Ed25519 public key: run only bundles signed by it
     ota_allow_unsigned: bool = False  # apply unsigned over-the-air bundles (explicit opt-out)
     ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
+    ota_retry_max: float = 60.0  # longest wait between fetches of an announced version
     ota_origin: str | None = None  # fetch over-the-air bundles only from this http(s) origin
     edge_url: str | None = None  # the HTTP fallback: the edge's http://host:port
     token: str | None = None  # bearer token for the HTTP fallback
@@ -46,21 +57,31 @@ class DeviceSettings:
     data: Path | None = None  # frame sources: exactly one of data, images, camera
     images: Path | None = None
     camera: int | None = None
+    follow: bool = False  # --images: keep watching the folder for new images, in name order
+    after_send: str = "keep"  # --images: keep, delete or archive:DIR each image once sent
+    camera_retries: int = 10  # failed camera reopenings in a row before giving up; 0: never
+    camera_retry_max: float = 30.0  # longest wait between camera reopenings, seconds
     fps: float = 10.0  # frames per second to replay at; 0: as fast as the device can
     limit: int | None = None  # stop after this many frames
     start: int = 0  # first frame index of a replay
     buffer: int = 10_000  # messages held while the uplink is away; the oldest dropped when full
     spool: Path | None = None  # keep the outbox on disk too, so a restart loses nothing
+    spool_sync_every: int = 64  # fsync the spool after this many messages ...
+    spool_sync_ms: float = 200.0  # ... or when the oldest unsynced one is this old
     keep: int = 1024  # frames whose features are kept for pulls (covers a broker outage)
     grace: float = 2.0  # seconds to keep answering pulls after the last frame
     drain_timeout: float = 60.0  # longest wait to deliver the outbox after the last frame
     local_threshold: float | None = None  # one-view bundles: override the local exit threshold
     keepalive: int = 10  # MQTT keepalive seconds; the broker declares us offline after 1.5x
     reconnect_max: int = 30  # cap of the reconnection backoff, seconds
-    wait_peers: float = 0.0  # seconds to wait for the edge and the peers; 0: do not wait
+    wait_peers: float = 30.0  # replays: seconds to wait for the edge and the peers; 0: do not
     peers: tuple[str, ...] = ()  # devices to wait for; empty: every view's default id
     start_at: float | None = None  # Unix time of the first frame: cameras triggered together
     threads: int = 1  # ONNX Runtime intra-op threads
+    http_host: str = "127.0.0.1"  # the device's own HTTP server (/metrics, /healthz)
+    http_port: int | None = None  # None: no HTTP server
+    health_grace: float = 60.0  # seconds the broker may be unreachable before /healthz fails
+    stall_after: float = 60.0  # seconds without a frame from the source before /healthz fails
 
     def __post_init__(self) -> None:
         if self.view < 0:
@@ -90,6 +111,11 @@ class DeviceSettings:
             raise ConfigError(f"bundle key {self.bundle_key}: no such file")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the bearer token must not be empty")
+        if self.after_send != "keep" and self.images is None:
+            raise ConfigError("--after-send applies to --images only")
+        if self.follow and self.images is None:
+            raise ConfigError("--follow applies to --images only")
+        after_send_mode(self.after_send)
         if self.ota_origin is not None:
             u = urllib.parse.urlsplit(self.ota_origin)
             if u.scheme not in ("http", "https") or not u.hostname:
@@ -98,13 +124,18 @@ class DeviceSettings:
 
     def _check_numbers(self) -> None:
         at_least = {"buffer": 1, "keep": 1, "threads": 1, "reconnect_max": 1, "start": 0,
-                    "keepalive": 0, "fps": 0, "grace": 0, "wait_peers": 0}
+                    "keepalive": 0, "fps": 0, "grace": 0, "wait_peers": 0,
+                    "spool_sync_every": 1, "spool_sync_ms": 0, "camera_retries": 0,
+                    "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0,
+                    "ota_retry_max": 0.1}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
         for name in ("limit", "camera", "start_at"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
+        if self.http_port is not None and not 0 <= self.http_port <= 65535:
+            raise ConfigError(f"http_port must be in 0..65535, got {self.http_port}")
         if self.keepalive > 65535:  # a 16-bit field of MQTT's CONNECT
             raise ConfigError(f"keepalive must be at most 65535 seconds, got {self.keepalive}")
         if self.drain_timeout <= 0:
@@ -128,13 +159,7 @@ OPTIONS = (
     Option("broker", str, "URL", "MQTT broker URL, mqtt://[user:pass@]host:port (mqtts:// for "
                                  "TLS); a password in it is never logged"),
     *SECURITY_OPTIONS,
-    Option("bundle-key", path, "PUBKEY",
-           "Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it"),
-    Option("ota-allow-unsigned", boolean, "BOOL",
-           "apply over-the-air bundles that carry no signature by --bundle-key (unsafe: anyone "
-           "who can publish on the bundle topic and serve files picks the model)"),
-    Option("ota-allow-downgrade", boolean, "BOOL",
-           "apply an over-the-air bundle whose version is not newer than the running one"),
+    *UPDATE_OPTIONS,
     Option("ota-origin", str, "URL",
            "fetch over-the-air bundles only from this http(s) origin (e.g. the cloud's URL); "
            "unset: from the announced URL, signature still required"),
@@ -155,13 +180,30 @@ OPTIONS = (
            group="source"),
     Option("camera", int, "INDEX", "camera index through OpenCV (optional dependency)",
            group="source"),
+    Option("follow", boolean, "BOOL",
+           "with --images: keep watching the folder (a capture tool fills it) and send new "
+           "images in name order as they appear, instead of stopping at the end"),
+    Option("after-send", str, "WHAT",
+           "with --images: what to do with an image once its messages are queued: keep, "
+           "delete, or archive:DIR (moved there)"),
+    Option("camera-retries", int, "N",
+           "failed camera reopenings in a row before the agent gives up and exits with an "
+           "error (for systemd to restart it); 0: retry forever"),
+    Option("camera-retry-max", float, "S",
+           "longest wait in seconds between camera reopenings (exponential backoff from 0.5 s)"),
     Option("fps", float, "F", "frames per second to send; 0 = as fast as possible"),
     Option("limit", int, "N", "stop after this many frames"),
     Option("start", int, "N", "first frame index of a replay"),
     Option("buffer", int, "N",
            "messages held while the broker is unreachable; the oldest is dropped when full"),
     Option("spool", path, "DIR",
-           "directory to keep the outbox on disk, so a restart loses nothing"),
+           "directory to keep the outbox on disk until the broker acknowledged each message, "
+           "so a crash or restart loses nothing (delivery at least once)"),
+    Option("spool-sync-every", int, "N",
+           "fsync the spool after this many new messages (1: every message)"),
+    Option("spool-sync-ms", float, "MS",
+           "... or once the oldest unsynced message is this many milliseconds old: what a "
+           "power cut may lose"),
     Option("keep", int, "N", "recent frames whose features are kept for the edge's pulls"),
     Option("grace", float, "S", "seconds to keep answering pulls after the last frame of a replay"),
     Option("drain-timeout", float, "S",
@@ -173,10 +215,20 @@ OPTIONS = (
     Option("reconnect-max", int, "S",
            "longest wait in seconds between reconnection attempts (exponential backoff)"),
     Option("wait-peers", float, "S",
-           "before replaying, wait up to this many seconds for the edge and --peers online"),
+           "replays: wait up to this many seconds for the edge and --peers to be online, then "
+           "start together with them (at the moment the last came online, plus a second); "
+           "0: start at once"),
     Option("peers", id_list, "IDS",
            "comma-separated device ids for --wait-peers (unset: every view's default id)"),
     Option("start-at", float, "T",
            "Unix time of the first frame, to trigger several replaying devices together"),
     Option("threads", int, "N", "ONNX Runtime threads"),
+    Option("http-host", str, "ADDR", "address of the device's HTTP server"),
+    Option("http-port", int, "PORT",
+           "port of the device's HTTP server (/metrics, /healthz, /livez); unset: none"),
+    Option("health-grace", float, "S",
+           "seconds the broker may be unreachable before /healthz answers 503"),
+    Option("stall-after", float, "S",
+           "seconds without a frame from the source (while it should produce) before /healthz "
+           "answers 503"),
 )

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import http.client
 import logging
+import queue
 import threading
+import time
 from collections.abc import Callable
 
-from ddnn.device.buffer import OutMessage
+from ddnn.device.buffer import OutMessage, Receipt
 from ddnn.plumbing.http import KeepAliveConnection
 from ddnn.plumbing.mqtt import (
     QOS_FEATURES,
@@ -22,13 +24,31 @@ from ddnn.plumbing.mqtt import (
     BrokerRefusedError,
     MqttClient,
     MqttOptions,
-    parse_status,
+    status_fields,
     status_payload,
 )
 from ddnn.plumbing.retry import RETRY_STATUSES, RetryPolicy
 from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
+
+
+class PubackReceipt:
+    """The receipt of one MQTT publish: true once the broker acknowledged it (PUBACK)."""
+
+    __slots__ = ("_transport", "acked")
+
+    def __init__(self, transport: MqttTransport):
+        self._transport, self.acked = transport, False
+
+    def is_published(self) -> bool:
+        if not self.acked:
+            self._transport.collect_acks()
+        return self.acked
+
+# Seconds between the last peer coming online and the agreed replay start: time for its status
+# to reach every device through the broker, with room for a busy machine.
+START_MARGIN = 1.0
 
 
 class MqttTransport:
@@ -47,6 +67,7 @@ class MqttTransport:
         self.topics, self.device_id, self.edge_id = topics, device_id, edge_id
         self.max_pending = max_pending  # bounds what paho holds beyond our outbox
         self.peers: dict[str, str] = {}  # device or edge id -> "online"/"offline"
+        self.since: dict[str, float] = {}  # device id -> when it came online (its status says)
         self._peers_changed = threading.Condition()
         self._on_request = on_request
         self._routes = {
@@ -60,10 +81,15 @@ class MqttTransport:
         options.subscriptions = [(self._requests, 1), (topics.all_devices("status"), QOS_STATUS),
                                  (self._edge_status, QOS_STATUS), (topics.bundle, 1)]
         self._on_bundle = on_bundle
+        # PUBACKs: paho reports the mid (its thread, its lock held); receipts are settled by
+        # whoever asks, from this queue.
+        self._acks: queue.SimpleQueue[int] = queue.SimpleQueue()
+        self._awaiting: dict[int, PubackReceipt] = {}  # mid -> receipt
+        self._awaiting_lock = threading.Lock()
         self.client = MqttClient(url, f"ddnn-{topics.deployment}-{device_id}", options,
                                  status_topic=topics.device(device_id, "status"),
                                  status_info=status_info, on_message=self._message,
-                                 on_refused=on_refused)
+                                 on_refused=on_refused, on_published=self._acks.put)
 
     def _message(self, topic: str, payload: bytes) -> None:
         if topic == self._requests:
@@ -80,10 +106,14 @@ class MqttTransport:
             if parsed is None:
                 return
             peer = parsed[0]
-        state = parse_status(payload)
-        if state:
+        info = status_fields(payload)
+        state = info.get("state")
+        if state in ("online", "offline"):
             with self._peers_changed:
                 self.peers[peer] = state
+                since = info.get("since")
+                if isinstance(since, int | float) and not isinstance(since, bool):
+                    self.since[peer] = float(since)
                 self._peers_changed.notify_all()
 
     def start(self) -> None:
@@ -104,10 +134,29 @@ class MqttTransport:
     def can_send(self) -> bool:
         return self.connected and self.client.pending() < self.max_pending
 
-    def send(self, msg: OutMessage) -> bool:
+    def send(self, msg: OutMessage) -> Receipt | None:
+        """Hand ``msg`` to paho; the receipt turns true when the broker acknowledged it. None
+        when paho could not take it (it stays in the outbox)."""
         topic, qos = self._routes[msg.kind]
-        self.client.publish(topic, msg.payload, qos)
-        return True
+        self.collect_acks()  # keeps the receipts' table as small as what is in flight
+        with self._awaiting_lock:  # the mid is registered before its PUBACK can be collected
+            info = self.client.publish(topic, msg.payload, qos)
+            if not self.client.queued(info):
+                return None
+            receipt = self._awaiting[info.mid] = PubackReceipt(self)
+        return receipt
+
+    def collect_acks(self) -> None:
+        """Mark the receipts of the messages the broker acknowledged since the last call."""
+        with self._awaiting_lock:
+            while True:
+                try:
+                    mid = self._acks.get_nowait()
+                except queue.Empty:
+                    return
+                receipt = self._awaiting.pop(mid, None)  # None: a status message
+                if receipt is not None:
+                    receipt.acked = True
 
     def idle(self) -> bool:
         """Everything handed over has been acknowledged by the broker."""
@@ -119,6 +168,16 @@ class MqttTransport:
         with self._peers_changed:
             return self._peers_changed.wait_for(
                 lambda: all(self.peers.get(p) == "online" for p in wanted), timeout)
+
+    def agreed_start(self, devices: list[str]) -> float | None:
+        """The replay start every device of ``devices`` computes alike: the moment the last of
+        them came online (from their retained statuses), plus :data:`START_MARGIN`. None when
+        one of them did not say."""
+        with self._peers_changed:
+            times = [self.since.get(d) for d in devices]
+        if not times or any(t is None for t in times):
+            return None
+        return max(times) + START_MARGIN
 
     def stop(self) -> None:
         self.client.stop()
@@ -144,6 +203,7 @@ class HttpTransport:
             self._headers["Authorization"] = f"Bearer {token}"
         self._backoff = HTTP_RETRY.backoff()
         self.connected = False
+        self.disconnected_since: float | None = None  # monotonic: the edge became unreachable
         self.refused = 0  # messages the edge refused (4xx other than "later"): dropped
 
     def start(self) -> None:
@@ -172,6 +232,7 @@ class HttpTransport:
         if not self.connected:
             log.info("edge %s reachable over HTTP", edge.netloc)
         self.connected = True
+        self.disconnected_since = None
         self._backoff.succeeded()
         if status >= 400:  # the edge refused this message itself: resending cannot help
             self.refused += 1
@@ -184,6 +245,8 @@ class HttpTransport:
         if self.connected or self._backoff.failures == 0:
             log.warning("%s; keeping the message and retrying with backoff", why)
         self.connected = False
+        if self.disconnected_since is None:
+            self.disconnected_since = time.monotonic()
         self._backoff.failed()
         return False
 

@@ -63,19 +63,22 @@ class EdgeAggregator:
         self._connected = connected
         self.single_view = m.views == 1
         self.assembler = FrameAssembler(m.views, settings.deadline, settings.feature_deadline,
-                                        settings.suspect_after, single_view=self.single_view)
+                                        settings.suspect_after, single_view=self.single_view,
+                                        max_wait=settings.max_wait)
         self.pipeline = self._pipeline(runtime)
         self._ready: queue.SimpleQueue[Frame] = queue.SimpleQueue()
         self._to_cloud: queue.SimpleQueue[tuple[Frame, ToCloud]] = queue.SimpleQueue()
         self.ingest = Ingest(
             self.assembler, topics, self.devices, m, on_ready=self._ready.put,
-            on_received=self._received, on_drop=self._dropped, on_status=self._status)
+            on_received=self._received, on_drop=self._dropped, on_status=self._status,
+            on_clock=lambda device: self.metrics.clock_skewed.inc(device=device))
         self.recent = RecentResults(RECENT_RESULTS)
         self.sinks: list[ResultSink] = [self.recent, *sinks]
         self._results_lock = threading.Lock()  # every sink sees the results in one order
         self.answered = 0
         self.done = threading.Event()  # set after settings.expect_frames results
         self._unknown_versions: set[str] = set()  # logged once each
+        self._late_warned: set[str] = set()  # devices whose lateness was logged
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.metrics.bundle.set(1, model=m.name, version=m.version)
@@ -109,15 +112,26 @@ class EdgeAggregator:
         self.metrics.bytes.inc(payload_bytes, kind=kind, part="payload")
         self.metrics.bytes.inc(header_bytes, kind=kind, part="header")
 
-    def _dropped(self, reason: str) -> None:
+    def _dropped(self, reason: str, device: str | None = None, lag: float | None = None) -> None:
         self.metrics.dropped.inc(reason=reason)
-        if reason == "late":
-            self.metrics.late.inc()
+        if reason == "late" and device is not None:
+            self.metrics.late.inc(device=device)
+            if device not in self._late_warned:  # once per device; the counter says the rest
+                self._late_warned.add(device)
+                log.warning("device %s: a view came %s after its frame's first view, too late to "
+                            "be fused (the frame waits at most %.0f ms); later ones are counted in "
+                            "ddnn_edge_late_views_total", device,
+                            "?" if lag is None else f"{lag * 1000:.0f} ms",
+                            self.assembler.max_wait * 1000)
 
     def _status(self, device: str, online: bool) -> None:
         self.metrics.devices_online.set(1 if online else 0, device=device)
         if online:
             self._request_again()
+
+    def late_devices(self) -> list[str]:
+        """Devices late for most of their recent views (systematically): for health checks."""
+        return [self.devices[v] for v in self.assembler.late_views()]
 
     # --- control --------------------------------------------------------------------------------
 
@@ -219,11 +233,18 @@ class EdgeAggregator:
             if isinstance(local, Exit):
                 self._answer(f, local)
                 return
+            f.local = local.answer
             if local.ask and self._publish is not None:
                 self._request(f.id, local.ask)
             if self.assembler.await_features(f, list(local.views), time.monotonic()) is None:
                 return  # the features come to the ingest, which hands the frame back
-        edge = p.edge({v: f.features[v] for v in f.requested if v in f.features})
+        arrived = {v: f.features[v] for v in f.requested if v in f.features}
+        if not arrived:
+            # Never classify zeros: no view's features came, so the local exit's answer stands,
+            # flagged degraded (the devices could not deliver what the frame needed).
+            self._answer(f, f.local, degraded=True)
+            return
+        edge = p.edge(arrived)
         if isinstance(edge, ToCloud):
             self._to_cloud.put((f, edge))
         else:

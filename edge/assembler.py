@@ -1,32 +1,48 @@
-"""Assembling frames from the views that arrive, by a deadline.
+"""Assembling frames from the views that arrive, within a latency budget.
 
-A frame starts when its first message arrives. It is ready for the local exit as soon as every
-device expected to report has sent its scores (or said "absent"), or when the deadline passes:
-a missing or dead device never blocks a frame, the frame is fused over the views present (the
-paper's fault-tolerance result). Devices are expected unless their status says offline (the
-last will), or they missed ``suspect_after`` deadlines in a row; any message revives them.
-Feature pulls get their own deadline. Thread-safe: messages arrive on the MQTT thread, deadlines
-are checked on the worker.
+A frame opens when its first message arrives. It is ready for the local exit as soon as every
+device expected to report has sent its scores (or said "absent"), or when its wait runs out: a
+missing or dead device never blocks a frame, the frame is fused over the views present (the
+paper's fault-tolerance result). The wait adapts to the devices: at least ``deadline`` after the
+first view, longer when a device still awaited usually lags (:class:`~edge.arrivals.ArrivalLag`),
+never longer than ``max_wait``. Devices are expected unless their status says offline (the last
+will), or they missed ``suspect_after`` waits in a row; any message revives them. Feature pulls
+get their own deadline.
+
+Bounded whatever the devices send: frame ids more than ``window`` ahead of the newest frame any
+device is at are refused (one message moves the window by at most ``window``), at most
+``max_open`` frames wait at once, and answered frames are forgotten smallest id first, so no
+single frame id, however large, makes later frames look old. Thread-safe: messages arrive on
+the MQTT thread, waits are checked on the worker.
 """
 
 from __future__ import annotations
 
-import collections
+import heapq
 import threading
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 
+from ddnn.edge.arrivals import ArrivalLag
+
 SCORES, FEATURES, DONE = "scores", "features", "done"
+WINDOW = 1_000_000  # frame ids this far ahead of every device's newest are refused ("ahead")
+MAX_OPEN = 4096  # frames waiting at once; a message opening one more is refused ("overload")
 
 
 class Drop(Exception):
-    """A message that is valid but not wanted; ``reason`` is the metric label."""
+    """A message that is valid but not wanted; ``reason`` is the metric label.
 
-    def __init__(self, reason: str, detail: str = ""):
+    ``view`` and ``lag`` (seconds after its frame's first view) say who was late, and by how
+    much, for the warning and the per-device counter.
+    """
+
+    def __init__(self, reason: str, detail: str = "", *, view: int | None = None,
+                 lag: float | None = None):
         super().__init__(detail or reason)
-        self.reason = reason
+        self.reason, self.view, self.lag = reason, view, lag
 
 
 @dataclass
@@ -35,7 +51,8 @@ class Frame:
 
     id: int
     captured: float  # earliest wall-clock capture time among the views (for latency)
-    deadline: float
+    opened: float  # monotonic time of its first message (the scores wait runs from here)
+    deadline: float = float("inf")  # of the feature stage (the scores stage's is computed)
     stage: str = SCORES
     scores: dict[int, np.ndarray] = field(default_factory=dict)
     absent: set[int] = field(default_factory=set)
@@ -44,6 +61,7 @@ class Frame:
     missing: set[int] = field(default_factory=set)  # views expected but not heard by the deadline
     taken: bool = False  # handed to the worker: its views are frozen until it is given back
     pipeline: object = None  # the ExitPipeline (bundle version) it runs on, pinned at its start
+    local: object = None  # the local exit's answer, kept for when no features arrive
 
     @property
     def present(self) -> list[int]:
@@ -55,15 +73,22 @@ class FrameAssembler:
     """Per-frame bookkeeping of which views arrived, with deadlines and dead-device tracking."""
 
     def __init__(self, views: int, deadline: float = 0.2, feature_deadline: float = 0.5,
-                 suspect_after: int = 3, history: int = 65536, single_view: bool = False):
+                 suspect_after: int = 3, history: int = 65536, single_view: bool = False,
+                 max_wait: float | None = None, window: int = WINDOW, max_open: int = MAX_OPEN):
         self.views = views
         self.deadline, self.feature_deadline = deadline, feature_deadline
+        # The latency budget: None (or less than deadline) is the fixed deadline of old.
+        self.max_wait = deadline if max_wait is None else max(max_wait, deadline)
         self.suspect_after = suspect_after
         self.single_view = single_view
+        self.window, self.max_open = window, max_open
+        self.lag = ArrivalLag(views)
         self._frames: dict[int, Frame] = {}
-        self._done: collections.OrderedDict[int, tuple[int, ...]] = collections.OrderedDict()
+        self._done: dict[int, tuple[tuple[int, ...], float]] = {}  # id -> (requested, opened)
+        self._done_ids: list[int] = []  # heap of the ids in _done: forgotten smallest first
         self._history = history
         self._low_water = -1  # frames at or below this id are forgotten: anything for them is late
+        self._newest: int | None = None  # newest frame id any device has opened or joined
         self._offline = [False] * views
         self._misses = [0] * views
         # Devices in push mode send features unasked; the edge learns it from the first ones.
@@ -93,13 +118,23 @@ class FrameAssembler:
 
     # --- messages ---------------------------------------------------------------------------
 
-    def _frame(self, frame: int, now: float, captured: float) -> Frame:
+    def _frame(self, frame: int, now: float, captured: float, view: int) -> Frame:
         f = self._frames.get(frame)
         if f is None:
             if frame in self._done or frame <= self._low_water:
-                raise Drop("late", f"frame {frame} is already answered")
-            f = self._frames[frame] = Frame(frame, captured, now + self.deadline)
+                lag = now - self._done[frame][1] if frame in self._done else None
+                if lag is not None:
+                    self.lag.observe(view, lag, late=True)
+                raise Drop("late", f"frame {frame} is already answered", view=view, lag=lag)
+            if self._newest is not None and frame > self._newest + self.window:
+                raise Drop("ahead", f"frame {frame} is more than {self.window} frames ahead of "
+                                    f"the newest ({self._newest})", view=view)
+            if len(self._frames) >= self.max_open:
+                raise Drop("overload", f"{len(self._frames)} frames already wait", view=view)
+            f = self._frames[frame] = Frame(frame, captured, now)
         f.captured = min(f.captured, captured)
+        if self._newest is None or frame > self._newest:
+            self._newest = frame
         return f
 
     def _heard(self, view: int) -> None:
@@ -111,11 +146,14 @@ class FrameAssembler:
         """Scores (or ``None`` for an absent view) of one view; returns the frame if now ready."""
         with self._lock:
             self._heard(view)
-            f = self._frame(frame, now, captured)
-            if f.stage != SCORES or f.taken:
-                raise Drop("late", f"view {view} of frame {frame} came after its deadline")
+            f = self._frame(frame, now, captured, view)
             if view in f.scores or view in f.absent:
                 raise Drop("duplicate", f"view {view} of frame {frame} arrived twice")
+            if f.stage != SCORES or f.taken:
+                self.lag.observe(view, now - f.opened, late=True)
+                raise Drop("late", f"view {view} of frame {frame} came after its deadline",
+                           view=view, lag=now - f.opened)
+            self.lag.observe(view, now - f.opened)
             if scores is None:
                 f.absent.add(view)
             else:
@@ -135,7 +173,7 @@ class FrameAssembler:
                     and frame > self._low_water):
                 # Never open a frame on features (pulled by an edge that restarted since).
                 raise Drop("unrequested", f"features of view {view} for unknown frame {frame}")
-            f = self._frame(frame, now, captured)
+            f = self._frame(frame, now, captured, view)
             if view in f.features:
                 raise Drop("duplicate", f"features of view {view} of frame {frame} arrived twice")
             if self.single_view:
@@ -157,10 +195,13 @@ class FrameAssembler:
                 return self._take(f)
             return None
 
+    def _awaited(self, f: Frame) -> list[int]:
+        """Views ``f`` still waits for: expected, not arrived, and not hopelessly late."""
+        return [v for v in self.expected() if v not in f.scores and v not in f.absent
+                and not self.lag.hopeless(v, self.max_wait)]
+
     def _take_if_ready(self, f: Frame) -> Frame | None:
-        if all(v in f.scores or v in f.absent for v in self.expected()):
-            return self._take(f)
-        return None
+        return self._take(f) if not self._awaited(f) else None
 
     def _take(self, f: Frame) -> Frame:
         # A frame handed to the worker leaves the deadline watch until it is given back.
@@ -184,17 +225,31 @@ class FrameAssembler:
         with self._lock:
             f.stage = DONE
             self._frames.pop(f.id, None)
-            self._done[f.id] = f.requested
+            if f.id not in self._done:
+                heapq.heappush(self._done_ids, f.id)
+            self._done[f.id] = (f.requested, f.opened)
             while len(self._done) > self._history:
-                old, _ = self._done.popitem(last=False)
+                old = heapq.heappop(self._done_ids)
+                del self._done[old]
                 self._low_water = max(self._low_water, old)
+
+    def _scores_deadline(self, f: Frame) -> float:
+        """When ``f`` stops waiting for scores: the awaited devices' usual lag, within budget."""
+        awaited = self._awaited(f)
+        if not awaited:  # only hopeless devices are missing: nothing worth waiting for
+            return f.opened
+        wait = min(max(self.lag.wait_for(awaited), self.deadline), self.max_wait)
+        return f.opened + wait
+
+    def _due(self, f: Frame) -> float:
+        return self._scores_deadline(f) if f.stage == SCORES else f.deadline
 
     def expire(self, now: float) -> list[Frame]:
         """Frames whose deadline passed: ready with the views they have."""
         out = []
         with self._lock:
             for f in self._frames.values():
-                if f.taken or f.deadline > now:
+                if f.taken or self._due(f) > now:
                     continue
                 if f.stage == SCORES:
                     expected = self.expected()
@@ -215,14 +270,22 @@ class FrameAssembler:
         """Restart every waiting frame's clock (after the broker was unreachable)."""
         with self._lock:
             for f in self._frames.values():
-                if not f.taken:
-                    wait = self.deadline if f.stage == SCORES else self.feature_deadline
-                    f.deadline = now + wait
+                if f.taken:
+                    continue
+                if f.stage == SCORES:
+                    f.opened = now
+                else:
+                    f.deadline = now + self.feature_deadline
 
     def next_deadline(self) -> float:
         with self._lock:
-            return min((f.deadline for f in self._frames.values() if not f.taken),
+            return min((self._due(f) for f in self._frames.values() if not f.taken),
                        default=float("inf"))
+
+    def late_views(self) -> list[int]:
+        """Views whose devices are late for most of their recent views (for health checks)."""
+        with self._lock:
+            return self.lag.systematically_late()
 
     def why_missing(self, f: Frame, fused: Collection[int]) -> dict[int, str]:
         """Why each view not in ``fused`` is missing from ``f``'s answer (the Result's reasons)."""

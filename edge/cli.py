@@ -25,8 +25,9 @@ frame), take the local exit on the aggregated scores, else pull the present view
 and run the edge segment, else call the cloud (Open Inference Protocol v2, binary tensors).
 One JSON result per frame is published on {{prefix}}/{{deployment}}/results. Without a reachable
 cloud the edge answers with its own exit, flagged "degraded", and recovers when the cloud
-returns. --http-port serves /metrics (Prometheus), /healthz, /v1/results and the devices'
-HTTP fallback (/v1/ingest). SIGINT/SIGTERM stop it cleanly.
+returns. --http-port serves /metrics (Prometheus), /healthz = /readyz (503 with reasons when
+it cannot serve), /livez, /v1/results and the devices' HTTP fallback (/v1/ingest).
+SIGINT/SIGTERM stop it cleanly.
 Every option also reads the environment variable {ENV_PREFIX}<OPTION> (e.g.
 {ENV_PREFIX}DEADLINE_MS); a flag wins over the variable."""
 

@@ -40,8 +40,10 @@ class CloudClient:
 
     def __init__(self, base_url: str, model: str, *, token: str | None = None,
                  timeout: float = 2.0, retry: RetryPolicy = CLOUD_RETRY,
-                 ca_file: str | None = None):
-        self._cloud = KeepAliveConnection(base_url, "cloud", timeout, ca_file)
+                 ca_file: str | None = None, cert_file: str | None = None,
+                 key_file: str | None = None):
+        self._cloud = KeepAliveConnection(base_url, "cloud", timeout, ca_file,
+                                          cert_file=cert_file, key_file=key_file)
         self.url, self.model, self.timeout = base_url, model, timeout
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._lock = threading.Lock()

@@ -23,10 +23,12 @@ from ddnn import envelope as env
 from ddnn.bundle import Manifest
 from ddnn.edge.assembler import Drop, Frame, FrameAssembler
 from ddnn.envelope import DecodeError, MessageType
-from ddnn.plumbing.mqtt import status_info
+from ddnn.plumbing.mqtt import status_fields
 from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
+
+CLOCK_TOLERANCE = 30.0  # seconds a device's timestamps may differ from the edge's clock
 
 
 def _ignore(*args) -> None:
@@ -39,14 +41,18 @@ class Ingest:
     def __init__(self, assembler: FrameAssembler, topics: Topics, devices: Sequence[str],
                  manifest: Manifest, *, on_ready: Callable[[Frame], None],
                  on_received: Callable[[str, int, int], None] = _ignore,
-                 on_drop: Callable[[str], None] = _ignore,
-                 on_status: Callable[[str, bool], None] = _ignore):
+                 on_drop: Callable[[str, str | None, float | None], None] = _ignore,
+                 on_status: Callable[[str, bool], None] = _ignore,
+                 on_clock: Callable[[str], None] = _ignore):
         self.assembler, self.topics = assembler, topics
         self.devices = list(devices)
         self.views = {d: i for i, d in enumerate(self.devices)}
         self._on_ready = on_ready
         self._on_received = on_received  # (kind, payload bytes, header bytes) of a taken message
-        self._on_drop = on_drop  # (reason) of a dropped message
+        # (reason, device or None, lag in seconds or None) of a dropped message
+        self._on_drop = on_drop
+        self._on_clock = on_clock  # (device) of a message stamped far from the edge's clock
+        self._skewed: set[str] = set()  # devices whose clock was found off (warned once each)
         self._on_status = on_status  # (device, online) of a status change
         self._logged: set[str] = set()  # drop reasons already logged once
         self._previous: tuple[str, str] | None = None  # the version before the last update
@@ -100,7 +106,7 @@ class Ingest:
     def on_status(self, device: str, payload: bytes) -> None:
         """A device's retained status: online (with its mode) or offline (its last will)."""
         view = self.views.get(device)
-        info = status_info(payload)
+        info = status_fields(payload)
         state = info.get("state")
         if view is None or state not in ("online", "offline"):
             return  # other deployments' or tools' devices, or an empty retained message
@@ -120,7 +126,8 @@ class Ingest:
         try:
             frame = self._take(payload, device)
         except Drop as d:
-            self._drop(d.reason, str(d))
+            device = self.devices[d.view] if d.view is not None else None
+            self._drop(d.reason, str(d), device, d.lag)
             return d.reason
         if frame is not None:
             self._on_ready(frame)
@@ -132,14 +139,15 @@ class Ingest:
         kind = e.kind.name.lower()
         self._on_received(kind, len(e.payload), len(payload) - len(e.payload))
         m, a, now = self.manifest, self.assembler, time.monotonic()
+        captured = self._capture_time(e)
         if e.kind == MessageType.SCORES and not a.single_view:
             x = self._tensor(e, m.codec["scores"], self._scores_shape)
-            return a.add_scores(view, e.frame, x[0], e.timestamp, now)
+            return a.add_scores(view, e.frame, x[0], captured, now)
         if e.kind == MessageType.ABSENT:
-            return a.add_scores(view, e.frame, None, e.timestamp, now)
+            return a.add_scores(view, e.frame, None, captured, now)
         if e.kind == MessageType.FEATURES:
             x = self._tensor(e, m.codec["device_features"], self._feature_shape)
-            return a.add_features(view, e.frame, x, e.timestamp, now)
+            return a.add_features(view, e.frame, x, captured, now)
         raise Drop("malformed", f"a device cannot send {kind} messages")
 
     def _decode(self, payload: bytes, device: str | None) -> env.Envelope:
@@ -162,6 +170,20 @@ class Ingest:
             raise Drop("unknown_device", f"device {e.device!r} is not one of {self.devices}")
         return e
 
+    def _capture_time(self, e: env.Envelope) -> float:
+        """The envelope's capture time, or now when the device's clock is far off (then the
+        latency of its frames would be nonsense): counted, and warned once per device."""
+        wall = time.time()
+        if abs(e.timestamp - wall) <= CLOCK_TOLERANCE:
+            return e.timestamp
+        self._on_clock(e.device)
+        if e.device not in self._skewed:
+            self._skewed.add(e.device)
+            log.warning("device %s stamps its frames %+.1f s from this edge's clock (more than "
+                        "%.0f s): its latencies are measured from arrival; check its NTP",
+                        e.device, e.timestamp - wall, CLOCK_TOLERANCE)
+        return wall
+
     def _tensor(self, e: env.Envelope, codec: str, shape: tuple[int, ...]) -> np.ndarray:
         if e.codec != codec or e.shape != shape:
             raise Drop("shape", f"{e.kind.name.lower()} of {e.device} is {e.codec} {e.shape}, "
@@ -171,8 +193,11 @@ class Ingest:
         except DecodeError as err:
             raise Drop("malformed", str(err)) from None
 
-    def _drop(self, reason: str, detail: str) -> None:
-        self._on_drop(reason)
+    def _drop(self, reason: str, detail: str, device: str | None = None,
+              lag: float | None = None) -> None:
+        self._on_drop(reason, device, lag)
+        if reason == "late":
+            return  # the aggregator warns once per device, with its lag
         # One line per kind, the counters say the rest; push mode's extra features are normal.
         if reason not in self._logged and reason != "unneeded":
             self._logged.add(reason)

@@ -29,7 +29,11 @@ class EdgeMetrics:
         self.dropped = r.counter("ddnn_edge_dropped_total",
                                  "Messages counted and dropped, by reason", ("reason",))
         self.late = r.counter("ddnn_edge_late_views_total",
-                              "Views that arrived after their frame's deadline")
+                              "Views that arrived after their frame was answered, by device",
+                              ("device",))
+        self.clock_skewed = r.counter("ddnn_edge_clock_skewed_total",
+                                      "Messages stamped far from the edge's clock, by device",
+                                      ("device",))
         self.missing = r.counter("ddnn_edge_missing_views_total",
                                  "Views a frame expected but fused without, by stage", ("stage",))
         self.requests = r.counter("ddnn_edge_feature_requests_total", "Feature pulls published")

@@ -40,7 +40,7 @@ class Pull:
 
     views: tuple[int, ...]  # the present views, whose features the edge segment fuses
     ask: tuple[int, ...]  # of those, the views to request (not arrived, not pushing them)
-    entropy: float  # the local exit's entropy
+    answer: Exit  # the local exit's own answer: the fallback if no features arrive at all
 
 
 @dataclass(frozen=True)
@@ -84,16 +84,20 @@ class ExitPipeline:
         local = self.runtime.local(x, mask)
         eta = float(entropy_of_logits(local)[0])
         self._on_segment("local", time.perf_counter() - t0)
+        answer = Exit("local", local[0], eta, present)
         if self.policy.exits("local", eta):
-            return Exit("local", local[0], eta, present)
+            return answer
         ask = tuple(v for v in present if v not in arrived and v not in pushing)
-        return Pull(present, ask, eta)
+        return Pull(present, ask, answer)
 
     def edge(self, features: Mapping[int, np.ndarray]) -> Exit | ToCloud:
         """The edge exit over the features that arrived (view → that view's features).
 
-        A view whose features never came is left out of the fusion, never zero-filled in.
+        A view whose features never came is left out of the fusion, never zero-filled in; with
+        none at all there is nothing to fuse (the caller answers from the local exit).
         """
+        if not features:
+            raise ValueError("the edge exit needs the features of at least one view")
         m = self.manifest
         t0 = time.perf_counter()
         fused = tuple(sorted(features))

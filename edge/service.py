@@ -19,6 +19,8 @@ from ddnn.bundle import load_bundle
 from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.callback import ResultsCallback
 from ddnn.edge.cloud_client import CLOUD_RETRY, CloudClient
+from ddnn.edge.credentials import load_http_tokens
+from ddnn.edge.health import EdgeHealth
 from ddnn.edge.http import EdgeHttpServer
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings
@@ -71,9 +73,16 @@ class EdgeService:
             sinks=[*out, *sinks],
             publish=self.mqtt.publish if self.mqtt else None,
             connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
-        self.http = (EdgeHttpServer(self.aggregator, s.http_host, s.http_port, s.http_token)
-                     if s.http_port is not None else None)
+        self.http: EdgeHttpServer | None = None
+        if s.http_port is not None:
+            tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
+            self.http = EdgeHttpServer(self.aggregator, s.http_host, s.http_port, s.http_token,
+                                       tokens=tokens, max_connections=s.http_max_connections)
         self.updater: BundleUpdater | None = None  # made on start: it runs a thread
+        # /healthz, /readyz, /livez (edge.health); the HTTP handlers find it on their server.
+        self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater)
+        if self.http is not None:
+            self.http.server.health = self.health  # type: ignore[attr-defined]
         self._refused = threading.Event()
         self._running: contextlib.ExitStack | None = None
 
@@ -95,7 +104,9 @@ class EdgeService:
         if settings.cloud:
             cloud = CloudClient(settings.cloud, f"{runtime.manifest.name}-cloud",
                                 token=settings.cloud_token, timeout=settings.cloud_timeout,
-                                retry=cloud_retry, ca_file=settings.cloud_ca_file)
+                                retry=cloud_retry, ca_file=settings.cloud_ca_file,
+                                cert_file=settings.cloud_cert_file,
+                                key_file=settings.cloud_key_file)
         return cls(settings, runtime, cloud=cloud, sinks=sinks, max_inflight=max_inflight)
 
     def _mqtt_client(self, topics: Topics, runtime: BundleRuntime,
@@ -144,10 +155,15 @@ class EdgeService:
             if not ok:  # messages of a refused version are another model again
                 agg.ingest.announce(None)
 
+        # The target of an update survives restarts (BundleUpdater): one announced before
+        # this process started is announced to the ingest again here, before MQTT connects.
         return BundleUpdater(agg.runtime.bundle, apply, cloud=s.cloud, token=s.cloud_token,
                              ca_file=s.cloud_ca_file, public_key=s.bundle_key, on_result=done,
                              tag=s.edge_id, allow_unsigned=s.ota_allow_unsigned,
                              allow_downgrade=s.ota_allow_downgrade,
+                             retry=RetryPolicy(min(1.0, s.ota_retry_max), s.ota_retry_max),
+                             on_retry=lambda ann, why: self.metrics.bundle_updates.inc(
+                                 result="retry"),
                              on_announce=lambda ann: agg.ingest.announce((ann.name,
                                                                           ann.version)))
 
@@ -162,6 +178,8 @@ class EdgeService:
         with contextlib.ExitStack() as stack:  # a part that fails to start stops the others
             agg.start()
             stack.callback(agg.stop)
+            self.health.start()
+            stack.callback(self.health.stop)
             if self.mqtt is not None:
                 self.updater = self._updater()
                 stack.callback(self.updater.stop)

@@ -9,7 +9,8 @@ from ddnn.errors import ConfigError
 from ddnn.exits import check_threshold
 from ddnn.names import check_name
 from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl
-from ddnn.plumbing.options import Option, boolean, describe, id_list, path
+from ddnn.plumbing.options import Option, describe, id_list, path
+from ddnn.plumbing.ota import UPDATE_OPTIONS
 
 ENV_PREFIX = "DDNN_EDGE_"
 
@@ -32,23 +33,29 @@ class EdgeSettings:
     bundle_key: Path | None = None  # Ed25519 public key (PEM): refuse bundles it did not sign
     ota_allow_unsigned: bool = False  # apply unsigned over-the-air bundles (explicit opt-out)
     ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
+    ota_retry_max: float = 60.0  # longest wait between fetches of an announced version
     cloud: str | None = None  # cloud base URL; None: frames past the edge exit are degraded
     cloud_token: str | None = None
     cloud_ca_file: str | None = None  # CA of the cloud's HTTPS certificate; None: system CAs
+    cloud_cert_file: str | None = None  # this edge's client certificate for a mutual-TLS cloud
+    cloud_key_file: str | None = None  # its private key (default: inside cloud_cert_file)
     cloud_timeout: float = 2.0  # seconds before a cloud call counts as failed
     cloud_batch: int = 32  # frames per cloud call at most
     deployment: str = "default"
     edge_id: str = "edge0"
     topic_prefix: str = "ddnn"
     devices: tuple[str, ...] = ()  # device ids in view order; empty: cam0 .. cam{V-1}
-    deadline_ms: float = 200.0  # a frame waits this long for its views' scores
+    deadline_ms: float = 200.0  # a frame waits at least this long for its views' scores
+    max_wait_ms: float = 1000.0  # and at most this long, for devices that usually lag
     feature_deadline_ms: float = 500.0  # and this long for pulled features
     suspect_after: int = 3  # missed deadlines in a row before a silent device is not waited for
     local_threshold: float | None = None  # overrides of the bundle's exit thresholds
     edge_threshold: float | None = None
     http_host: str = "127.0.0.1"  # loopback by default: exposing the edge is a deliberate choice
     http_port: int | None = None  # None: no HTTP server
-    http_token: str | None = None  # bearer token of the POST routes
+    http_token: str | None = None  # one bearer token of the POST routes, for every device
+    http_tokens: Path | None = None  # file of per-device tokens (edge.credentials)
+    http_max_connections: int = 64  # open HTTP connections at most (one thread each)
     results_out: Path | None = None  # also append every result to this JSON-lines file
     results_url: str | None = None  # also POST every result to this URL (edge.callback)
     results_token: str | None = None
@@ -56,6 +63,8 @@ class EdgeSettings:
     keepalive: int = 10  # MQTT keepalive seconds
     reconnect_max: int = 30  # cap of the reconnection backoff, seconds
     threads: int = 1  # ONNX Runtime threads
+    health_grace: float = 30.0  # broker unreachable (or devices never seen) this long: 503
+    stall_after: float = 30.0  # frames pending and none answered this long: 503
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
@@ -71,12 +80,25 @@ class EdgeSettings:
             check_name("device id", d)
         if len(set(self.devices)) != len(self.devices):
             raise ConfigError(f"--devices names a device twice: {','.join(self.devices)}")
-        for name in ("cloud_timeout", "deadline_ms", "feature_deadline_ms"):
+        for name in ("cloud_timeout", "deadline_ms", "feature_deadline_ms", "max_wait_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
+        if not self.ota_retry_max > 0:
+            raise ConfigError(f"ota_retry_max must be positive, got {self.ota_retry_max}")
+        for name in ("health_grace", "stall_after"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("cloud_batch", "suspect_after", "keepalive", "reconnect_max", "threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.http_max_connections < 1:
+            raise ConfigError("http_max_connections must be at least 1, got "
+                              f"{self.http_max_connections}")
+        if self.http_token is not None and self.http_tokens is not None:
+            raise ConfigError("give --http-token or --http-tokens, not both: the shared token "
+                              "would speak for every device the per-device tokens separate")
+        if self.http_tokens is not None and self.http_port is None:
+            raise ConfigError("--http-tokens needs --http-port (the tokens guard its POST routes)")
         if self.expect_frames is not None and self.expect_frames < 1:
             raise ConfigError(f"expect_frames must be at least 1, got {self.expect_frames}")
         if self.http_port is not None and not 0 <= self.http_port <= 65535:
@@ -92,6 +114,11 @@ class EdgeSettings:
     def deadline(self) -> float:
         """Seconds a frame waits for its views' scores."""
         return self.deadline_ms / 1000
+
+    @property
+    def max_wait(self) -> float:
+        """Seconds a frame may wait at most for a device that usually lags (>= deadline)."""
+        return max(self.max_wait_ms, self.deadline_ms) / 1000
 
     @property
     def feature_deadline(self) -> float:
@@ -112,18 +139,16 @@ OPTIONS = (
     Option("broker", str, "URL", "MQTT broker URL mqtt://[user:pass@]host:port (mqtts:// for "
                                  "TLS); without it only HTTP ingest is served"),
     *SECURITY_OPTIONS,
-    Option("bundle-key", path, "PUBKEY",
-           "Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it"),
-    Option("ota-allow-unsigned", boolean, "BOOL",
-           "apply over-the-air bundles that carry no signature by --bundle-key (unsafe: anyone "
-           "who can publish on the bundle topic and serve files picks the model)"),
-    Option("ota-allow-downgrade", boolean, "BOOL",
-           "apply an over-the-air bundle whose version is not newer than the running one"),
+    *UPDATE_OPTIONS,
     Option("cloud", str, "URL", "cloud service base URL, http://host:port; without it frames "
                                 "past the edge exit are answered by the edge, degraded"),
     Option("cloud-token", str, "TOKEN", "bearer token for the cloud", secret=True),
     Option("cloud-ca-file", str, "FILE", "CA certificate (PEM) the cloud's HTTPS certificate "
                                          "must chain to (default: the system's CAs)"),
+    Option("cloud-cert-file", str, "FILE",
+           "client certificate (PEM) this edge presents to a cloud that requires one "
+           "(mutual TLS: ddnn cloud --ssl-ca-certs)"),
+    Option("cloud-key-file", str, "FILE", "private key (PEM) of --cloud-cert-file"),
     Option("cloud-timeout", float, "SECONDS",
            "seconds to wait for a cloud answer before answering degraded"),
     Option("cloud-batch", int, "N",
@@ -134,7 +159,12 @@ OPTIONS = (
     Option("devices", id_list, "IDS",
            "comma-separated device ids in view order (unset: cam0,cam1,...)"),
     Option("deadline-ms", float, "MS",
-           "how long a frame waits for the other views' scores after its first one"),
+           "how long a frame waits at least for the other views' scores after its first one "
+           "(a frame whose views all arrived goes on at once)"),
+    Option("max-wait-ms", float, "MS",
+           "latency budget: how long a frame may wait at most for a device that usually lags "
+           "(the edge learns each device's lag behind the first view and waits that long, "
+           "within this budget; equal to --deadline-ms: a fixed deadline)"),
     Option("feature-deadline-ms", float, "MS", "how long a frame waits for pulled features"),
     Option("suspect-after", int, "N",
            "deadlines a silent device may miss in a row before frames stop waiting for it"),
@@ -143,7 +173,17 @@ OPTIONS = (
     Option("http-host", str, "ADDR", "address of the HTTP server"),
     Option("http-port", int, "PORT",
            "port of the HTTP server (/metrics, /healthz, /v1/ingest); unset: no HTTP server"),
-    Option("http-token", str, "TOKEN", "bearer token required by POST routes", secret=True),
+    Option("http-token", str, "TOKEN",
+           "one bearer token for POST /v1/ingest and /v1/results, shared by every device: "
+           "whoever holds it may post as any device (use --http-tokens to separate them)",
+           secret=True),
+    Option("http-tokens", path, "FILE",
+           "per-device bearer tokens, one 'DEVICE_ID TOKEN' line per device (16+ characters, "
+           "mode 0600): a device's token posts only that device's envelopes and results "
+           "(else 403); excludes --http-token"),
+    Option("http-max-connections", int, "N",
+           "open HTTP connections at most; past it the longest-idle one is closed, or the new "
+           "one refused with 503 when all are busy"),
     Option("results-out", path, "FILE", "also append every result to this JSON-lines file"),
     Option("results-url", str, "URL",
            "also POST every result as JSON to this http(s) URL (an application's web hook); "
@@ -155,4 +195,10 @@ OPTIONS = (
     Option("reconnect-max", int, "SECONDS",
            "longest wait in seconds between reconnection attempts (exponential backoff)"),
     Option("threads", int, "N", "ONNX Runtime threads"),
+    Option("health-grace", float, "SECONDS",
+           "GET /healthz answers 503 once the broker has been unreachable this long, or every "
+           "device offline (never seen counts as offline after this long from the start)"),
+    Option("stall-after", float, "SECONDS",
+           "GET /healthz answers 503 when frames are pending and none was answered this long "
+           "(the worker is stalled)"),
 )

@@ -14,6 +14,7 @@ from ddnn.errors import DatasetError
 from ddnn.hierarchy import summarize
 from ddnn.models.calibrate import calibrate
 from ddnn.models.config import DDNNConfig
+from ddnn.models.distributed import Distributed
 from ddnn.models.export import (
     build_manifest,
     check_parity,
@@ -34,26 +35,36 @@ def _check_compatible(train_ds: MultiViewDataset, val_ds: MultiViewDataset, path
         raise DatasetError(f"{path}: class names differ from the training file")
 
 
-def _splits(data: str | Path, val_data: str | Path | None, cfg: DDNNConfig
-            ) -> tuple[MultiViewDataset, MultiViewDataset, MultiViewDataset]:
-    """The whole training file, and its training and validation splits."""
-    full = load_dataset(data)
+def split_data(data: str | Path, val_data: str | Path | None, cfg: DDNNConfig):
+    """The whole training file and three disjoint parts: training, early stopping, calibration.
+
+    The calibration split selects the thresholds and nothing else; the early-stopping split
+    picks the epoch. A directory dataset stays memory-mapped; the held-out parts are read in.
+    """
+    full = load_dataset(data, mmap=True)
     if val_data is None:
-        return (full, *split_holdout(full, cfg.val_fraction, cfg.seed))
-    val_ds = load_dataset(val_data, num_classes=len(full.classes))
-    _check_compatible(full, val_ds, Path(val_data))
-    return full, full, val_ds
+        rest, val_ds = split_holdout(full, cfg.val_fraction, cfg.seed)
+    else:
+        rest, val_ds = full, load_dataset(val_data, num_classes=len(full.classes))
+        _check_compatible(full, val_ds, Path(val_data))
+    share = cfg.stop_fraction / (1 - (0 if val_data else cfg.val_fraction))
+    train_ds, stop_ds = split_holdout(rest, share, cfg.seed + 1)
+    return full, train_ds, stop_ds.in_memory(), val_ds.in_memory()
 
 
 def _training_summary(data, val_data, cfg: DDNNConfig, train_ds: MultiViewDataset,
-                      val_ds: MultiViewDataset, result, torch_val) -> dict:
+                      val_ds: MultiViewDataset, result, torch_val, stop_samples: int,
+                      world: int) -> dict:
     """The manifest's training section: data, epochs, time, per-exit validation accuracy."""
     return {
         "data": str(data),
         "validation": str(val_data) if val_data else f"{cfg.val_fraction:.0%} of the data",
         "train_samples": train_ds.num_samples,
         "val_samples": val_ds.num_samples,
+        "stop_samples": stop_samples,
+        "processes": world,
         "epochs": cfg.epochs,
+        "epochs_run": len(result.history),
         "best_epoch": result.best_epoch,
         "seconds": round(result.seconds, 2),
         "val_accuracy": exit_accuracy(torch_val, val_ds),
@@ -72,24 +83,46 @@ def build_bundle(
     version: str = "1",
     progress: bool = True,
     log=print,
-) -> dict:
-    """Train on ``data`` and write a calibrated bundle to ``out``; returns the training metrics."""
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
+) -> dict | None:
+    """Train on ``data`` and write a calibrated bundle to ``out``; returns the training metrics.
+
+    Under torchrun every process trains and rank 0 alone exports; the others return None.
+    """
     cfg = cfg or DDNNConfig()
     out = Path(out)
-    full, train_ds, val_ds = _splits(data, val_data, cfg)
-    log(
-        f"training on {train_ds.num_samples} samples x {train_ds.num_views} views "
-        f"{train_ds.image_shape}, {len(full.classes)} classes, held out {val_ds.num_samples}; "
-        f"scheme {cfg.scheme}, {cfg.epochs} epochs"
-    )
-    result = train(train_ds, val_ds, cfg, progress=progress)
-    model = result.model
+    dist = Distributed.from_env(cfg)
+    full, train_ds, stop_ds, val_ds = split_data(data, val_data, cfg)
+    if dist.main:
+        log(
+            f"training on {train_ds.num_samples} samples x {train_ds.num_views} views "
+            f"{train_ds.image_shape}, {len(full.classes)} classes, early stopping on "
+            f"{stop_ds.num_samples}, calibrating on {val_ds.num_samples}; scheme {cfg.scheme}, "
+            f"{cfg.epochs} epochs, {dist.world} process(es) on {dist.device}"
+        )
+    result = train(train_ds, stop_ds, cfg, progress=progress, checkpoint=checkpoint,
+                   resume=resume)
+    if not dist.main:
+        dist.close()
+        return None
+    try:
+        return _export_bundle(result, full, train_ds, val_ds, stop_ds.num_samples, out, cfg,
+                              data, val_data, name, version, dist.world)
+    finally:
+        dist.close()
+
+
+def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data, val_data,
+                   name, version, world) -> dict:
+    model = result.model.cpu()
     torch_val = predict(model, val_ds)
 
     staging = staging_dir(out)
     try:
         specs = export_segments(model, staging, train_ds.image_shape)
-        training = _training_summary(data, val_data, cfg, train_ds, val_ds, result, torch_val)
+        training = _training_summary(data, val_data, cfg, train_ds, val_ds, result, torch_val,
+                                     stop_samples, world)
 
         def manifest(thresholds: dict[str, float], calibration: dict):
             return build_manifest(

@@ -1,4 +1,4 @@
-"""``ddnn data synth`` and ``ddnn train``: the offline side of the command line."""
+"""``ddnn data synth|import|inspect`` and ``ddnn train``: the offline side of the command line."""
 
 from __future__ import annotations
 
@@ -7,7 +7,10 @@ import sys
 
 
 def register(sub, data_sub, formatter) -> None:
+    from ddnn.models import data_cli
+
     _register_synth(data_sub, formatter)
+    data_cli.register(data_sub, formatter)
     _register_train(sub, formatter)
 
 
@@ -90,11 +93,39 @@ def _register_train(sub, formatter) -> None:
         default=d.val_fraction,
         help="share of --data held out when --val is not given",
     )
+    _register_training_extras(t, d)
     t.add_argument("--seed", type=int, default=d.seed, help="seed of split, init and batches")
     t.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
     t.add_argument("--json", action="store_true", help="print the training metrics as JSON")
     t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
     t.set_defaults(func=_train)
+
+
+def _register_training_extras(t, d) -> None:
+    t.add_argument("--baseline", action="store_true",
+                   help="train the raw-offload reference (a float CNN on the full images of "
+                   "every present view) instead: OUT gets baseline.onnx and metrics.json")
+    t.add_argument("--test", default=None, help="with --baseline: also report accuracy on this")
+    t.add_argument("--cloud-filters", default=",".join(map(str, d.cloud_filters)),
+                   help="filters of each cloud ConvP block, comma-separated (deeper: more)")
+    t.add_argument("--distill", type=float, default=d.distill,
+                   help="weight of online distillation from the cloud exit (0: off)")
+    t.add_argument("--no-augment", action="store_true",
+                   help="no shift, brightness or view-dropout augmentation")
+    t.add_argument("--schedule", default=d.schedule, choices=["cosine", "onecycle", "constant"],
+                   help="learning-rate schedule")
+    t.add_argument("--patience", type=int, default=d.patience,
+                   help="stop after this many epochs without improvement (0: never early)")
+    t.add_argument("--stop-fraction", type=float, default=d.stop_fraction,
+                   help="share of --data held out to pick the epoch (never used to calibrate)")
+    t.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
+                   help="torch device (auto: CUDA when present)")
+    t.add_argument("--no-amp", action="store_true", help="no mixed precision on CUDA")
+    t.add_argument("--comm-hook", default=d.comm_hook, choices=["none", "fp16", "powersgd"],
+                   help="gradient compression between torchrun processes")
+    t.add_argument("--checkpoint", default=None,
+                   help="checkpoint file written every epoch (by rank 0)")
+    t.add_argument("--resume", action="store_true", help="continue from --checkpoint if present")
 
 
 def _synth(args) -> int:
@@ -111,6 +142,22 @@ def _synth(args) -> int:
         f"{args.size}, {args.classes} classes, {present:.2f} views present per sample",
         file=sys.stderr,
     )
+    return 0
+
+
+def _baseline(args, cfg) -> int:
+    from ddnn.models.baseline import build_baseline
+
+    metrics = build_baseline(args.data, args.out, cfg, args.val, args.test,
+                             progress=not args.no_progress)
+    if metrics is None:
+        return 0
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        test = f", test {metrics['test_accuracy']:.3f}" if "test_accuracy" in metrics else ""
+        print(f"raw-offload baseline written to {args.out}: held-out accuracy "
+              f"{metrics['val_accuracy']:.3f}{test} ({metrics['seconds']:.0f} s)", file=sys.stderr)
     return 0
 
 
@@ -131,7 +178,18 @@ def _train(args) -> int:
         val_fraction=args.val_fraction,
         seed=args.seed,
         threads=args.threads,
+        cloud_filters=tuple(int(f) for f in args.cloud_filters.split(",") if f.strip()),
+        distill=args.distill,
+        augment=not args.no_augment,
+        schedule=args.schedule,
+        patience=args.patience,
+        stop_fraction=args.stop_fraction,
+        device=args.device,
+        amp=not args.no_amp,
+        comm_hook=args.comm_hook,
     )
+    if args.baseline:
+        return _baseline(args, cfg)
     log = (lambda *a, **k: None) if args.json else (lambda msg: print(msg, file=sys.stderr))
     metrics = build_bundle(
         args.data,
@@ -142,7 +200,11 @@ def _train(args) -> int:
         version=args.model_version,
         progress=not args.no_progress,
         log=log,
+        checkpoint=args.checkpoint,
+        resume=args.resume,
     )
+    if metrics is None:  # a torchrun process other than rank 0: rank 0 reports
+        return 0
     if args.json:
         print(json.dumps({k: v for k, v in metrics.items() if k != "history"}))
         return 0
@@ -160,4 +222,13 @@ def _train(args) -> int:
         f"edge {v['exit_fraction']['edge']:.2f}, cloud {v['exit_fraction']['cloud']:.2f}",
         file=sys.stderr,
     )
+    return 0
+
+
+    if args.json:
+        print(json.dumps(metrics))
+    else:
+        test = f", test {metrics['test_accuracy']:.3f}" if "test_accuracy" in metrics else ""
+        print(f"raw-offload baseline written to {args.out}: held-out accuracy "
+              f"{metrics['val_accuracy']:.3f}{test} ({metrics['seconds']:.0f} s)", file=sys.stderr)
     return 0

@@ -8,6 +8,9 @@ from ddnn.aggregation import parse_scheme
 from ddnn.codec import CODECS
 from ddnn.errors import ConfigError
 
+SCHEDULES = ("cosine", "onecycle", "constant")
+COMM_HOOKS = ("none", "fp16", "powersgd")
+
 
 @dataclass
 class DDNNConfig:
@@ -35,6 +38,23 @@ class DDNNConfig:
     # device, local, edge and cloud exits; the paper trains with equal weights
     seed: int = 0  # seeds the split, the initialization and the batch order: same seed, same bundle
     threads: int = 2  # torch CPU threads; this project's reference machine has 2 cores
+    distill: float = 1.0  # weight of online distillation: the cloud exit (detached) teaches
+    # the device, local and edge exits by KL to its softened predictions; 0 turns it off
+    distill_temperature: float = 2.0  # softening of the teacher and students in distillation
+    augment: bool = True  # random shift, brightness and view dropout on training batches
+    shift: float = 0.1  # largest translation, as a fraction of the image side
+    brightness: float = 0.2  # images scaled by a factor in [1 - b, 1 + b] per view
+    view_dropout: float = 0.15  # chance a present view is hidden (one view always stays):
+    # the hierarchy must answer with cameras missing
+    schedule: str = "cosine"  # learning rate: cosine (decay to 0), onecycle (warm-up then
+    # cosine) or constant
+    patience: int = 0  # stop after this many epochs without a better early-stopping score
+    # (0: run every epoch, still keeping the best one)
+    stop_fraction: float = 0.15  # share of the training file held out to pick the best epoch
+    # and stop early; calibration never sees it, so its thresholds select nothing else
+    device: str = "auto"  # torch device: auto (CUDA when present), cpu or cuda
+    amp: bool = True  # mixed precision (bf16, else fp16 with loss scaling) when on CUDA
+    comm_hook: str = "none"  # gradient compression between processes: none, fp16, powersgd
     # --- calibration ----------------------------------------------------------------------
     val_fraction: float = 0.2  # share of the training file held out for calibration and early
     # stopping when no separate validation file is given
@@ -57,6 +77,16 @@ class DDNNConfig:
             raise ConfigError("val_fraction must lie strictly between 0 and 1")
         if not 0.0 <= self.tolerance <= 1.0:
             raise ConfigError("tolerance must lie in [0, 1]")
+        if self.schedule not in SCHEDULES or self.comm_hook not in COMM_HOOKS:
+            raise ConfigError(f"schedule must be one of {SCHEDULES}, comm_hook one of {COMM_HOOKS}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise ConfigError("device must be auto, cpu or cuda")
+        if self.distill < 0 or self.distill_temperature <= 0 or self.patience < 0:
+            raise ConfigError("distill and patience must be >= 0, the temperature positive")
+        if not 0.0 <= self.view_dropout < 1.0 or not 0.0 <= self.shift < 0.5:
+            raise ConfigError("view_dropout must lie in [0, 1) and shift in [0, 0.5)")
+        if not 0.0 < self.stop_fraction < 1.0 or self.val_fraction + self.stop_fraction >= 0.9:
+            raise ConfigError("stop_fraction must be positive and leave most data for training")
         if len(self.exit_weights) != 4 or min(self.exit_weights) < 0:
             raise ConfigError("exit_weights needs four non-negative weights")
 

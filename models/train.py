@@ -1,11 +1,21 @@
-"""Joint training of all exits (DDNN §III-D): one optimizer, a weighted sum of the exits' losses."""
+"""Joint training of all exits (DDNN §III-D): one optimizer, a weighted sum of the exits' losses.
+
+Extras, each a field of :class:`DDNNConfig` measured on/off in ``docs/training.md``: online
+distillation (the cloud exit teaches the earlier ones), augmentation, a learning-rate schedule
+and early stopping on a split of its own. The same loop trains on one process or many under
+``torchrun`` (``models.distributed``), on the CPU or CUDA with mixed precision, and saves a
+checkpoint every epoch that ``resume`` continues from.
+"""
 
 from __future__ import annotations
 
 import copy
+import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -13,7 +23,10 @@ from torch import nn
 from tqdm import tqdm
 
 from ddnn.dataset import MultiViewDataset
+from ddnn.models.augment import augment
+from ddnn.models.checkpoint import load_checkpoint, save_checkpoint
 from ddnn.models.config import DDNNConfig
+from ddnn.models.distributed import Distributed
 from ddnn.models.network import DDNN
 
 
@@ -33,38 +46,60 @@ def split_holdout(
 class TrainResult:
     """The trained network and how training went."""
 
-    model: DDNN
+    model: nn.Module
     history: list[dict] = field(default_factory=list)  # per epoch: loss and validation accuracy
     best_epoch: int = 0
     seconds: float = 0.0
+    stopped_early: bool = False
 
 
-def _tensors(ds: MultiViewDataset) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return torch.from_numpy(ds.X), torch.from_numpy(ds.y), torch.from_numpy(ds.label)
+def _distill(student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
+    """KL(teacher ‖ student) on predictions softened by ``t``, scaled by t² (Hinton et al.)."""
+    log_s = nn.functional.log_softmax(student / t, dim=-1)
+    log_t = nn.functional.log_softmax(teacher / t, dim=-1)
+    return nn.functional.kl_div(log_s, log_t, log_target=True, reduction="batchmean") * t * t
 
 
 def joint_loss(
-    out: dict[str, torch.Tensor], y: torch.Tensor, label: torch.Tensor, weights
+    out: dict[str, torch.Tensor], y: torch.Tensor, label: torch.Tensor, weights,
+    distill: float = 0.0, temperature: float = 2.0,
 ) -> torch.Tensor:
-    """Weighted sum of the exits' cross-entropies; device exits learn each present view's label."""
+    """Weighted sum of the exits' cross-entropies; device exits learn each present view's label.
+
+    With ``distill`` > 0 the cloud exit (detached) also teaches every earlier exit.
+    """
     ce = nn.functional.cross_entropy
     present = y >= 0
-    device = ce(out["device"][present], y[present]) if present.any() else out["device"].sum() * 0
+    zero = out["device"].sum() * 0
+    device = ce(out["device"][present], y[present]) if present.any() else zero
     w_dev, w_loc, w_edge, w_cloud = weights
-    return (
+    loss = (
         w_dev * device
         + w_loc * ce(out["local"], label)
         + w_edge * ce(out["edge"], label)
         + w_cloud * ce(out["cloud"], label)
     )
+    if distill > 0:
+        teacher = out["cloud"].detach().float()
+        per_view = teacher[:, None].expand(-1, y.shape[1], -1)[present]
+        kd = _distill(out["local"].float(), teacher, temperature)
+        kd = kd + _distill(out["edge"].float(), teacher, temperature)
+        if present.any():
+            kd = kd + _distill(out["device"][present].float(), per_view, temperature)
+        loss = loss + distill * kd
+    return loss
 
 
 @torch.no_grad()
-def predict(model: DDNN, ds: MultiViewDataset, batch: int = 512) -> dict[str, np.ndarray]:
-    """Logits of every exit for a dataset, in evaluation mode."""
+def predict(model: nn.Module, ds: MultiViewDataset, batch: int = 512) -> dict[str, np.ndarray]:
+    """Logits of every exit for a dataset, in evaluation mode (batches read one at a time)."""
     model.eval()
-    X, y, _ = _tensors(ds)
-    parts = [model(X[i : i + batch], y[i : i + batch] >= 0) for i in range(0, len(X), batch)]
+    dev = next(model.parameters()).device
+    parts = []
+    for i in range(0, ds.num_samples, batch):
+        x = torch.from_numpy(ds.images(slice(i, i + batch))).to(dev)
+        present = torch.from_numpy(ds.present[i : i + batch]).to(dev)
+        parts.append({k: v.float().cpu() for k, v in model(x, present).items()})
     return {k: torch.cat([p[k] for p in parts]).numpy() for k in parts[0]}
 
 
@@ -75,55 +110,124 @@ def exit_accuracy(logits: dict[str, np.ndarray], ds: MultiViewDataset) -> dict[s
     return acc
 
 
+def _ddnn_score(model: nn.Module, ds: MultiViewDataset) -> tuple[float, dict[str, float]]:
+    acc = exit_accuracy(predict(model, ds), ds)
+    # Rank by the cloud exit, then the local one: the last exit bounds the hierarchy.
+    return acc["cloud"] + 1e-3 * acc["local"], acc
+
+
+def _ddnn_loss(cfg: DDNNConfig):
+    def loss(out, y, label):
+        return joint_loss(out, y, label, cfg.exit_weights, cfg.distill, cfg.distill_temperature)
+
+    return loss
+
+
+def _schedule(opt, cfg: DDNNConfig, steps_per_epoch: int):
+    total = max(1, cfg.epochs * steps_per_epoch)
+    warm = max(1, total // 10) if cfg.schedule == "onecycle" else 0
+
+    def factor(step: int) -> float:
+        if cfg.schedule == "constant":
+            return 1.0
+        if step < warm:
+            return (step + 1) / warm
+        return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - warm) / max(1, total - warm))))
+
+    return torch.optim.lr_scheduler.LambdaLR(opt, factor)
+
+
+@dataclass
+class _Run:
+    """What a checkpoint holds besides the model and the optimizer."""
+
+    epoch: int = 0
+    best_key: float = -1.0
+    best_epoch: int = 0
+    best_state: dict | None = None
+    bad_epochs: int = 0
+    history: list[dict] = field(default_factory=list)
+
+
+def _batch(ds: MultiViewDataset, idx: np.ndarray, cfg: DDNNConfig, gen, dev):
+    idx = np.sort(idx)  # sorted rows read a memory-mapped file sequentially
+    x = torch.from_numpy(ds.images(idx))
+    present = torch.from_numpy(ds.present[idx])
+    if cfg.augment:
+        x, present = augment(x, present, cfg.shift, cfg.brightness, cfg.view_dropout, gen)
+    y = torch.from_numpy(ds.y[idx]).masked_fill(~present, -1)
+    label = torch.from_numpy(ds.label[idx])
+    return x.to(dev), present.to(dev), y.to(dev), label.to(dev)
+
+
+def _epoch(model, opt, sched, ds, cfg, dist: Distributed, epoch: int, loss_fn) -> float:
+    model.train()
+    gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch * 7919 + dist.rank)
+    total, steps = 0.0, 0
+    for idx in dist.batches(ds.num_samples, cfg.batch_size, cfg.seed, epoch):
+        x, present, y, label = _batch(ds, idx, cfg, gen, dist.device)
+        with dist.autocast():
+            out = model(x, present)
+        loss = loss_fn({k: v.float() for k, v in out.items()}, y, label)
+        opt.zero_grad(set_to_none=True)
+        dist.backward(loss, opt)
+        sched.step()
+        total, steps = total + loss.item(), steps + 1
+    return total / max(steps, 1)
+
+
 def train(
     train_ds: MultiViewDataset,
-    val_ds: MultiViewDataset,
+    stop_ds: MultiViewDataset,
     cfg: DDNNConfig,
     progress: bool = True,
+    model: nn.Module | None = None,
+    loss_fn: Callable | None = None,
+    score_fn: Callable = _ddnn_score,
+    checkpoint: str | Path | None = None,
+    resume: bool = False,
 ) -> TrainResult:
-    """Train a DDNN on ``train_ds``; keep the epoch with the best validation cloud accuracy."""
+    """Train on ``train_ds``; keep the epoch with the best score on ``stop_ds``.
+
+    ``stop_ds`` chooses the epoch and stops early (``cfg.patience``); keep it apart from the
+    calibration data. Runs distributed when started by torchrun (``models.distributed``).
+    """
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
-    _, h, w = train_ds.image_shape
-    model = DDNN(cfg, train_ds.num_views, len(train_ds.classes), h, w)
+    dist = Distributed.from_env(cfg)
+    if model is None:
+        _, h, w = train_ds.image_shape
+        model = DDNN(cfg, train_ds.num_views, len(train_ds.classes), h, w)
+    model = model.to(dist.device)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=cfg.epochs)
-    X, y, label = _tensors(train_ds)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    result = TrainResult(model)
-    best_key, best_state = -1.0, None
+    sched = _schedule(opt, cfg, dist.steps_per_epoch(train_ds.num_samples, cfg.batch_size))
+    run = _Run()
+    if resume and checkpoint and Path(checkpoint).is_file():
+        run = _Run(**load_checkpoint(checkpoint, model, opt, sched))
+    wrapped = dist.wrap(model)
     start = time.perf_counter()
-    bar = tqdm(
-        range(1, cfg.epochs + 1),
-        desc="training",
-        unit="epoch",
-        disable=not progress,
-        file=sys.stderr,
-    )
+    bar = tqdm(range(run.epoch + 1, cfg.epochs + 1), desc="training", unit="epoch",
+               disable=not progress or not dist.main, file=sys.stderr)
     for epoch in bar:
-        model.train()
-        order = torch.randperm(len(X), generator=gen)
-        total, steps = 0.0, 0
-        for i in range(0, len(X), cfg.batch_size):
-            idx = order[i : i + cfg.batch_size]
-            out = model(X[idx], y[idx] >= 0)
-            loss = joint_loss(out, y[idx], label[idx], cfg.exit_weights)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            total, steps = total + loss.item(), steps + 1
-        sched.step()
-        acc = exit_accuracy(predict(model, val_ds), val_ds)
-        result.history.append({"epoch": epoch, "loss": total / steps, "val_accuracy": acc})
-        # Rank by the cloud exit, then the local one: the last exit bounds the hierarchy.
-        key = acc["cloud"] + 1e-3 * acc["local"]
-        if key > best_key:
-            best_key, best_state, result.best_epoch = key, copy.deepcopy(model.state_dict()), epoch
-        bar.set_postfix(
-            loss=f"{total / steps:.3f}", local=f"{acc['local']:.3f}", cloud=f"{acc['cloud']:.3f}"
-        )
-    if best_state is not None:
-        model.load_state_dict(best_state)
+        loss = _epoch(wrapped, opt, sched, train_ds, cfg, dist, epoch,
+                      loss_fn or _ddnn_loss(cfg))
+        stop, run.epoch = False, epoch
+        if dist.main:
+            key, acc = score_fn(model, stop_ds)
+            run.history.append({"epoch": epoch, "loss": loss, "val_accuracy": acc})
+            run.bad_epochs += 1
+            if key > run.best_key:
+                run.best_key, run.best_epoch, run.bad_epochs = key, epoch, 0
+                run.best_state = copy.deepcopy(model.state_dict())
+            stop = cfg.patience > 0 and run.bad_epochs >= cfg.patience
+            bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in acc.items()})
+            if checkpoint:
+                save_checkpoint(checkpoint, model, opt, sched, run.__dict__)
+        if dist.agree(stop):
+            break
+    result = TrainResult(model, run.history, run.best_epoch, stopped_early=run.epoch < cfg.epochs)
+    if run.best_state is not None:
+        model.load_state_dict(run.best_state)
     model.eval()
     result.seconds = time.perf_counter() - start
     return result

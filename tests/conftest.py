@@ -51,6 +51,21 @@ def tiny_bundle(tiny_data, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.fixture(scope="session")
+def one_view_bundle(tmp_path_factory) -> Path:
+    """A one-view bundle (the device decides its own exit), trained one short epoch."""
+    from ddnn.models.build import build_bundle
+    from ddnn.models.config import DDNNConfig
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
+
+    root = tmp_path_factory.mktemp("one-view")
+    save_dataset(root / "train.npz", synthesize(60, SceneConfig(views=1, classes=3, size=16),
+                                                seed=1))
+    build_bundle(root / "train.npz", root / "tiny", DDNNConfig(epochs=1, batch_size=32, seed=0),
+                 name="tiny", version="1", progress=False, log=lambda *_: None)
+    return root / "tiny"
+
+
 @pytest.fixture
 def mosquitto() -> BrokerProcess:
     """A real Mosquitto broker on a free loopback port, stopped after the test."""

@@ -35,6 +35,19 @@ MAX_SIGNATURE = 4 << 10  # bytes of manifest.sig (base64 of 64 bytes)
 MAX_REDIRECTS = 3  # same-origin redirects followed per file
 _CHUNK = 1 << 16
 _REDIRECTS = (301, 302, 303, 307, 308)
+# Answers that mean "not now": the cloud is overloaded or restarting. Worth fetching again
+# later (:class:`Unreachable`); so is a 404 for the manifest (the version is not served yet).
+_LATER = frozenset({408, 425, 429, 500, 502, 503, 504})
+
+
+class Unreachable(BundleError):
+    """The bundle could not be fetched *now* (the server is down, slow or not ready); nothing
+    is wrong with the bundle itself, so a later attempt may succeed."""
+
+
+class NotServed(BundleError):
+    """HTTP 404 for a file: for the manifest the version is not served yet; for a file the
+    manifest names, the server's copy is missing or damaged."""
 
 
 @dataclass(frozen=True)
@@ -82,7 +95,7 @@ class _Download:
     def _left(self, url: str) -> float:
         left = self.deadline - time.monotonic()
         if left <= 0:
-            raise BundleError(f"GET {url}: the download did not finish within "
+            raise Unreachable(f"GET {url}: the download did not finish within "
                               f"{self.timeout:g} s")
         return left
 
@@ -134,7 +147,9 @@ class _Download:
             if resp.status == 404 and optional:
                 return ""
             if resp.status != 200:
-                raise BundleError(f"GET {url:.200}: HTTP {resp.status}")
+                error = Unreachable if resp.status in _LATER else (
+                    NotServed if resp.status == 404 else BundleError)
+                raise error(f"GET {url:.200}: HTTP {resp.status}")
             declared = resp.getheader("Content-Length")
             if declared is not None and (not declared.strip().isdigit()
                                          or int(declared) > limit):
@@ -157,7 +172,7 @@ class _Download:
             raise
         except (OSError, http.client.HTTPException, ValueError) as e:
             self._left(url)  # past the deadline: say so rather than "connection reset"
-            raise BundleError(f"GET {url:.200}: {type(e).__name__}: {e}") from None
+            raise Unreachable(f"GET {url:.200}: {type(e).__name__}: {e}") from None
         finally:
             watchdog.cancel()
             conn.close()
@@ -202,7 +217,10 @@ def fetch_bundle(url: str, staging: Path, *, token: str | None = None, timeout: 
                          ssl_context=context)
     part = staging.with_name(staging.name + ".part")
     try:
-        raw = download.fetch(f"{url}/{MANIFEST}", MAX_MANIFEST)
+        try:
+            raw = download.fetch(f"{url}/{MANIFEST}", MAX_MANIFEST)
+        except NotServed as e:  # not loaded yet (put in the repository after the announcement)
+            raise Unreachable(f"{e}: the version is not served (yet)") from None
         sig = download.fetch(f"{url}/{SIGNATURE}", MAX_SIGNATURE, optional=True)
         assert raw is not None
         if public_key is not None:

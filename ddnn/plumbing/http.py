@@ -3,8 +3,9 @@
 The edge's cloud client, the edge's results callback and the device's HTTP fallback each talk
 to one peer, request after request, from one thread at a time. This wraps a one-connection
 ``urllib3`` pool: the URL checked once, TLS with the system's or a private CA (chain and host
-name always verified), a fresh connection when the peer closed the idle one, no redirects
-(a credential never follows one to another host). Failures surface as ``OSError``.
+name always verified) and, for peers that require one, a client certificate (mutual TLS), a
+fresh connection when the peer closed the idle one, no redirects (a credential never follows
+one to another host). Failures surface as ``OSError``.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ _RETRY = urllib3.Retry(total=1, connect=1, read=1, status=0, other=0, redirect=F
 class KeepAliveConnection:
     """Requests to the host of ``url``; every failure to get an answer is an ``OSError``."""
 
-    def __init__(self, url: str, what: str, timeout: float, ca_file: str | None = None):
+    def __init__(self, url: str, what: str, timeout: float, ca_file: str | None = None, *,
+                 cert_file: str | None = None, key_file: str | None = None):
         u = urllib.parse.urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ConfigError(f"{what} URL {url!r} must be http(s)://host[:port]")
@@ -40,10 +42,22 @@ class KeepAliveConnection:
                 tls = ssl.create_default_context(cafile=ca_file)
             except (OSError, ssl.SSLError) as e:
                 raise ConfigError(f"cannot load the {what} CA file {ca_file}: {e}") from None
+            if cert_file:  # a client certificate, for a peer that requires one (mutual TLS)
+                try:
+                    tls.load_cert_chain(cert_file, key_file)
+                except (OSError, ssl.SSLError) as e:
+                    which = ", ".join(f for f in (cert_file, key_file) if f)
+                    raise ConfigError(f"cannot load the {what} client certificate ({which}): "
+                                      f"{e}") from None
+            elif key_file:
+                raise ConfigError(f"a {what} key file needs its certificate file")
             self._new_pool = lambda: urllib3.HTTPSConnectionPool(**pool_args, ssl_context=tls)
         else:
             if ca_file:
                 raise ConfigError(f"a {what} CA file is set but {url!r} is not https://")
+            if cert_file or key_file:
+                raise ConfigError(f"a {what} client certificate is set but {url!r} is not "
+                                  "https://")
             self._new_pool = lambda: urllib3.HTTPConnectionPool(**pool_args)
         self._pool: urllib3.HTTPConnectionPool = self._new_pool()
 

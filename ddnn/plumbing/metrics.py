@@ -67,6 +67,11 @@ class Gauge(_Metric):
     def value(self, **labels: str) -> float:
         return self._read("", labels)
 
+    def get(self, **labels: str) -> float | None:
+        """The series' value, or None when it was never set."""
+        return self._registry.get_sample_value(self._sample, {k: str(x)
+                                                              for k, x in labels.items()})
+
 
 class Histogram(_Metric):
     """Observations counted into cumulative buckets, with their sum and count."""

@@ -88,11 +88,11 @@ def status_payload(state: str, **info: Any) -> bytes:
 
 def parse_status(payload: bytes) -> str | None:
     """``"online"``/``"offline"`` from a status body (JSON or the bare word), else ``None``."""
-    state = status_info(payload).get("state")
+    state = status_fields(payload).get("state")
     return state if state in ("online", "offline") else None
 
 
-def status_info(payload: bytes) -> dict[str, Any]:
+def status_fields(payload: bytes) -> dict[str, Any]:
     """The fields of a status body (``{"state": ...}`` for the bare word; ``{}`` if unreadable)."""
     text = payload.decode("utf-8", "replace").strip()
     if text in ("online", "offline"):
@@ -204,6 +204,7 @@ class MqttClient:
         on_connect: Callable[[], None] | None = None,
         on_disconnect: Callable[[], None] | None = None,
         on_refused: Callable[[BrokerRefusedError], None] | None = None,
+        on_published: Callable[[int], None] | None = None,
     ):
         try:
             import paho.mqtt.client as paho
@@ -221,6 +222,9 @@ class MqttClient:
         self.refused: BrokerRefusedError | None = None
         self.connected = threading.Event()
         self.connects = 0  # successful connections, reconnections included
+        # When the broker was lost (monotonic), or the client made; None while connected.
+        self.disconnected_since: float | None = time.monotonic()
+        self._on_published = on_published  # (mid) of each acknowledged publish, paho's thread
         self._stopping = False
         persistent = self.options.persistent
         self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
@@ -253,6 +257,8 @@ class MqttClient:
         c.on_message = self._handle_message
         c.on_connect_fail = self._handle_connect_fail
         c.on_log = self._handle_log
+        if on_published is not None:
+            c.on_publish = self._handle_publish
         self._tls_alert: str | None = None
         self._paho = paho
 
@@ -301,6 +307,7 @@ class MqttClient:
             return
         self._tls_alert = None
         self.connects += 1
+        self.disconnected_since = None
         sock = client.socket()
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # paho leaves Nagle on: small messages would wait for delayed ACKs (~40 ms).
@@ -318,6 +325,8 @@ class MqttClient:
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was = self.connected.is_set()
         self.connected.clear()
+        if was:
+            self.disconnected_since = time.monotonic()
         alert, self._tls_alert = self._tls_alert, None
         if alert and not was and not self._stopping:
             self._refuse(f"broker {self.url} refused this client's TLS certificate "
@@ -327,6 +336,10 @@ class MqttClient:
             log.warning("lost the broker %s (%s); reconnecting with backoff", self.url, reason_code)
         if self._on_disconnect_cb:
             self._on_disconnect_cb()
+
+    def _handle_publish(self, client, userdata, mid, reason_code, properties) -> None:
+        # Called by paho with its message lock held: the hook must only record the mid.
+        self._on_published(mid)  # type: ignore[misc]
 
     def _handle_message(self, client, userdata, msg) -> None:
         handled = None
@@ -364,6 +377,16 @@ class MqttClient:
         if info.rc not in (self._paho.MQTT_ERR_SUCCESS, self._paho.MQTT_ERR_NO_CONN):
             log.warning("publish to %s failed: %s", topic, self._paho.error_string(info.rc))
         return info
+
+    def alive(self) -> bool:
+        """paho's network thread runs (it ends only on :meth:`stop` or a refusal for good)."""
+        thread = getattr(self._client, "_thread", None)  # paho has no public accessor
+        return thread is not None and thread.is_alive()
+
+    def queued(self, info) -> bool:
+        """Whether paho took the message of :meth:`publish`'s ``info`` (sent now, or kept for
+        after the reconnection)."""
+        return info.rc in (self._paho.MQTT_ERR_SUCCESS, self._paho.MQTT_ERR_NO_CONN)
 
     def pending(self) -> int:
         """Messages paho still holds (sent but unacknowledged, or queued)."""

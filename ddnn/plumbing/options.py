@@ -99,8 +99,10 @@ def add_options(parser: argparse.ArgumentParser, options: Iterable[Option], sett
         need = "required; " if _required(settings_cls, o) else ""
         # %% because argparse formats help strings with %.
         text = f"{o.help} (env {o.env(prefix)}; {need}default: {default})".replace("%", "%%")
+        # A boolean flag given alone means true: `--follow` is `--follow true`.
+        alone = {"nargs": "?", "const": "true"} if o.parse is boolean else {}
         target.add_argument(f"--{o.name}", default=argparse.SUPPRESS, metavar=o.metavar,
-                            choices=o.choices, help=text)
+                            choices=o.choices, help=text, **alone)
 
 
 def settings_from(args: argparse.Namespace | None, options: Iterable[Option], settings_cls: type,

@@ -22,27 +22,53 @@ the name and version to look for:
 * **Bounded**: every file is capped by the size the manifest declares (else :data:`MAX_FILE`)
   and hashed while it streams; one deadline covers the whole download, however slowly the
   server trickles; a failed or refused download leaves nothing on disk.
+
+An accepted announcement is the tier's target until it is applied or refused: kept on disk
+beside the bundle (``.ddnn-ota/target-{tag}.json``), fetched again with backoff while the
+server cannot serve it (:class:`~ddnn.plumbing.download.Unreachable`), and taken up again by
+a tier that restarts meanwhile.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.bundle import Bundle, Manifest, check_name
 from ddnn.errors import BundleError, ConfigError, DdnnError
-from ddnn.plumbing.download import Origin, fetch_bundle
+from ddnn.plumbing.download import Origin, Unreachable, fetch_bundle
+from ddnn.plumbing.options import Option, boolean, path
+from ddnn.plumbing.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
 
 _VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")
+# Fetching an announced version again while the cloud cannot serve it: 1 s doubling to 60 s.
+OTA_RETRY = RetryPolicy(initial=1.0, maximum=60.0)
 
+
+# The over-the-air rows of the device's and the edge's options tables; their settings classes
+# have fields of these names.
+UPDATE_OPTIONS = (
+    Option("bundle-key", path, "PUBKEY",
+           "Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it"),
+    Option("ota-allow-unsigned", boolean, "BOOL",
+           "apply over-the-air bundles that carry no signature by --bundle-key (unsafe: anyone "
+           "who can publish on the bundle topic and serve files picks the model)"),
+    Option("ota-allow-downgrade", boolean, "BOOL",
+           "apply an over-the-air bundle whose version is not newer than the running one"),
+    Option("ota-retry-max", float, "SECONDS",
+           "longest wait in seconds between attempts to fetch an announced bundle the cloud "
+           "cannot serve yet (exponential backoff from 1 s; the target survives restarts)"),
+)
 
 @dataclass(frozen=True)
 class Announcement:
@@ -126,6 +152,15 @@ class BundleUpdater:
     refused unless ``allow_unsigned``. ``allow_downgrade``: accept a version that is not newer
     than the running one. ``timeout``: seconds for one whole download. ``ca_file``: the CA an
     https cloud's certificate chains to (default: the system's CAs).
+
+    **Persistent and retried**: an accepted announcement is the tier's *target*, written to
+    ``{staging_root}/target[-{tag}].json`` until it is applied or refused. A fetch that fails
+    because the server cannot serve it now (down, 5xx, a 404 for the manifest, too slow:
+    :class:`~ddnn.plumbing.download.Unreachable`) is retried with ``retry``'s backoff, for as
+    long as it takes; ``on_retry(announcement, why)`` is told each time. A tier that restarts
+    meanwhile finds its target at start, announces it again (``on_announce``: keep taking its
+    messages) and keeps retrying. Anything wrong with the bundle itself refuses it for good
+    (``on_result(False)``), and the running version keeps serving.
     """
 
     def __init__(self, running: Bundle, apply: Callable[[Bundle], None], *,
@@ -134,12 +169,14 @@ class BundleUpdater:
                  timeout: float = 120.0, on_result: Callable[[bool], None] | None = None,
                  tag: str = "", on_announce: Callable[[Announcement], None] | None = None,
                  allow_unsigned: bool = False, allow_downgrade: bool = False,
-                 ca_file: str | Path | None = None):
+                 ca_file: str | Path | None = None, retry: RetryPolicy = OTA_RETRY,
+                 on_retry: Callable[[Announcement, str], None] | None = None):
         self.running = running
         self.tag = tag  # in staging names: tiers sharing a bundle directory never collide
         self._apply = apply
         self._on_result = on_result  # True: applied, False: refused (for metrics)
         self._on_announce = on_announce  # a version is coming (before it is fetched)
+        self._on_retry = on_retry  # a fetch failed for now; it is tried again later
         self.cloud, self.token, self.public_key, self.timeout = cloud, token, public_key, timeout
         self.allow_unsigned, self.allow_downgrade, self.ca_file = (allow_unsigned,
                                                                    allow_downgrade, ca_file)
@@ -148,21 +185,74 @@ class BundleUpdater:
         except BundleError as e:
             raise ConfigError(f"cloud URL for bundle updates: {e}") from None
         self.staging_root = staging_root or running.path.parent / ".ddnn-ota"
+        self.state_path = self.staging_root / (f"target-{tag}.json" if tag else "target.json")
         self.applied = 0
         self.refused = 0
+        self.failures = 0  # failed fetches in a row of the current target
         self.last_error: str | None = None
         if public_key is None and not allow_unsigned:
             log.warning("no bundle key: over-the-air bundle updates will be refused (configure "
                         "--bundle-key, or allow unsigned updates explicitly)")
         self._lock = threading.Lock()
-        self._pending: Announcement | None = None
+        self._pending: Announcement | None = None  # the target, until applied or refused
+        self._backoff = retry.backoff()
         self._wake = threading.Event()
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="bundle-updater", daemon=True)
         self._thread.start()
+        self._resume()
+
+    # --- the persisted target -----------------------------------------------------------------
+
+    def _resume(self) -> None:
+        """Take up the target a previous process left (announced, not yet applied)."""
+        ann = self._saved()
+        if ann is None:
+            return
+        m = self.running.manifest
+        if (ann.name, ann.version) == (m.name, m.version):
+            self._forget_target(ann)  # applied, or the tier was redeployed with it
+            return
+        try:
+            self._precheck(ann)
+        except DdnnError as e:
+            log.warning("dropping the saved update target %s:%s: %s", ann.name, ann.version, e)
+            self._forget_target(ann)
+            return
+        log.info("resuming the update to %s:%s (announced before this process started); "
+                 "running %s meanwhile", ann.name, ann.version, self.running.ref)
+        self._take(ann)
+
+    def _saved(self) -> Announcement | None:
+        try:
+            return Announcement.parse(self.state_path.read_bytes())
+        except FileNotFoundError:
+            return None
+        except (OSError, BundleError) as e:
+            log.warning("ignoring the unreadable update target %s: %s", self.state_path, e)
+            return None
+
+    def _save_target(self, ann: Announcement) -> None:
+        try:
+            self.staging_root.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_path.with_suffix(".tmp")
+            with open(tmp, "wb") as f:
+                f.write(ann.to_bytes())
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.state_path)
+        except OSError as e:  # a read-only disk: the update still runs, it is just not saved
+            log.warning("cannot save the update target %s: %s", self.state_path, e)
+
+    def _forget_target(self, ann: Announcement) -> None:
+        saved = self._saved()
+        if saved is not None and (saved.name, saved.version) == (ann.name, ann.version):
+            self.state_path.unlink(missing_ok=True)
+
+    # --- announcements --------------------------------------------------------------------------
 
     def on_message(self, payload: bytes) -> None:
-        """An announcement arrived (MQTT thread): queue it, latest wins."""
+        """An announcement arrived (MQTT thread): it becomes the target, latest wins."""
         if not payload:
             return  # a cleared retained message
         try:
@@ -173,25 +263,44 @@ class BundleUpdater:
         m = self.running.manifest
         if (ann.name, ann.version) == (m.name, m.version):
             return  # already running it (the retained announcement at every connection)
+        with self._lock:
+            if self._pending == ann:
+                return  # already the target (retrying it): keep its backoff
         try:
             self._precheck(ann)
         except DdnnError as e:  # refused before anything is fetched or announced to the tier
             self._refuse(ann, str(e))
             return
+        self._save_target(ann)
+        self._take(ann)
+
+    def _take(self, ann: Announcement) -> None:
         if self._on_announce:
             self._on_announce(ann)
         with self._lock:
             self._pending = ann
+            self._backoff.succeeded()  # a new target is tried at once
+            self.failures = 0
         self._wake.set()
 
     def _loop(self) -> None:
         while not self._done.is_set():
-            self._wake.wait(0.5)
-            self._wake.clear()
             with self._lock:
-                ann, self._pending = self._pending, None
-            if ann is not None:
-                self.update(ann)
+                ann = self._pending
+                due = ann is not None and self._backoff.ready()
+                wait = 0.5 if ann is None else self._backoff.retry_at - time.monotonic()
+            if not due:
+                self._wake.wait(min(max(wait, 0.01), 0.5))
+                self._wake.clear()
+                continue
+            outcome = self._update(ann)  # type: ignore[arg-type]
+            with self._lock:
+                if self._pending != ann:
+                    continue  # a newer target came meanwhile: it goes next, at once
+                if outcome == "retry":
+                    self._backoff.failed()
+                else:
+                    self._pending = None
 
     def _url(self, ann: Announcement) -> str:
         if ann.url is not None:
@@ -226,13 +335,42 @@ class BundleUpdater:
                               f"{running.version}{why}; downgrades are refused unless allowed "
                               "explicitly")
 
+    # --- one attempt ----------------------------------------------------------------------------
+
     def update(self, ann: Announcement) -> bool:
         """Fetch, verify and apply one version; False (and the old version keeps running)
-        when anything about it is wrong."""
+        when anything about it is wrong, or it cannot be fetched now."""
+        return self._update(ann) == "applied"
+
+    def _update(self, ann: Announcement) -> str:
+        """One attempt: ``applied``, ``refused`` (for good) or ``retry`` (fetch failed now)."""
+        try:
+            bundle = self._fetch_and_apply(ann)
+        except Unreachable as e:  # nothing wrong with the bundle: the server cannot serve now
+            self._retry_later(ann, str(e))
+            return "retry"
+        except (DdnnError, OSError) as e:
+            self._refuse(ann, str(e))
+            return "refused"
+        except Exception as e:  # anything unforeseen refuses this version, never the updater
+            log.exception("unexpected error applying %s:%s", ann.name, ann.version)
+            self._refuse(ann, f"{type(e).__name__}: {e}")
+            return "refused"
+        log.info("bundle updated over the air: %s -> %s", self.running.ref, bundle.ref)
+        self.running = bundle
+        self.applied += 1
+        self.failures = 0
+        self.last_error = None
+        self._forget_target(ann)
+        if self._on_result:
+            self._on_result(True)
+        return "applied"
+
+    def _fetch_and_apply(self, ann: Announcement) -> Bundle:
         running = self.running.manifest
         suffix = f"-{self.tag}" if self.tag else ""
         staging = self.staging_root / f"{ann.name}-{ann.version}{suffix}"
-        url = None
+        url = self._precheck(ann)
 
         def check(m: Manifest) -> None:  # on the verified manifest, before its files
             if (m.name, m.version) != (ann.name, ann.version):
@@ -241,43 +379,54 @@ class BundleUpdater:
             self._check_version(m.name, m.version)
             compatible(running, m)
 
+        if staging.resolve() == self.running.path.resolve():
+            raise BundleError(f"{staging} holds the running bundle")
+        bundle = fetch_bundle(url, staging, token=self.token, timeout=self.timeout,
+                              public_key=self.public_key, allow_unsigned=self.allow_unsigned,
+                              token_origin=self.cloud, ca_file=self.ca_file, check=check)
         try:
-            url = self._precheck(ann)
-            if staging.resolve() == self.running.path.resolve():
-                raise BundleError(f"{staging} holds the running bundle")
-            bundle = fetch_bundle(url, staging, token=self.token, timeout=self.timeout,
-                                  public_key=self.public_key,
-                                  allow_unsigned=self.allow_unsigned, token_origin=self.cloud,
-                                  ca_file=self.ca_file, check=check)
-            try:
-                check(bundle.manifest)  # what was loaded from disk, once more
-                self._apply(bundle)
-            except BaseException:
-                shutil.rmtree(staging, ignore_errors=True)
-                raise
-        except (DdnnError, OSError) as e:
-            self._refuse(ann, str(e))
-            return False
-        except Exception as e:  # anything unforeseen refuses this version, never the updater
-            log.exception("unexpected error applying %s:%s", ann.name, ann.version)
-            self._refuse(ann, f"{type(e).__name__}: {e}")
-            return False
-        log.info("bundle updated over the air: %s:%s -> %s", running.name, running.version,
-                 bundle.ref)
-        self.running = bundle
-        self.applied += 1
-        self.last_error = None
-        if self._on_result:
-            self._on_result(True)
-        return True
+            check(bundle.manifest)  # what was loaded from disk, once more
+            self._apply(bundle)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return bundle
+
+    def _retry_later(self, ann: Announcement, why: str) -> None:
+        self.failures += 1
+        self.last_error = why
+        # Logged at the first failures and then at each doubling: an outage of days stays
+        # a few lines.
+        if self.failures & (self.failures - 1) == 0:
+            log.warning("cannot fetch bundle %s:%s now (%s; %d failed tries); retrying with "
+                        "backoff, still running %s", ann.name, ann.version, why, self.failures,
+                        self.running.ref)
+        if self._on_retry:
+            self._on_retry(ann, why)
 
     def _refuse(self, ann: Announcement | None, why: str) -> None:
         self.refused += 1
         self.last_error = why
         what = f"{ann.name}:{ann.version}" if ann else "an announcement"
         log.error("refused bundle update %s: %s; still running %s", what, why, self.running.ref)
+        if ann is not None:
+            self._forget_target(ann)
         if self._on_result:
             self._on_result(False)
+
+    # --- state ----------------------------------------------------------------------------------
+
+    def status(self) -> dict:
+        """For health checks and status messages: what runs, what is wanted, what went wrong."""
+        with self._lock:
+            target = self._pending
+        return {"running": self.running.ref,
+                "target": f"{target.name}:{target.version}" if target else None,
+                "failures": self.failures, "last_error": self.last_error,
+                "applied": self.applied, "refused": self.refused}
+
+    def alive(self) -> bool:
+        return self._thread.is_alive()
 
     def stop(self) -> None:
         self._done.set()

@@ -1,28 +1,139 @@
-"""``ddnn announce``: publish a bundle version for over-the-air updates (retained)."""
+"""``ddnn announce``: publish a bundle version for over-the-air updates (retained).
+
+Like the tiers, every option is a row of one table (:data:`OPTIONS`): a flag, a
+``DDNN_ANNOUNCE_*`` environment variable and a default; the MQTT TLS and credential rows are the
+device's and the edge's (:data:`ddnn.plumbing.mqtt.SECURITY_OPTIONS`), so the operator identity
+that ``deploy/make-certs.sh`` makes (``env/operator.env``) works as it is.
+
+The broker acknowledges a publish that its ACL drops just like one it keeps (MQTT 3.1.1), so
+the announcement is read back from the retained topic before the command reports success.
+"""
 
 from __future__ import annotations
 
 import logging
+import os
+import threading
+from dataclasses import dataclass, field
 
 from ddnn.bundle import check_name
+from ddnn.errors import ConfigError, DdnnError
+from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity, security_of
+from ddnn.plumbing.options import Option, add_options, describe, settings_from
 from ddnn.plumbing.ota import Announcement, bundle_url
+from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
 
+ENV_PREFIX = "DDNN_ANNOUNCE_"
+
+
+class AnnounceError(DdnnError):
+    """The announcement was not stored by the broker (not allowed, or not confirmed in time)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnnounceSettings:
+    """Everything ``ddnn announce`` can be told; every field is a flag and a variable."""
+
+    broker: str
+    # MQTT TLS and credentials (ddnn.plumbing.mqtt.SECURITY_OPTIONS)
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    deployment: str = "default"
+    topic_prefix: str = "ddnn"
+    name: str
+    version: str
+    cloud: str | None = None  # the files are fetched from its /v1/bundles/NAME/VERSION
+    url: str | None = None  # or from this base URL
+    timeout: float = 10.0
+
+    def __post_init__(self) -> None:
+        BrokerUrl.parse(self.broker)
+        check_name("model name", self.name)
+        check_name("model version", self.version)
+        Topics(self.deployment, self.topic_prefix)  # valid topic levels
+        if self.url and self.cloud:
+            raise ConfigError("give --url or --cloud, not both")
+        if not self.timeout > 0:
+            raise ConfigError(f"timeout must be positive, got {self.timeout}")
+
+    @property
+    def security(self) -> MqttSecurity:
+        return security_of(self)
+
+    def announcement(self) -> Announcement:
+        url = self.url or (bundle_url(self.cloud, self.name, self.version) if self.cloud
+                           else None)
+        # Parsed back as the tiers will parse it: a URL they would refuse is refused here.
+        return Announcement.parse(Announcement(self.name, self.version, url).to_bytes())
+
+    def describe(self) -> dict:
+        out = describe(self, OPTIONS)
+        out["broker"] = str(BrokerUrl.parse(self.broker))  # never prints a password
+        return out
+
+
+OPTIONS = (
+    Option("broker", str, "URL", "MQTT broker URL mqtt://[user:pass@]host:port (mqtts:// for "
+                                 "TLS); a password in it is never logged"),
+    *SECURITY_OPTIONS,
+    Option("deployment", str, "NAME", "deployment name (topic level)"),
+    Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
+    Option("name", str, "NAME", "model name of the bundle"),
+    Option("version", str, "VERSION", "bundle version to announce"),
+    Option("cloud", str, "URL",
+           "cloud base URL: the files are fetched from its /v1/bundles/NAME/VERSION (unset, "
+           "and no --url: each tier fetches from its own cloud)"),
+    Option("url", str, "URL", "fetch the bundle from this base URL instead"),
+    Option("timeout", float, "SECONDS",
+           "how long to wait for the broker to connect, acknowledge and hand the retained "
+           "announcement back"),
+)
+
 
 def announce(broker: str, deployment: str, ann: Announcement, prefix: str = "ddnn",
-             timeout: float = 10.0) -> None:
-    """Publish ``ann`` retained on the deployment's bundle topic and wait for the broker."""
+             timeout: float = 10.0, security: MqttSecurity | None = None) -> None:
+    """Publish ``ann`` retained on the deployment's bundle topic, then read it back.
+
+    Raises :class:`~ddnn.plumbing.mqtt.BrokerRefusedError` (exit status 78) when the broker
+    refuses the credentials or certificate, :class:`~ddnn.plumbing.mqtt.MqttError` when it
+    cannot be reached, and :class:`AnnounceError` when the broker does not hand the announcement
+    back from the retained topic (its ACL dropped the publish, or this identity may not read
+    the topic).
+    """
     from ddnn.plumbing.mqtt import MqttClient, MqttError, MqttOptions
-    from ddnn.topics import Topics
 
     topic = Topics(deployment, prefix).bundle
-    client = MqttClient(broker, f"ddnn-announce-{deployment}", MqttOptions()).start()
+    payload = ann.to_bytes()
+    stored = threading.Event()
+
+    def on_message(t: str, p: bytes) -> None:
+        if t == topic and p == payload:
+            stored.set()
+
+    options = MqttOptions(subscriptions=[(topic, 1)], reconnect_max=5,
+                          security=security or MqttSecurity())
+    client = MqttClient(broker, f"ddnn-announce-{deployment}-{os.getpid()}", options,
+                        on_message=on_message).start()
     try:
         if not client.wait_connected(timeout):
-            raise MqttError(f"broker {broker} not reachable in {timeout:.0f} s")
-        info = client.publish(topic, ann.to_bytes(), 1, retain=True)
+            raise MqttError(f"broker {client.url} not reachable in {timeout:g} s")
+        info = client.publish(topic, payload, 1, retain=True)
         info.wait_for_publish(timeout)
+        if not info.is_published():
+            raise MqttError(f"broker {client.url} did not acknowledge the announcement in "
+                            f"{timeout:g} s")
+        if not stored.wait(timeout):
+            who = f"user {client.username!r}" if client.username else "this client"
+            raise AnnounceError(
+                f"the broker acknowledged but did not keep the announcement of "
+                f"{ann.name}:{ann.version} on {topic} within {timeout:g} s: its ACL lets "
+                f"{who} not publish (or not read) there; announce with the operator identity "
+                "(deploy/make-certs.sh env/operator.env)")
     finally:
         client.stop()
     log.info("announced %s:%s on %s", ann.name, ann.version, topic)
@@ -31,27 +142,24 @@ def announce(broker: str, deployment: str, ann: Announcement, prefix: str = "ddn
 def register(sub, data_sub, formatter) -> None:
     p = sub.add_parser(
         "announce", help="announce a bundle version to a deployment (over-the-air update)",
-        description="Publish a bundle version on the deployment's retained bundle topic. "
-        "Devices and edges fetch it over HTTP (from --url, or --cloud's /v1/bundles/NAME/"
-        "VERSION, or their own cloud), verify it and swap it in; a bad one is refused and the "
-        "running version keeps serving. The cloud must serve that version (--repository).",
+        description="Publish a bundle version on the deployment's retained bundle topic, then "
+        "read it back to confirm the broker kept it (an ACL drops a publish it does not allow "
+        "silently). Devices and edges fetch it over HTTP (from --url, or --cloud's "
+        "/v1/bundles/NAME/VERSION, or their own cloud), verify it and swap it in; a bad one is "
+        "refused and the running version keeps serving. The cloud must serve that version "
+        f"(--repository). Every option also reads the environment variable {ENV_PREFIX}<OPTION> "
+        f"(e.g. {ENV_PREFIX}PASSWORD); a flag wins over the variable. On a secure broker use "
+        "the operator identity from deploy/make-certs.sh (env/operator.env).",
         formatter_class=formatter)
-    p.add_argument("--broker", required=True, help="MQTT broker URL")
-    p.add_argument("--deployment", default="default", help="deployment name (topic level)")
-    p.add_argument("--topic-prefix", default="ddnn", help="first topic level(s)")
-    p.add_argument("--name", required=True, help="model name of the bundle")
-    p.add_argument("--version", dest="bundle_version", required=True, help="bundle version")
-    p.add_argument("--cloud", default=None,
-                   help="cloud base URL: the files are fetched from its /v1/bundles/NAME/VERSION")
-    p.add_argument("--url", default=None, help="fetch the bundle from this base URL instead")
+    add_options(p, OPTIONS, AnnounceSettings, ENV_PREFIX)
     p.set_defaults(func=_announce)
 
 
 def _announce(args) -> int:
-    url = args.url or (bundle_url(args.cloud, args.name, args.bundle_version)
-                       if args.cloud else None)
-    ann = Announcement(check_name("model name", args.name),
-                       check_name("model version", args.bundle_version), url)
-    announce(args.broker, args.deployment, ann, args.topic_prefix)
-    print(f"announced {ann.name}:{ann.version} to deployment {args.deployment}")
+    settings = settings_from(args, OPTIONS, AnnounceSettings, ENV_PREFIX)
+    log.debug("ddnn announce with %s", settings.describe())
+    ann = settings.announcement()
+    announce(settings.broker, settings.deployment, ann, settings.topic_prefix,
+             settings.timeout, settings.security)
+    print(f"announced {ann.name}:{ann.version} to deployment {settings.deployment}")
     return 0

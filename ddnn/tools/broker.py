@@ -3,6 +3,11 @@
 Production deployments run their own broker (see ``deploy/mosquitto``); this module exists so
 that ``ddnn demo`` and the test suite work on a machine with no services. The broker always
 runs as a child process on a loopback port and is stopped with :meth:`BrokerProcess.stop`.
+
+amqtt runs with :class:`ddnn.tools.amqtt_plugins.OpenSessions`: its stock anonymous access
+keeps no queue for a persistent session, so the edge's restart would lose the messages
+published meanwhile (Mosquitto keeps them); ``tests/integration/test_broker_sessions.py``
+checks both.
 """
 
 from __future__ import annotations
@@ -146,8 +151,8 @@ async def _serve_amqtt(host: str, port: int) -> None:
     config = {
         "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
         "sys_interval": 0,
-        "auth": {"allow-anonymous": True},
-        "topic-check": {"enabled": False},
+        # Open access that keeps persistent sessions (amqtt's anonymous plugin would not).
+        "plugins": {"ddnn.tools.amqtt_plugins.OpenSessions": {}},
     }
     broker = Broker(config)
     await broker.start()

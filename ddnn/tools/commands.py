@@ -32,7 +32,7 @@ def register(sub, data_sub, formatter) -> None:
     p.set_defaults(func=_evaluate)
 
     info = data_sub.add_parser("info", help="summarize a dataset file", formatter_class=formatter)
-    info.add_argument("path", help="dataset .npz file")
+    info.add_argument("path", help="dataset .npz file or directory (ddnn data import)")
     info.set_defaults(func=_info)
 
 
@@ -51,7 +51,7 @@ def _info(args) -> int:
 
     from ddnn.dataset import load_dataset
 
-    ds = load_dataset(args.path)
+    ds = load_dataset(args.path, mmap=True)  # counts only: a directory's images stay on disk
     present = ds.present
     counts = np.bincount(ds.label, minlength=len(ds.classes))
     print(f"{args.path}: {ds.num_samples} samples, {ds.num_views} views of {ds.image_shape}")

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from ddnn.plumbing.mqtt import MqttClient, MqttOptions, status_info
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions, status_fields
 from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.tools.broker import free_port
 from ddnn.topics import Topics
@@ -55,7 +55,7 @@ class Statuses:
 
     def _on(self, topic: str, payload: bytes) -> None:
         with self._lock:
-            self.seen[topic.split("/")[-2]] = status_info(payload)
+            self.seen[topic.split("/")[-2]] = status_fields(payload)
 
     def models(self) -> set[str]:
         with self._lock:

@@ -337,9 +337,11 @@ def test_a_frame_that_fails_inside_the_edge_is_counted_and_the_rest_go_on(
     ({"partial": True}, "partial must be"),
     ({"missing": {"cam1": "late"}, "partial": True}, "views must list"),
 ])
-def test_posted_device_results_are_checked(tiny_bundle, change, why):
+def test_posted_device_results_are_checked(one_view_bundle, change, why):
+    # (only a one-view bundle's device posts its results: tests/integration/
+    # test_hostile_edge_http.py::test_a_multi_view_bundles_devices_cannot_post_results)
     port = free_port()
-    edge = Edge(tiny_bundle, None, None, deployment="posted", http_port=port)
+    edge = Edge(one_view_bundle, None, None, deployment="posted", http_port=port)
     good = {"frame": 7, "class": 0, "label": "car", "exit": "local", "entropy": 0.1,
             "views": ["cam0"], "missing": {}, "partial": False, "degraded": False,
             "latency_ms": 2.5}

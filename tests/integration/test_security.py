@@ -109,8 +109,9 @@ def pki(tmp_path_factory) -> Pki:
     passwords = {}
     for env in (out / "env").glob("*.env"):
         values = dict(line.split("=", 1) for line in env.read_text().splitlines())
-        user = values.get("DDNN_DEVICE_USERNAME") or values["DDNN_EDGE_USERNAME"]
-        passwords[user] = values.get("DDNN_DEVICE_PASSWORD") or values["DDNN_EDGE_PASSWORD"]
+        # DDNN_DEVICE_*, DDNN_EDGE_* or (operators) DDNN_ANNOUNCE_*
+        user = next(v for k, v in values.items() if k.endswith("_USERNAME"))
+        passwords[user] = next(v for k, v in values.items() if k.endswith("_PASSWORD"))
     ca_cert = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
     ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), None)
     clients = out / "clients"

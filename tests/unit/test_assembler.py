@@ -109,3 +109,87 @@ def test_extend_deadlines_after_an_outage():
     a.extend_deadlines(now=5.0)
     assert a.expire(now=5.05) == []
     assert len(a.expire(now=5.2)) == 1
+
+
+def test_frames_wait_for_a_device_that_usually_lags_within_the_budget():
+    a = FrameAssembler(2, deadline=0.1, max_wait=1.0)
+    # Frame 1: view 1 comes 0.5 s after view 0, past the 0.1 s deadline: late, but learnt.
+    a.add_scores(0, 1, S, 0.0, now=0.0)
+    (f,) = a.expire(now=0.15)
+    a.finish(f)
+    with pytest.raises(Drop) as d:
+        a.add_scores(1, 1, S, 0.0, now=0.5)
+    assert (d.value.reason, d.value.view, d.value.lag) == ("late", 1, pytest.approx(0.5))
+    # Frame 2 now waits for view 1 about that long (with a margin), so it is fused whole.
+    a.add_scores(0, 2, S, 0.0, now=1.0)
+    assert a.expire(now=1.4) == []
+    f = a.add_scores(1, 2, S, 0.0, now=1.5)
+    assert f is not None and f.present == [0, 1] and not f.missing
+
+
+def test_the_wait_never_exceeds_the_budget():
+    a = FrameAssembler(2, deadline=0.1, max_wait=0.3)
+    a.lag.observe(1, 0.28)  # lags 0.28 s: with the margin, more than the budget
+    a.add_scores(0, 1, S, 0.0, now=0.0)
+    assert a.expire(now=0.29) == []
+    (f,) = a.expire(now=0.31)
+    assert f.missing == {1}
+
+
+def test_a_device_lagging_past_the_budget_is_not_waited_for():
+    a = FrameAssembler(2, deadline=0.1, max_wait=1.0)
+    a.lag.observe(1, 10.0)  # 10 s behind: its views come after their frames are answered
+    f = a.add_scores(0, 1, S, 0.0, now=0.0)
+    assert f is not None and f.present == [0]  # no wait at all
+    assert a.why_missing(f, f.present) == {1: "late"}
+
+
+def test_a_fixed_deadline_without_a_budget():
+    a = FrameAssembler(2, deadline=0.1)  # max_wait defaults to the deadline
+    a.lag.observe(1, 0.09)  # with the margin it would wait 0.13 s: the deadline caps it
+    a.add_scores(0, 1, S, 0.0, now=0.0)
+    assert a.expire(now=0.09) == []
+    assert len(a.expire(now=0.11)) == 1
+
+
+def test_frame_ids_far_ahead_are_refused():
+    a = FrameAssembler(2, deadline=0.1, window=100)
+    a.add_scores(0, 10, S, 0.0, now=0.0)
+    with pytest.raises(Drop) as d:
+        a.add_scores(1, 2**64 - 1, S, 0.0, now=0.0)
+    assert d.value.reason == "ahead"
+    a.add_scores(1, 110, S, 0.0, now=0.0)  # within the window: fine, and it moves it
+    a.add_scores(0, 210, S, 0.0, now=0.0)
+
+
+def test_one_huge_frame_id_cannot_make_later_frames_late():
+    # The window admits it (nothing came before); forgetting smallest-first keeps it harmless.
+    a = FrameAssembler(1, deadline=0.1, history=4)
+    a.finish(a.add_scores(0, 2**63, S, 0.0, now=0.0))
+    for frame in range(20):
+        f = a.add_scores(0, frame, S, 0.0, now=0.0)
+        assert f is not None, f"frame {frame} was refused"
+        a.finish(f)
+    with pytest.raises(Drop, match="already answered"):
+        a.add_scores(0, 3, S, 0.0, now=0.0)  # genuinely old frames are still late
+
+
+def test_open_frames_are_bounded():
+    a = FrameAssembler(2, deadline=10.0, max_open=3)
+    for frame in range(3):
+        a.add_scores(0, frame, S, 0.0, now=0.0)
+    with pytest.raises(Drop) as d:
+        a.add_scores(0, 3, S, 0.0, now=0.0)
+    assert d.value.reason == "overload"
+    a.add_scores(1, 0, S, 0.0, now=0.0)  # views of open frames are still taken
+
+
+def test_a_device_late_for_most_views_is_systematically_late():
+    a = FrameAssembler(2, deadline=0.1)
+    for frame in range(12):
+        # Once it is known to lag past the budget, frames no longer wait for it at all.
+        f = a.add_scores(0, frame, S, 0.0, now=float(frame)) or a.expire(now=frame + 0.2)[0]
+        a.finish(f)
+        with pytest.raises(Drop):
+            a.add_scores(1, frame, S, 0.0, now=frame + 0.3)
+    assert a.late_views() == [1]

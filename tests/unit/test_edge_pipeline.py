@@ -128,3 +128,15 @@ def test_a_frame_with_missing_features_fuses_only_those_that_arrived(runtime, wi
         mask[0, v], x[0, v] = True, f[0]
     expected, _ = runtime.edge(x, mask)
     np.testing.assert_allclose(decision.scores, expected[0], rtol=1e-6)
+
+
+def test_an_unconfident_frame_keeps_its_local_answer_and_never_fuses_nothing(runtime, wire):
+    p = pipeline(runtime, 0.0, 0.0)
+    scores, _ = frame(wire, 0)
+    decision = p.local(scores)
+    assert isinstance(decision, Pull)
+    # The local exit's own answer travels with the pull: the fallback when no features come.
+    assert decision.answer.tier == "local" and decision.answer.views == tuple(sorted(scores))
+    np.testing.assert_allclose(decision.answer.scores, wire[3]["local"][0], rtol=1e-6)
+    with pytest.raises(ValueError, match="at least one view"):
+        p.edge({})  # zeros are never classified

@@ -49,6 +49,9 @@ def test_the_bundle_is_required_and_bad_values_name_their_source():
     ({"http_port": 70000}, "http_port"),
     ({"expect_frames": 0}, "expect_frames"),
     ({"http_token": " "}, "http_token must not be empty"),
+    ({"http_token": "t", "http_tokens": Path("f"), "http_port": 0}, "not both"),
+    ({"http_tokens": Path("f")}, "--http-tokens needs --http-port"),
+    ({"http_max_connections": 0}, "http_max_connections must be at least 1"),
 ])
 def test_bad_settings_are_refused(change, match):
     with pytest.raises(ConfigError, match=match):

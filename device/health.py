@@ -1,0 +1,182 @@
+"""A device's own metrics and health, served on ``--http-port``.
+
+``GET /metrics`` (Prometheus: frames, messages sent by kind, outbox depth and drops, broker
+connection, pulls answered and missed, bundle version), ``GET /healthz`` = ``/readyz`` (503
+with reasons when the broker has been unreachable for longer than ``--health-grace``, the
+broker refused this device for good, or the source has produced no frame for
+``--stall-after`` seconds while it should, e.g. a camera being reopened) and ``GET /livez``
+(the sender, MQTT and updater threads run).
+
+The agent counts in plain integers (:class:`~ddnn.device.agent.DeviceStats`); the metrics are
+brought up to date from them at each scrape.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+
+from ddnn.plumbing.health import Check, MonitorServer, check_route
+from ddnn.plumbing.metrics import CONTENT_TYPE, Registry
+
+
+class SourceWatch:
+    """Wraps a frame source: when it last produced a frame, and whether it has ended."""
+
+    def __init__(self, source: Iterable):
+        self.source = source
+        self.started: float | None = None  # monotonic: iteration began
+        self.last: float | None = None  # monotonic: the last frame came
+        self.finished = False
+
+    def __len__(self) -> int:
+        return len(self.source)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator:
+        self.started = self.last = time.monotonic()
+        self.finished = False
+        try:
+            for item in self.source:
+                self.last = time.monotonic()
+                yield item
+        finally:
+            self.finished = True
+
+    def silent_for(self) -> float | None:
+        """Seconds since the last frame while the source runs; None when it does not run."""
+        if self.last is None or self.finished:
+            return None
+        return time.monotonic() - self.last
+
+    @property
+    def problem(self) -> str | None:
+        return getattr(self.source, "problem", None)
+
+
+class DeviceMetrics:
+    """Every series a device exports; names start with ``ddnn_device_``."""
+
+    def __init__(self) -> None:
+        r = self.registry = Registry()
+        self.frames = r.counter("ddnn_device_frames_total", "Frames processed")
+        self.absent = r.counter("ddnn_device_absent_frames_total",
+                                "Frames in which this view saw nothing")
+        self.local_exits = r.counter("ddnn_device_local_exits_total",
+                                     "Frames this one-view device answered itself")
+        self.sent = r.counter("ddnn_device_messages_total", "Messages queued to send, by kind",
+                              ("kind",))
+        self.bytes = r.counter("ddnn_device_sent_bytes_total",
+                               "Bytes queued to send: tensor payload or envelope header",
+                               ("part",))
+        self.pulls = r.counter("ddnn_device_pulls_total", "Feature pulls of the edge, by outcome",
+                               ("outcome",))
+        self.bad_requests = r.counter("ddnn_device_bad_requests_total",
+                                      "Malformed or foreign feature pulls dropped")
+        self.dropped = r.counter("ddnn_device_outbox_dropped_total",
+                                 "Messages dropped by the full outbox (the oldest first)")
+        self.depth = r.gauge("ddnn_device_outbox_messages",
+                             "Messages in the outbox, by state", ("state",))
+        self.broker_up = r.gauge("ddnn_device_broker_connected",
+                                 "1 while the uplink (broker or edge) is reachable")
+        self.source_age = r.gauge("ddnn_device_source_silence_seconds",
+                                  "Seconds since the source's last frame (0: not running)")
+        self.bundle = r.gauge("ddnn_device_bundle_info", "1 for the bundle version the device runs",
+                              ("model", "version"))
+        self.bundle_updates = r.counter("ddnn_device_bundle_updates_total",
+                                        "Over-the-air bundle updates, by result", ("result",))
+        self._seen: dict[tuple, float] = {}  # counter (and labels) -> value already counted
+        self._lock = threading.Lock()
+
+    def _catch_up(self, counter, value: float, **labels: str) -> None:
+        key = (id(counter), *sorted(labels.items()))
+        delta = value - self._seen.get(key, 0)
+        if delta > 0:
+            counter.inc(delta, **labels)
+            self._seen[key] = value
+
+    def sync(self, service) -> None:
+        """Bring every series up to date from ``service`` (a DeviceService)."""
+        s, box = service.agent.stats, service.outbox
+        with self._lock:
+            self._catch_up(self.frames, s.frames)
+            self._catch_up(self.absent, s.absent)
+            self._catch_up(self.local_exits, s.local_exits)
+            for kind, n in list(s.sent.items()):
+                self._catch_up(self.sent, n, kind=kind)
+            self._catch_up(self.bytes, s.payload_bytes, part="payload")
+            self._catch_up(self.bytes, s.header_bytes, part="header")
+            self._catch_up(self.pulls, s.pulls_answered, outcome="answered")
+            self._catch_up(self.pulls, s.pulls_missed, outcome="missed")
+            self._catch_up(self.bad_requests, s.bad_requests)
+            self._catch_up(self.dropped, box.dropped)
+            self.depth.set(box.waiting(), state="waiting")
+            self.depth.set(box.in_flight(), state="unacknowledged")
+            self.broker_up.set(1 if uplink_down_for(service.transport) is None else 0)
+            silent = service.source.silent_for() if isinstance(service.source, SourceWatch) \
+                else None
+            self.source_age.set(silent or 0.0)
+
+    def render(self, service) -> str:
+        self.sync(service)
+        return self.registry.render()
+
+
+def uplink_down_for(transport) -> float | None:
+    """Seconds the transport has been unable to reach its peer; None while it can."""
+    client = getattr(transport, "client", None)
+    since = getattr(client, "disconnected_since", None) if client is not None else \
+        getattr(transport, "disconnected_since", None)
+    return None if since is None else time.monotonic() - since
+
+
+def readiness(service) -> Check:
+    """Whether the device does its work: uplink, source, outbox."""
+    s = service.settings
+    check = Check(details={"frames": service.agent.stats.frames,
+                           "outbox": len(service.outbox), "dropped": service.outbox.dropped})
+    if service.refused is not None:
+        check.reasons.append(f"the broker refused this device for good: {service.refused}")
+    down = uplink_down_for(service.transport)
+    if down is not None and down > s.health_grace:
+        check.reasons.append(f"uplink unreachable for {down:.0f} s (more than "
+                             f"--health-grace {s.health_grace:g} s); messages wait in the "
+                             f"outbox ({len(service.outbox)})")
+    source = service.source
+    if isinstance(source, SourceWatch):
+        if source.problem:
+            check.reasons.append(source.problem)
+        silent = source.silent_for()
+        period = 1.0 / s.fps if s.fps > 0 else 0.0
+        limit = max(s.stall_after, 3 * period)
+        if silent is not None and silent > limit:
+            check.reasons.append(f"source stalled: no frame for {silent:.0f} s (more than "
+                                 f"{limit:g} s)")
+    return check
+
+
+def liveness(service) -> Check:
+    """Whether the device's threads run."""
+    check = Check()
+    threads: list[tuple[str, Callable[[], bool]]] = [("sender", service.sender_alive)]
+    client = getattr(service.transport, "client", None)
+    if client is not None and service.refused is None:
+        threads.append(("mqtt", client.alive))
+    if service.updater is not None:
+        threads.append(("bundle updater", service.updater.alive))
+    check.reasons = [f"the {name} thread is not running" for name, alive in threads
+                     if not alive()]
+    return check
+
+
+def monitor(service, host: str, port: int) -> MonitorServer:
+    """The device's HTTP server: /metrics, /healthz, /readyz, /livez."""
+    metrics: DeviceMetrics = service.metrics
+
+    def scrape() -> tuple[int, str, bytes]:
+        return 200, CONTENT_TYPE, metrics.render(service).encode()
+
+    ready = check_route(lambda: readiness(service))
+    return MonitorServer({"/metrics": scrape, "/healthz": ready, "/readyz": ready,
+                          "/livez": check_route(lambda: liveness(service))}, host, port,
+                         name="device")

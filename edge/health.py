@@ -1,0 +1,154 @@
+"""The edge's health: whether it can serve now, and why not (``/healthz`` = ``/readyz``), and
+whether its threads run (``/livez``).
+
+Not ready (503, with a JSON list of reasons) while:
+
+* the broker has been unreachable for longer than ``--health-grace`` (or refused this edge's
+  credentials for good);
+* the worker is stalled: frames are pending and none has been answered for ``--stall-after``
+  seconds while the broker is connected (deadlines are frozen while it is away, by design);
+* every device is offline: its retained status says so (the last will), or, once the edge has
+  run for ``--health-grace``, it never said anything;
+* a thread of the edge has ended.
+
+Ready again by itself once the cause is gone. A small thread samples the worker's progress
+every :data:`SAMPLE` seconds, so a stall is measured, not guessed from one look.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+from ddnn.edge.aggregator import EdgeAggregator
+from ddnn.edge.settings import EdgeSettings
+from ddnn.plumbing.health import Check
+from ddnn.plumbing.mqtt import MqttClient
+
+SAMPLE = 0.25  # seconds between two samples of the worker's progress
+
+
+class EdgeHealth:
+    """Watches one edge; ``updater`` returns its bundle updater (None before start)."""
+
+    def __init__(self, agg: EdgeAggregator, settings: EdgeSettings, mqtt: MqttClient | None,
+                 updater: Callable[[], object] = lambda: None):
+        self.agg, self.settings, self.mqtt = agg, settings, mqtt
+        self._updater = updater
+        self.started = time.monotonic()
+        self._answered = agg.answered
+        self._progress_at = self.started  # last sample with progress, or nothing pending
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._sample_loop, name="edge-health",
+                                        daemon=True)
+
+    # --- sampling --------------------------------------------------------------------------
+
+    def start(self) -> EdgeHealth:
+        self.started = self._progress_at = time.monotonic()
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=2)
+
+    def _sample_loop(self) -> None:
+        while not self._done.wait(SAMPLE):
+            self.sample()
+
+    def sample(self, now: float | None = None) -> None:
+        """One look at the worker: progress is an answer, or nothing left to answer."""
+        now = time.monotonic() if now is None else now
+        answered = self.agg.answered
+        if answered != self._answered or len(self.agg.assembler) == 0 or not self._connected():
+            self._progress_at = now
+        self._answered = answered
+
+    def _connected(self) -> bool:
+        return self.mqtt is None or self.mqtt.connected.is_set()
+
+    def stalled_for(self) -> float:
+        """Seconds frames have been pending without an answer (0 when none pend)."""
+        if len(self.agg.assembler) == 0:
+            return 0.0
+        return time.monotonic() - self._progress_at
+
+    # --- the checks ------------------------------------------------------------------------
+
+    def device_states(self) -> dict[str, str]:
+        """Each device's last status: online, offline, or unknown (never said)."""
+        gauge = self.agg.metrics.devices_online
+        states = {}
+        for d in self.agg.devices:
+            v = gauge.get(device=d)
+            states[d] = "unknown" if v is None else ("online" if v else "offline")
+        return states
+
+    def _threads(self) -> dict[str, bool]:
+        threads = {t.name: t.is_alive() for t in getattr(self.agg, "_threads", ())}
+        if self._thread.ident is not None:  # started (a monitor never started is not dead)
+            threads["edge-health"] = self._thread.is_alive()
+        if self.mqtt is not None and self.mqtt.refused is None:
+            threads["mqtt"] = self.mqtt.alive()
+        updater = self._updater()
+        if updater is not None:
+            threads["bundle-updater"] = updater.alive()  # type: ignore[attr-defined]
+        return threads
+
+    def liveness(self) -> Check:
+        return Check([f"the {name} thread is not running"
+                      for name, alive in self._threads().items() if not alive])
+
+    def readiness(self) -> Check:
+        s, agg, now = self.settings, self.agg, time.monotonic()
+        states = self.device_states() if self.mqtt is not None else {}
+        check = Check(details={
+            "results": agg.answered, "pending_frames": len(agg.assembler),
+            "cloud_up": bool(agg.cloud and agg.cloud.up),
+            "broker_connected": self._connected(), "devices": states})
+        late = getattr(agg, "late_devices", None)
+        if late is not None:
+            check.details["late_devices"] = late()
+        updater = self._updater()
+        if updater is not None:
+            check.details["bundle"] = updater.status()  # type: ignore[attr-defined]
+        if self.mqtt is not None:
+            self._broker_reasons(check, now)
+            grown = now - self.started > s.health_grace
+            if states and all(st == "offline" or (st == "unknown" and grown)
+                              for st in states.values()):
+                check.reasons.append("every device is offline: " + ", ".join(
+                    f"{d} ({st if st == 'offline' else 'never seen'})"
+                    for d, st in states.items()))
+        stalled = self.stalled_for()
+        if stalled > s.stall_after and self._connected():
+            check.reasons.append(f"worker stalled: {len(agg.assembler)} frames pending and "
+                                 f"none answered for {stalled:.0f} s (more than --stall-after "
+                                 f"{s.stall_after:g} s)")
+        check.reasons += self.liveness().reasons
+        return check
+
+    def _broker_reasons(self, check: Check, now: float) -> None:
+        mqtt, grace = self.mqtt, self.settings.health_grace
+        if mqtt.refused is not None:  # type: ignore[union-attr]
+            check.reasons.append(f"the broker refused this edge for good: {mqtt.refused}")
+            return
+        since = mqtt.disconnected_since  # type: ignore[union-attr]
+        if since is not None and now - since > grace:
+            check.reasons.append(f"broker {mqtt.url} unreachable for {now - since:.0f} s (more "
+                                 f"than --health-grace {grace:g} s)")
+
+
+def health_check(agg: EdgeAggregator, health: EdgeHealth | None, path: str) -> Check:
+    """What ``GET path`` (/healthz, /readyz or /livez) answers; without a monitor (an HTTP
+    server made on its own, in tests) the edge counts as able to serve."""
+    if health is not None:
+        return health.liveness() if path == "/livez" else health.readiness()
+    check = Check(details={"results": agg.answered, "pending_frames": len(agg.assembler),
+                           "cloud_up": bool(agg.cloud and agg.cloud.up)})
+    late = getattr(agg, "late_devices", None)
+    if late is not None:
+        check.details["late_devices"] = late()
+    return check

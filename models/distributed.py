@@ -1,0 +1,121 @@
+"""One training loop on one process or many: torchrun, DistributedDataParallel, CUDA and AMP.
+
+Started by ``torchrun`` (``WORLD_SIZE`` > 1 in the environment) every process joins the group
+(gloo on the CPU, NCCL on CUDA), reads its shard of each epoch (``DistributedSampler``, the same
+global batch size as one process), and averages gradients through DDP, optionally compressed by
+a communication hook (fp16 or PowerSGD). Rank 0 alone scores epochs, decides when to stop (the
+decision is broadcast) and writes checkpoints and the bundle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from torch import distributed as tdist
+from torch.utils.data import DistributedSampler
+
+from ddnn.models.config import DDNNConfig
+
+
+@dataclass
+class Distributed:
+    """This process's place in the run: rank, world size, torch device, mixed precision."""
+
+    rank: int = 0
+    world: int = 1
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
+    amp_dtype: torch.dtype | None = None
+    comm_hook: str = "none"
+    scaler: torch.amp.GradScaler | None = None
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    @classmethod
+    def from_env(cls, cfg: DDNNConfig) -> Distributed:
+        cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        if world > 1 and not tdist.is_initialized():
+            tdist.init_process_group("nccl" if cuda else "gloo")
+        rank = tdist.get_rank() if world > 1 else 0
+        device = torch.device(f"cuda:{local}") if cuda else torch.device("cpu")
+        if cuda:
+            torch.cuda.set_device(device)
+        amp = None
+        if cuda and cfg.amp:
+            amp = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+        return cls(rank, world, device, amp, cfg.comm_hook, scaler)
+
+    def steps_per_epoch(self, samples: int, batch_size: int) -> int:
+        return math.ceil(math.ceil(samples / self.world) / self._local_batch(batch_size))
+
+    def _local_batch(self, batch_size: int) -> int:
+        return max(1, math.ceil(batch_size / self.world))
+
+    def batches(self, samples: int, batch_size: int, seed: int, epoch: int):
+        """This rank's index batches for ``epoch``: a shuffled shard, same count on every rank."""
+        sampler = DistributedSampler(range(samples), num_replicas=self.world, rank=self.rank,
+                                     shuffle=True, seed=seed)
+        sampler.set_epoch(epoch)
+        order = np.fromiter(iter(sampler), dtype=np.int64)
+        step = self._local_batch(batch_size)
+        for i in range(0, len(order), step):
+            yield order[i : i + step]
+
+    def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        """DDP around ``model`` when there are several processes (the model itself otherwise)."""
+        if self.world == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids)
+        if self.comm_hook == "fp16":
+            from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+            ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
+        elif self.comm_hook == "powersgd":
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+            state = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=2,
+                                       start_powerSGD_iter=10)
+            ddp.register_comm_hook(state, psgd.powerSGD_hook)
+        return ddp
+
+    def autocast(self):
+        if self.amp_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.amp_dtype)
+
+    def backward(self, loss: torch.Tensor, opt: torch.optim.Optimizer) -> None:
+        if self.scaler is None:
+            loss.backward()
+            opt.step()
+            return
+        self.scaler.scale(loss).backward()
+        self.scaler.step(opt)
+        self.scaler.update()
+
+    def agree(self, flag: bool) -> bool:
+        """Rank 0's ``flag`` on every rank (to stop together)."""
+        if self.world == 1:
+            return flag
+        t = torch.tensor([int(flag)], device=self.device if self.device.type == "cuda" else "cpu")
+        tdist.broadcast(t, src=0)
+        return bool(t.item())
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            tdist.barrier()
+
+    def close(self) -> None:
+        if self.world > 1 and tdist.is_initialized():
+            tdist.destroy_process_group()

@@ -1,0 +1,63 @@
+"""Both brokers ``ddnn.tools.broker`` can start keep a persistent session's QoS 1 messages while
+its client is away, as the edge's restart relies on (docs/faults.md).
+
+amqtt's stock anonymous access dropped them (it keeps no queue for an anonymous client); the
+embedded broker is configured with ``ddnn.tools.amqtt_plugins.OpenSessions`` to keep them.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import threading
+
+import pytest
+
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions
+from ddnn.tools.broker import mosquitto_path, start_broker
+from tests.integration.conftest import wait_for
+
+TOPIC = "sessions/probe"
+
+
+@pytest.fixture(params=["mosquitto", "amqtt"])
+def broker(request):
+    if request.param == "mosquitto" and mosquitto_path() is None:
+        pytest.skip("mosquitto is not installed")
+    if request.param == "amqtt" and importlib.util.find_spec("amqtt") is None:
+        pytest.skip("amqtt is not installed (pip install 'ddnn[demo]')")
+    b = start_broker(prefer=request.param)
+    yield b
+    b.stop()
+
+
+def subscriber(url: str, got: list[bytes], lock: threading.Lock) -> MqttClient:
+    def on(topic: str, payload: bytes) -> None:
+        with lock:
+            got.append(payload)
+
+    options = MqttOptions(persistent=True, subscriptions=[(TOPIC, 1)])
+    client = MqttClient(url, "sessions-subscriber", options, on_message=on).start()
+    assert client.wait_connected(10)
+    return client
+
+
+def test_a_persistent_session_gets_what_was_published_while_away(broker):
+    got: list[bytes] = []
+    lock = threading.Lock()
+    sub = subscriber(broker.url, got, lock)
+    publisher = MqttClient(broker.url, "sessions-publisher").start()
+    assert publisher.wait_connected(10)
+    # The subscription is in place once a message published now comes back.
+    publisher.publish(TOPIC, b"ready", 1).wait_for_publish(5)
+    wait_for(lambda: b"ready" in got, 10, "the subscription")
+    sub.stop()
+    for i in range(10):
+        publisher.publish(TOPIC, str(i).encode(), 1).wait_for_publish(5)
+    sub = subscriber(broker.url, got, lock)
+    try:
+        wait_for(lambda: len(got) >= 11, 10, "the queued messages after reconnecting")
+    finally:
+        sub.stop()
+        publisher.stop()
+    with lock:
+        assert got[1:] == [str(i).encode() for i in range(10)]
