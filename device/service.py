@@ -97,6 +97,7 @@ class DeviceService:
         http = monitor(self, s.http_host, s.http_port) if s.http_port is not None else None
         if isinstance(self.transport, MqttTransport):  # updates are announced over MQTT
             self.updater = BundleUpdater(self.bundle, self._apply_update, cloud=s.ota_origin,
+                                         token=s.ota_token, ca_file=s.ota_ca_file,
                                          public_key=s.bundle_key, tag=s.device_id,
                                          allow_unsigned=s.ota_allow_unsigned,
                                          allow_downgrade=s.ota_allow_downgrade,

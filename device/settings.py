@@ -47,6 +47,8 @@ class DeviceSettings:
     ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
     ota_retry_max: float = 60.0  # longest wait between fetches of an announced version
     ota_origin: str | None = None  # fetch over-the-air bundles only from this http(s) origin
+    ota_token: str | None = None  # bearer token for that origin (a cloud with --token)
+    ota_ca_file: str | None = None  # CA its HTTPS certificate must chain to (default: system)
     edge_url: str | None = None  # the HTTP fallback: the edge's http://host:port
     token: str | None = None  # bearer token for the HTTP fallback
     device_id: str | None = None  # the id in topics and messages; None: cam0, cam1, ... by view
@@ -116,6 +118,9 @@ class DeviceSettings:
         if self.follow and self.images is None:
             raise ConfigError("--follow applies to --images only")
         after_send_mode(self.after_send)
+        if (self.ota_token or self.ota_ca_file) and self.ota_origin is None:
+            raise ConfigError("--ota-token and --ota-ca-file need --ota-origin (a token is "
+                              "sent to that origin only)")
         if self.ota_origin is not None:
             u = urllib.parse.urlsplit(self.ota_origin)
             if u.scheme not in ("http", "https") or not u.hostname:
@@ -163,6 +168,12 @@ OPTIONS = (
     Option("ota-origin", str, "URL",
            "fetch over-the-air bundles only from this http(s) origin (e.g. the cloud's URL); "
            "unset: from the announced URL, signature still required"),
+    Option("ota-token", str, "TOKEN",
+           "bearer token sent to --ota-origin when fetching bundles (a cloud run with --token); "
+           "never sent anywhere else", secret=True),
+    Option("ota-ca-file", str, "FILE",
+           "CA certificate (PEM) the --ota-origin's HTTPS certificate must chain to (default: "
+           "the system's CAs)"),
     Option("edge-url", str, "URL",
            "HTTP fallback when no --broker: the edge's http://host:port (push mode only)"),
     Option("token", str, "TOKEN", "bearer token for the HTTP fallback", secret=True),

@@ -92,3 +92,11 @@ def test_over_the_air_options(env):
     for bad in ("ftp://cloud", "cloud:8000", "https://"):
         with pytest.raises(ConfigError, match="--ota-origin"):
             settings_from(argparse.Namespace(), {**env, "DDNN_DEVICE_OTA_ORIGIN": bad})
+
+
+def test_an_over_the_air_token_goes_only_with_its_origin(env):
+    s = settings_from(argparse.Namespace(), {**env, "DDNN_DEVICE_OTA_ORIGIN": "https://c:8000",
+                                             "DDNN_DEVICE_OTA_TOKEN": "t0ken-for-bundles"})
+    assert s.ota_token == "t0ken-for-bundles" and s.describe()["ota_token"] == "***"
+    with pytest.raises(ConfigError, match="need --ota-origin"):
+        settings_from(argparse.Namespace(), {**env, "DDNN_DEVICE_OTA_TOKEN": "t0ken"})
