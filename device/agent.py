@@ -164,9 +164,9 @@ class DeviceAgent:
             req = env.decode(data)
             if req.kind != MessageType.REQUEST:
                 raise DecodeError(f"expected a request, got {req.kind.name.lower()}")
-            # Features kept from before a swap are still the ones the edge asks for.
-            if (req.model, req.version) not in ((self.manifest.name, self.manifest.version),
-                                                self._previous):
+            # Any version of this model: during a roll-out the edge may run the next version
+            # before this device does, and updates keep the wire format (ota.compatible).
+            if req.model != self.manifest.name:
                 raise DecodeError(f"request for model {req.model}:{req.version}")
             mask = req.tensor()
         except DecodeError as e:

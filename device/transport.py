@@ -121,11 +121,12 @@ class MqttTransport:
 
     def update_status(self, **info) -> None:
         """Change fields of the retained status (the bundle version after an update)."""
-        self.client.status_info.update(info)
+        # A new dict, never an update in place: paho's thread reads it on every reconnection.
+        fields = {**self.client.status_info, **info}
+        self.client.status_info = fields
         if self.connected and self.client.status_topic:
-            self.client.publish(self.client.status_topic,
-                                status_payload("online", **self.client.status_info), QOS_STATUS,
-                                retain=True)
+            self.client.publish(self.client.status_topic, status_payload("online", **fields),
+                                QOS_STATUS, retain=True)
 
     @property
     def connected(self) -> bool:

@@ -79,6 +79,7 @@ class EdgeAggregator:
         self.done = threading.Event()  # set after settings.expect_frames results
         self._unknown_versions: set[str] = set()  # logged once each
         self._late_warned: set[str] = set()  # devices whose lateness was logged
+        self._failed_sinks: set[str] = set()  # sinks whose failure was logged
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.metrics.bundle.set(1, model=m.name, version=m.version)
@@ -234,9 +235,12 @@ class EdgeAggregator:
                 self._answer(f, local)
                 return
             f.local = local.answer
+            # The frame waits for features before the pull goes out, so an answer that comes
+            # back at once finds it waiting.
+            ready = self.assembler.await_features(f, list(local.views), time.monotonic())
             if local.ask and self._publish is not None:
                 self._request(f.id, local.ask)
-            if self.assembler.await_features(f, list(local.views), time.monotonic()) is None:
+            if ready is None:
                 return  # the features come to the ingest, which hands the frame back
         arrived = {v: f.features[v] for v in f.requested if v in f.features}
         if not arrived:
@@ -293,6 +297,10 @@ class EdgeAggregator:
         t0 = time.perf_counter()
         try:
             scores, _ = self.cloud.infer(np.concatenate([s.features for s in sent]), version)
+            classes = len(sent[0].fallback.scores)
+            if scores.shape != (len(sent), classes) or not np.isfinite(scores).all():
+                raise CloudError(f"cloud answered scores of shape {scores.shape} (expected "
+                                 f"{(len(sent), classes)}) or not finite")
         except UnknownVersion as e:
             self.metrics.cloud.inc(outcome="unknown_version")
             if version not in self._unknown_versions:  # once per version, not per batch
@@ -311,7 +319,6 @@ class EdgeAggregator:
     # --- results --------------------------------------------------------------------------------
 
     def _answer(self, f: Frame, answer: Exit, degraded: bool = False) -> None:
-        self.assembler.finish(f)
         classes = (f.pipeline or self.pipeline).classes
         latency = max(time.time() - f.captured, 0.0)
         missing = self.assembler.why_missing(f, answer.views)
@@ -319,6 +326,7 @@ class EdgeAggregator:
                             entropy=answer.entropy, views=[self.devices[v] for v in answer.views],
                             missing={self.devices[v]: why for v, why in missing.items()},
                             degraded=degraded, latency_ms=latency * 1000)
+        self.assembler.finish(f)  # after the result is built: a bad one leaves it unanswered
         self.metrics.frames.inc(exit=answer.tier, degraded=str(degraded).lower())
         self.metrics.latency.observe(latency, exit=answer.tier)
         self.publish_result(result)
@@ -328,7 +336,15 @@ class EdgeAggregator:
         HTTP)."""
         with self._results_lock:
             for sink in self.sinks:
-                sink.publish(result)
+                try:
+                    sink.publish(result)
+                except Exception:  # a full disk or a broken sink must not silence the others
+                    self.metrics.dropped.inc(reason="sink")
+                    if type(sink).__name__ not in self._failed_sinks:
+                        self._failed_sinks.add(type(sink).__name__)
+                        log.exception("result sink %s failed; counted in "
+                                      'ddnn_edge_dropped_total{reason="sink"}',
+                                      type(sink).__name__)
             self.answered += 1
             expect = self.settings.expect_frames
             if expect and self.answered >= expect:

@@ -184,7 +184,9 @@ class FrameAssembler:
                 return self._take(f)
             if f.stage == SCORES and view not in f.scores:
                 raise Drop("unrequested", f"features of view {view} before its scores")
-            if f.stage == SCORES:
+            if f.stage == SCORES and not f.taken:
+                # Features before the local exit decided anything: the device pushes them.
+                # (A frame the worker holds may be pulled already: that answer can come first.)
                 self.pushing[view] = True
             if f.stage == FEATURES and f.taken:
                 raise Drop("late", f"features of view {view} of frame {frame} after the deadline")

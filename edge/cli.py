@@ -20,9 +20,10 @@ log = logging.getLogger(__name__)
 
 DESCRIPTION = f"""\
 Run the edge aggregator of a deployment: subscribe to its devices over MQTT, assemble each
-frame from the views that arrive by --deadline-ms (a missing or dead device never blocks a
-frame), take the local exit on the aggregated scores, else pull the present views' features
-and run the edge segment, else call the cloud (Open Inference Protocol v2, binary tensors).
+frame from the views that arrive in time (at least --deadline-ms, longer for a device that
+usually lags, at most --max-wait-ms: a missing or dead device never blocks a frame), take the
+local exit on the aggregated scores, else pull the present views' features and run the edge
+segment, else call the cloud (Open Inference Protocol v2, binary tensors).
 One JSON result per frame is published on {{prefix}}/{{deployment}}/results. Without a reachable
 cloud the edge answers with its own exit, flagged "degraded", and recovers when the cloud
 returns. --http-port serves /metrics (Prometheus), /healthz = /readyz (503 with reasons when

@@ -332,6 +332,7 @@ class EdgeHandler(BaseHTTPRequestHandler):
         except ValueError:
             length = -1
         if length < 0:
+            self.close_connection = True  # a body may follow unread: the connection is unusable
             self._json(411, {"error": "Content-Length required"})
             return None
         if length > env.MAX_MESSAGE:

@@ -71,8 +71,14 @@ class Ingest:
 
     def announce(self, version: tuple[str, str] | None) -> None:
         """Also take messages of this ``(name, version)``, announced for an update (None: no
-        longer: the update was refused)."""
+        announced version)."""
         self._announced = version
+
+    def withdraw(self, version: tuple[str, str]) -> None:
+        """No longer take messages of ``version`` (its update was refused), unless another
+        version has been announced since."""
+        if self._announced == version:
+            self._announced = None
 
     def decline_new_frames(self) -> None:
         """From now on, decline messages of frames not under way (for the next edge)."""

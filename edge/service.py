@@ -152,8 +152,6 @@ class EdgeService:
 
         def done(ok: bool) -> None:
             self.metrics.bundle_updates.inc(result="applied" if ok else "refused")
-            if not ok:  # messages of a refused version are another model again
-                agg.ingest.announce(None)
 
         # The target of an update survives restarts (BundleUpdater): one announced before
         # this process started is announced to the ingest again here, before MQTT connects.
@@ -165,7 +163,10 @@ class EdgeService:
                              on_retry=lambda ann, why: self.metrics.bundle_updates.inc(
                                  result="retry"),
                              on_announce=lambda ann: agg.ingest.announce((ann.name,
-                                                                          ann.version)))
+                                                                          ann.version)),
+                             # messages of a refused version are another model's again
+                             on_refused=lambda ann: agg.ingest.withdraw((ann.name,
+                                                                         ann.version)))
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -199,7 +200,7 @@ class EdgeService:
         # Frames under way finish; messages of new ones stay with the broker for the next edge.
         s = self.settings
         cloud = self.aggregator.cloud.timeout if self.aggregator.cloud is not None else 0.0
-        self.aggregator.drain(s.deadline + s.feature_deadline + cloud + 1.0)
+        self.aggregator.drain(s.max_wait + s.feature_deadline + cloud + 1.0)
         self.flush(5.0)
         self.mqtt.stop()  # type: ignore[union-attr]
 

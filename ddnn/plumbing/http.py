@@ -17,10 +17,11 @@ import urllib3
 
 from ddnn.errors import ConfigError
 
-# One retry, for the race where the peer closes an idle keep-alive connection just as a request
-# goes out; statuses and redirects are the caller's business.
-_RETRY = urllib3.Retry(total=1, connect=1, read=1, status=0, other=0, redirect=False,
-                       allowed_methods=None, raise_on_redirect=False, raise_on_status=False)
+# One retry to connect; never after a request went out (a POST must not run twice, and a read
+# timeout must mean one timeout). urllib3 itself replaces a kept-alive connection the peer
+# closed before reusing it. Statuses and redirects are the caller's business.
+_RETRY = urllib3.Retry(total=1, connect=1, read=0, status=0, other=0, redirect=False,
+                       raise_on_redirect=False, raise_on_status=False)
 
 
 class KeepAliveConnection:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import urllib.parse
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -150,8 +151,22 @@ def describe(settings: Any, options: Iterable[Option]) -> dict[str, Any]:
             v = "***"
         elif isinstance(v, Path):
             v = str(v)
+        elif isinstance(v, str) and "@" in v:
+            v = _without_credentials(v)
         out[f.name] = v
     return out
+
+
+def _without_credentials(url: str) -> str:
+    """``scheme://user:pass@host`` -> ``scheme://user:***@host``; other text unchanged."""
+    try:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        return url
+    if parts.password is None:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urllib.parse.urlunsplit(parts._replace(netloc=f"{parts.username}:***@{host}"))
 
 
 def markdown_table(options: Iterable[Option], settings_cls: type, prefix: str) -> str:

@@ -170,13 +170,15 @@ class BundleUpdater:
                  tag: str = "", on_announce: Callable[[Announcement], None] | None = None,
                  allow_unsigned: bool = False, allow_downgrade: bool = False,
                  ca_file: str | Path | None = None, retry: RetryPolicy = OTA_RETRY,
-                 on_retry: Callable[[Announcement, str], None] | None = None):
+                 on_retry: Callable[[Announcement, str], None] | None = None,
+                 on_refused: Callable[[Announcement], None] | None = None):
         self.running = running
         self.tag = tag  # in staging names: tiers sharing a bundle directory never collide
         self._apply = apply
         self._on_result = on_result  # True: applied, False: refused (for metrics)
         self._on_announce = on_announce  # a version is coming (before it is fetched)
         self._on_retry = on_retry  # a fetch failed for now; it is tried again later
+        self._on_refused = on_refused  # this announced version is refused for good
         self.cloud, self.token, self.public_key, self.timeout = cloud, token, public_key, timeout
         self.allow_unsigned, self.allow_downgrade, self.ca_file = (allow_unsigned,
                                                                    allow_downgrade, ca_file)
@@ -411,6 +413,8 @@ class BundleUpdater:
         log.error("refused bundle update %s: %s; still running %s", what, why, self.running.ref)
         if ann is not None:
             self._forget_target(ann)
+            if self._on_refused:
+                self._on_refused(ann)
         if self._on_result:
             self._on_result(False)
 

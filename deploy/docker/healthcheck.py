@@ -6,9 +6,10 @@
                            (DDNN_CLOUD_SSL_CA_CERTS) the probe presents
                            DDNN_HEALTHCHECK_CERT_FILE and DDNN_HEALTHCHECK_KEY_FILE (a client
                            certificate of the deployment's CA).
-    healthcheck.py edge    GET /healthz on DDNN_EDGE_HTTP_PORT; a container without that
-                           variable (a device agent: no HTTP server, its liveness is its
-                           retained MQTT status) has nothing to probe: healthy while it runs.
+    healthcheck.py edge    GET /livez on DDNN_EDGE_HTTP_PORT (liveness: a broker outage must
+                           not restart the edge); a container without that variable (a
+                           device agent: no HTTP server, its liveness is its retained MQTT
+                           status) has nothing to probe: healthy while it runs.
 
 The probe goes to the container's own loopback, so the server's certificate (issued for its
 public name) is not checked against a host name; the service's own clients always check it.
@@ -47,7 +48,7 @@ def target(role: str, env: dict[str, str]) -> tuple[str, ssl.SSLContext | None] 
         port = env.get("DDNN_EDGE_HTTP_PORT")
         if not port:
             return None
-        return f"http://{_host(env.get('DDNN_EDGE_HTTP_HOST'))}:{port}/healthz", None
+        return f"http://{_host(env.get('DDNN_EDGE_HTTP_HOST'))}:{port}/livez", None
     raise SystemExit(f"usage: healthcheck.py cloud|edge (got {role!r})")
 
 

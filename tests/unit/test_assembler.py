@@ -193,3 +193,13 @@ def test_a_device_late_for_most_views_is_systematically_late():
         with pytest.raises(Drop):
             a.add_scores(1, frame, S, 0.0, now=frame + 0.3)
     assert a.late_views() == [1]
+
+
+def test_a_fast_answer_to_a_pull_does_not_look_like_push_mode():
+    a = FrameAssembler(2, deadline=1.0)
+    a.add_scores(0, 1, S, 0.0, now=0.0)
+    f = a.add_scores(1, 1, S, 0.0, now=0.0)  # taken by the worker, which pulls view 0...
+    assert a.add_features(0, 1, F, 0.0, now=0.01) is None  # ...whose answer beats the stage
+    assert a.pushing == [False, False]
+    assert a.await_features(f, [0, 1], now=0.02) is None  # view 0 arrived, view 1 awaited
+    assert a.add_features(1, 1, F, 0.0, now=0.03) is f
