@@ -150,11 +150,6 @@ class ModelRepository:
                                      f"versions: {', '.join(self.versions(name))}")
         return versions[version]
 
-    def bundle_path(self, name: str, version: str) -> Path | None:
-        """The directory of the served bundle ``name`` at ``version`` (for downloads)."""
-        entry = self.served_bundle(name, version)
-        return entry.path if entry else None
-
     def served_bundle(self, name: str, version: str) -> LoadedBundle | None:
         """The verified, loaded bundle ``name`` at ``version``, if it is serving."""
         for entry in self._bundles.values():

@@ -100,7 +100,7 @@ class ResultsCallback:
             self._receiver.close()
             log.warning("results callback answered %d; retrying", status)
             return False
-        if status >= 400:
+        if status >= 300:  # refused, or redirected (never followed: the token would go along)
             self._outcomes.inc(outcome="refused")
             log.warning("results callback refused a result: %d", status)
             return True

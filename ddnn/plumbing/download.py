@@ -25,6 +25,7 @@ from pathlib import Path
 
 from ddnn.bundle import MANIFEST, Bundle, Manifest, load_bundle
 from ddnn.errors import BundleError
+from ddnn.plumbing.retry import RETRY_STATUSES
 from ddnn.signing import SIGNATURE
 
 log = logging.getLogger(__name__)
@@ -35,9 +36,9 @@ MAX_SIGNATURE = 4 << 10  # bytes of manifest.sig (base64 of 64 bytes)
 MAX_REDIRECTS = 3  # same-origin redirects followed per file
 _CHUNK = 1 << 16
 _REDIRECTS = (301, 302, 303, 307, 308)
-# Answers that mean "not now": the cloud is overloaded or restarting. Worth fetching again
-# later (:class:`Unreachable`); so is a 404 for the manifest (the version is not served yet).
-_LATER = frozenset({408, 425, 429, 500, 502, 503, 504})
+# RETRY_STATUSES (the one retry policy's "not now" answers: overloaded, restarting) are worth
+# fetching again later (:class:`Unreachable`); so is a 404 for the manifest (the version is not
+# served yet).
 
 
 class Unreachable(BundleError):
@@ -147,7 +148,7 @@ class _Download:
             if resp.status == 404 and optional:
                 return ""
             if resp.status != 200:
-                error = Unreachable if resp.status in _LATER else (
+                error = Unreachable if resp.status in RETRY_STATUSES else (
                     NotServed if resp.status == 404 else BundleError)
                 raise error(f"GET {url:.200}: HTTP {resp.status}")
             declared = resp.getheader("Content-Length")

@@ -24,15 +24,19 @@ _RETRY = urllib3.Retry(total=1, connect=1, read=0, status=0, other=0, redirect=F
                        raise_on_redirect=False, raise_on_status=False)
 
 
+MAX_RESPONSE = 16 << 20  # bytes of an answer; a larger one is an error (cloud scores are small)
+
+
 class KeepAliveConnection:
     """Requests to the host of ``url``; every failure to get an answer is an ``OSError``."""
 
     def __init__(self, url: str, what: str, timeout: float, ca_file: str | None = None, *,
-                 cert_file: str | None = None, key_file: str | None = None):
+                 cert_file: str | None = None, key_file: str | None = None,
+                 max_response: int = MAX_RESPONSE):
         u = urllib.parse.urlsplit(url)
         if u.scheme not in ("http", "https") or not u.hostname:
             raise ConfigError(f"{what} URL {url!r} must be http(s)://host[:port]")
-        self.url, self.timeout = url, timeout
+        self.url, self.timeout, self.max_response = url, timeout, max_response
         self.host, self.port, self.netloc = u.hostname, u.port, u.netloc
         self.scheme, self.path, self.query = u.scheme, u.path, u.query
         timeouts = urllib3.Timeout(connect=timeout, read=timeout)
@@ -67,10 +71,16 @@ class KeepAliveConnection:
         """``(status, body, headers)`` of one request."""
         try:
             resp = self._pool.urlopen(method, path, body=body, headers=headers,
-                                      redirect=False, preload_content=True)
+                                      redirect=False, preload_content=False)
+            data = resp.read(self.max_response + 1)  # a peer may not fill our memory
         except urllib3.exceptions.HTTPError as e:  # refused, reset, timed out, TLS failed
+            self.close()
             raise ConnectionError(f"{self.netloc}: {_reason(e)}") from None
-        return resp.status, resp.data, dict(resp.headers)
+        if len(data) > self.max_response:
+            self.close()  # the rest of the body is unread: the connection is unusable
+            raise ConnectionError(f"{self.netloc}: answer over {self.max_response} bytes")
+        resp.release_conn()
+        return resp.status, data, dict(resp.headers)
 
     def close(self) -> None:
         """Drop the connection; the next request opens a fresh one."""

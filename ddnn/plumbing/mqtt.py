@@ -86,12 +86,6 @@ def status_payload(state: str, **info: Any) -> bytes:
     return json.dumps({"state": state, **info, "ts": round(time.time(), 3)}).encode()
 
 
-def parse_status(payload: bytes) -> str | None:
-    """``"online"``/``"offline"`` from a status body (JSON or the bare word), else ``None``."""
-    state = status_fields(payload).get("state")
-    return state if state in ("online", "offline") else None
-
-
 def status_fields(payload: bytes) -> dict[str, Any]:
     """The fields of a status body (``{"state": ...}`` for the bare word; ``{}`` if unreadable)."""
     text = payload.decode("utf-8", "replace").strip()

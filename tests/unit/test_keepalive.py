@@ -56,3 +56,36 @@ def test_a_connection_the_peer_closed_is_reopened_once():
 def test_bad_configuration_is_a_config_error(url, ca, message):
     with pytest.raises(ConfigError, match=message):
         KeepAliveConnection(url, "test", 1.0, ca)
+
+
+class HugeAnswer(http.server.BaseHTTPRequestHandler):
+    """Answers with a body larger than the client accepts."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self):  # the handler API's name
+        body = b"x" * 5000
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_answer_larger_than_the_bound_is_an_error():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), HugeAnswer)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        conn = KeepAliveConnection(f"http://127.0.0.1:{server.server_port}", "test", 5.0,
+                                   max_response=4096)
+        with pytest.raises(OSError, match="answer over 4096 bytes"):
+            conn.request("GET", "/", None, {})
+        roomy = KeepAliveConnection(f"http://127.0.0.1:{server.server_port}", "test", 5.0)
+        assert roomy.request("GET", "/", None, {})[1] == b"x" * 5000
+        conn.close()
+        roomy.close()
+    finally:
+        server.shutdown()
+        server.server_close()
