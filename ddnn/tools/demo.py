@@ -228,15 +228,15 @@ def _start_cloud(procs: Processes, bundle_dir: Path, m) -> str:
 
 
 def _start_edge(procs: Processes, bundle_dir: Path, broker_url: str, cloud_url: str,
-                frames: int, work: Path) -> str:
+                work: Path) -> str:
     from ddnn.tools.broker import free_port
 
     port = free_port()
     http = f"http://127.0.0.1:{port}"
     edge = procs.start("edge", "edge", "--bundle", str(bundle_dir), "--broker", broker_url,
                        "--cloud", cloud_url, "--deployment", DEPLOYMENT, "--http-port", str(port),
-                       "--expect-frames", str(frames), "--results-out",
-                       str(work / "results.jsonl"))
+                       "--results-out", str(work / "results.jsonl"))
+    # No --expect-frames: the edge keeps serving until the demo has read its metrics.
     _wait_http(f"{http}/healthz", edge)
     return http
 
@@ -266,7 +266,7 @@ def _run_hierarchy(args, work: Path, bundle_dir: Path, data_path: Path, m, n: in
             _say(f"started {broker.kind} on {broker_url}")
         cloud_url = args.cloud or _start_cloud(procs, bundle_dir, m)
         listener = ResultsListener(broker_url, n)
-        edge_http = _start_edge(procs, bundle_dir, broker_url, cloud_url, n, work)
+        edge_http = _start_edge(procs, bundle_dir, broker_url, cloud_url, work)
         _start_devices(procs, args, bundle_dir, broker_url, data_path, m.views, n)
         budget = n / max(args.fps, 1e-3) + 90
         if not listener.got_all.wait(budget):
