@@ -202,11 +202,15 @@ class DeviceService:
     def deliver(self, msg: OutMessage) -> None:
         """Send at once when nothing older waits (saves a thread hop), else queue in order.
         With a spool every message goes to disk first, for the sender to send."""
-        if not self.outbox.spooled:
-            with self._send_lock:
+        # Never wait for the sender: it may be inside a slow HTTP send, and the camera must not
+        # stall behind it. When it is busy, the message queues behind what it is sending.
+        if not self.outbox.spooled and self._send_lock.acquire(blocking=False):
+            try:
                 if (len(self.outbox) == 0 and self.transport.can_send()
                         and self.transport.send(msg)):
                     return
+            finally:
+                self._send_lock.release()
         self.outbox.put(msg)
 
     # --- a whole replay ----------------------------------------------------------------------

@@ -103,7 +103,8 @@ class CloudClient:
         """``GET /v2/health/ready`` answered 200."""
         with self._lock:
             try:
-                status, _, _ = self._request("GET", "/v2/health/ready", None, {})
+                status, _, _ = self._request(
+                    "GET", f"{self._cloud.path.rstrip('/')}/v2/health/ready", None, {})
             except CloudError:
                 return False
         return status == 200

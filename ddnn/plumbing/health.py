@@ -24,6 +24,8 @@ from typing import ClassVar
 
 log = logging.getLogger(__name__)
 
+MAX_CONNECTIONS = 16  # of the monitoring server: Prometheus, a supervisor, an operator
+
 
 @dataclass
 class Check:
@@ -55,13 +57,40 @@ def check_route(check: Callable[[], Check]) -> Route:
     return route
 
 
+class _CappedServer(ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: past that a new connection
+    is closed unanswered (scrapers and probes retry; a flood cannot pile up threads)."""
+
+    max_connections = MAX_CONNECTIONS
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._slots = threading.BoundedSemaphore(self.max_connections)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class MonitorServer:
     """GET-only HTTP server of a few routes (path -> :data:`Route`) in a background thread."""
 
     def __init__(self, routes: dict[str, Route], host: str = "127.0.0.1", port: int = 0,
                  name: str = "monitor"):
         handler = type("Handler", (_Handler,), {"routes": dict(routes)})
-        self.server = ThreadingHTTPServer((host, port), handler)
+        self.server = _CappedServer((host, port), handler)
         self.server.daemon_threads = True
         self.host, self.port = host, self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name=f"{name}-http",

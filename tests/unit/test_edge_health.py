@@ -4,6 +4,7 @@ as offline only after the grace period, a dead thread fails liveness."""
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import types
@@ -77,3 +78,20 @@ def test_a_dead_thread_fails_liveness(tmp_path):
     agg._threads = [threading.Thread(name="edge-worker")]  # never ran, or ended
     reasons = h.liveness().reasons
     assert "the edge-worker thread is not running" in reasons
+
+
+def test_the_monitoring_server_caps_its_connections():
+    """Idle connections past the cap are closed unanswered: threads stay bounded."""
+    from ddnn.plumbing.health import MAX_CONNECTIONS, MonitorServer
+
+    server = MonitorServer({"/livez": lambda: (200, "application/json", b"{}")}).start()
+    before = threading.active_count()
+    idle = [socket.create_connection((server.host, server.port)) for _ in range(40)]
+    try:
+        # Each idle client holds a thread until its timeout; the ones past the cap are closed.
+        time.sleep(0.5)  # let the server accept the flood (what is measured is its result)
+        assert threading.active_count() - before <= MAX_CONNECTIONS + 2
+    finally:
+        for s in idle:
+            s.close()
+        server.stop()
