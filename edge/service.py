@@ -156,7 +156,8 @@ class EdgeService:
         # The target of an update survives restarts (BundleUpdater): one announced before
         # this process started is announced to the ingest again here, before MQTT connects.
         return BundleUpdater(agg.runtime.bundle, apply, cloud=s.cloud, token=s.cloud_token,
-                             ca_file=s.cloud_ca_file, public_key=s.bundle_key, on_result=done,
+                             ca_file=s.cloud_ca_file, cert_file=s.cloud_cert_file,
+                             key_file=s.cloud_key_file, public_key=s.bundle_key, on_result=done,
                              tag=s.edge_id, allow_unsigned=s.ota_allow_unsigned,
                              allow_downgrade=s.ota_allow_downgrade,
                              retry=RetryPolicy(min(1.0, s.ota_retry_max), s.ota_retry_max),

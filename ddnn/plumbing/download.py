@@ -193,9 +193,23 @@ def _shut(conn: http.client.HTTPConnection) -> None:
             sock.shutdown(socket.SHUT_RDWR)
 
 
+def _tls_context(ca_file, cert_file, key_file) -> ssl.SSLContext | None:
+    """The download's TLS context: a private CA and a client certificate, when given."""
+    if not (ca_file or cert_file):
+        return None
+    context = ssl.create_default_context(cafile=str(ca_file) if ca_file else None)
+    if cert_file:
+        try:
+            context.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
+        except (OSError, ssl.SSLError) as e:
+            raise BundleError(f"cannot load the client certificate {cert_file}: {e}") from None
+    return context
+
+
 def fetch_bundle(url: str, staging: Path, *, token: str | None = None, timeout: float = 120.0,
                  public_key: str | Path | None = None, allow_unsigned: bool = False,
                  token_origin: str | None = None, ca_file: str | Path | None = None,
+                 cert_file: str | Path | None = None, key_file: str | Path | None = None,
                  check: Callable[[Manifest], None] | None = None) -> Bundle:
     """Download the bundle at ``url`` into ``staging``, verify it, and return it loaded.
 
@@ -206,6 +220,7 @@ def fetch_bundle(url: str, staging: Path, *, token: str | None = None, timeout: 
     token goes only to ``token_origin`` (the cloud) and only when ``url`` is on it; redirects
     are followed within ``url``'s origin only. ``timeout`` bounds the whole download. Files
     land in ``{staging}.part``, renamed when complete; on any failure neither is left behind.
+    ``cert_file``/``key_file``: the client certificate for a mutual-TLS cloud.
     """
     if public_key is None and not allow_unsigned:
         raise BundleError("over-the-air bundles must be signed: configure a bundle key "
@@ -213,7 +228,7 @@ def fetch_bundle(url: str, staging: Path, *, token: str | None = None, timeout: 
     url = url.rstrip("/")
     origin = Origin.of(url)
     send_token = token if token and token_origin and Origin.of(token_origin) == origin else None
-    context = ssl.create_default_context(cafile=str(ca_file)) if ca_file else None
+    context = _tls_context(ca_file, cert_file, key_file)
     download = _Download(origin, time.monotonic() + timeout, timeout, token=send_token,
                          ssl_context=context)
     part = staging.with_name(staging.name + ".part")

@@ -147,11 +147,13 @@ class BundleUpdater:
     thread of their own, one at a time; the MQTT thread only hands the announcement over.
 
     ``cloud``: the tier's cloud; with it, bundles are fetched only from its origin and the
-    ``token`` goes only there. Without it (a device), the announced URL is used, with no token.
+    ``token`` goes only there (a device: its ``--ota-origin``). Without it, the announced URL is
+    used, with no token.
     ``public_key``: bundles must be signed by it; without one every announced version is
     refused unless ``allow_unsigned``. ``allow_downgrade``: accept a version that is not newer
     than the running one. ``timeout``: seconds for one whole download. ``ca_file``: the CA an
-    https cloud's certificate chains to (default: the system's CAs).
+    https cloud's certificate chains to (default: the system's CAs); ``cert_file``/``key_file``:
+    this tier's client certificate, for a cloud that requires one (mutual TLS).
 
     **Persistent and retried**: an accepted announcement is the tier's *target*, written to
     ``{staging_root}/target[-{tag}].json`` until it is applied or refused. A fetch that fails
@@ -169,7 +171,8 @@ class BundleUpdater:
                  timeout: float = 120.0, on_result: Callable[[bool], None] | None = None,
                  tag: str = "", on_announce: Callable[[Announcement], None] | None = None,
                  allow_unsigned: bool = False, allow_downgrade: bool = False,
-                 ca_file: str | Path | None = None, retry: RetryPolicy = OTA_RETRY,
+                 ca_file: str | Path | None = None, cert_file: str | Path | None = None,
+                 key_file: str | Path | None = None, retry: RetryPolicy = OTA_RETRY,
                  on_retry: Callable[[Announcement, str], None] | None = None,
                  on_refused: Callable[[Announcement], None] | None = None):
         self.running = running
@@ -182,6 +185,7 @@ class BundleUpdater:
         self.cloud, self.token, self.public_key, self.timeout = cloud, token, public_key, timeout
         self.allow_unsigned, self.allow_downgrade, self.ca_file = (allow_unsigned,
                                                                    allow_downgrade, ca_file)
+        self.cert_file, self.key_file = cert_file, key_file  # for a mutual-TLS cloud
         try:
             self.origin = Origin.of(cloud) if cloud else None
         except BundleError as e:
@@ -385,7 +389,8 @@ class BundleUpdater:
             raise BundleError(f"{staging} holds the running bundle")
         bundle = fetch_bundle(url, staging, token=self.token, timeout=self.timeout,
                               public_key=self.public_key, allow_unsigned=self.allow_unsigned,
-                              token_origin=self.cloud, ca_file=self.ca_file, check=check)
+                              token_origin=self.cloud, ca_file=self.ca_file,
+                              cert_file=self.cert_file, key_file=self.key_file, check=check)
         try:
             check(bundle.manifest)  # what was loaded from disk, once more
             self._apply(bundle)

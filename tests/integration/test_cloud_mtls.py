@@ -187,3 +187,32 @@ def test_the_edge_settings_give_its_cloud_client_the_certificate(cloud_server, t
             EdgeService.from_settings(EdgeSettings(**base)) as without:
         assert with_cert.aggregator.cloud.ready()
         assert not without.aggregator.cloud.ready()
+
+
+def test_over_the_air_downloads_present_the_client_certificate(cloud_server, tiny_bundle, pki,
+                                                               tmp_path):
+    """An edge fetching a bundle from a mutual-TLS cloud presents its certificate (otherwise
+    the handshake fails, which looks like an outage and is retried, never applied)."""
+    import shutil
+
+    from ddnn.plumbing.download import Unreachable, fetch_bundle
+    from ddnn.plumbing.ota import bundle_url
+    from ddnn.signing import generate_keypair, sign_bundle
+
+    signed = tmp_path / "signed"
+    shutil.copytree(tiny_bundle, signed)
+    key, pub = generate_keypair(tmp_path / "keys")
+    sign_bundle(signed, key)
+    url = cloud_server(bundle=signed, poll_interval=0, wait_ready=False, bundle_key=pub,
+                       ssl_certfile=pki / "cloud.crt", ssl_keyfile=pki / "cloud.key",
+                       ssl_ca_certs=pki / "ca.crt")
+    cloud_wait_ready(url, verify=_client(pki, "clients/edge0"))
+    source = bundle_url(url, "tiny", "1")
+    with pytest.raises(Unreachable):
+        fetch_bundle(source, tmp_path / "bare", public_key=pub, ca_file=pki / "ca.crt",
+                     timeout=10)
+    assert not (tmp_path / "bare").exists() and not (tmp_path / "bare.part").exists()
+    got = fetch_bundle(source, tmp_path / "with-cert", public_key=pub, ca_file=pki / "ca.crt",
+                       cert_file=pki / "clients/edge0.crt", key_file=pki / "clients/edge0.key",
+                       timeout=10)
+    assert got.manifest.version == "1" and got.signature_bytes
