@@ -52,7 +52,7 @@ class Frame:
     id: int
     captured: float  # earliest wall-clock capture time among the views (for latency)
     opened: float  # monotonic time of its first message (the scores wait runs from here)
-    deadline: float = float("inf")  # of the feature stage (the scores stage's is computed)
+    deadline: float = float("inf")  # when it stops waiting (scores: rechecked when it comes)
     stage: str = SCORES
     scores: dict[int, np.ndarray] = field(default_factory=dict)
     absent: set[int] = field(default_factory=set)
@@ -158,6 +158,7 @@ class FrameAssembler:
                 f.absent.add(view)
             else:
                 f.scores[view] = scores
+            f.deadline = self._scores_deadline(f)
             return self._take_if_ready(f)
 
     def add_features(self, view: int, frame: int, features: np.ndarray, captured: float,
@@ -243,17 +244,18 @@ class FrameAssembler:
         wait = min(max(self.lag.wait_for(awaited), self.deadline), self.max_wait)
         return f.opened + wait
 
-    def _due(self, f: Frame) -> float:
-        return self._scores_deadline(f) if f.stage == SCORES else f.deadline
-
     def expire(self, now: float) -> list[Frame]:
         """Frames whose deadline passed: ready with the views they have."""
         out = []
         with self._lock:
             for f in self._frames.values():
-                if f.taken or self._due(f) > now:
+                if f.taken or f.deadline > now:
                     continue
                 if f.stage == SCORES:
+                    # The stored deadline is cheap to scan; lags learnt since may extend it.
+                    f.deadline = self._scores_deadline(f)
+                    if f.deadline > now:
+                        continue
                     expected = self.expected()
                     f.missing = {v for v in expected if v not in f.scores and v not in f.absent}
                     for v in f.missing:
@@ -276,12 +278,13 @@ class FrameAssembler:
                     continue
                 if f.stage == SCORES:
                     f.opened = now
+                    f.deadline = self._scores_deadline(f)
                 else:
                     f.deadline = now + self.feature_deadline
 
     def next_deadline(self) -> float:
         with self._lock:
-            return min((self._due(f) for f in self._frames.values() if not f.taken),
+            return min((f.deadline for f in self._frames.values() if not f.taken),
                        default=float("inf"))
 
     def late_views(self) -> list[int]:
