@@ -300,5 +300,8 @@ def read_image(path: Path) -> np.ndarray:
     try:
         with Image.open(path) as im:
             return np.asarray(im.convert("RGB"))
-    except (UnidentifiedImageError, OSError) as e:
+    # A decompression bomb, a truncated or lying file: refused like an unreadable one, so a
+    # followed folder skips it instead of ending the replay.
+    except (UnidentifiedImageError, Image.DecompressionBombError, OSError, ValueError,
+            SyntaxError) as e:
         raise ConfigError(f"{path}: not a readable image ({e})") from None

@@ -175,3 +175,22 @@ def test_a_followed_folder_skips_unreadable_and_older_names(tmp_path):
 
 
 POLL_WAIT = 0.6  # a bit over two polls of a followed folder
+
+
+def test_a_decompression_bomb_is_refused_like_an_unreadable_image(tmp_path):
+    """A PNG whose header claims 10^10 pixels: refused before anything is decoded."""
+    import struct
+    import zlib
+
+    from ddnn.device.sources import read_image
+    from ddnn.errors import ConfigError
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    header = struct.pack(">IIBBBBB", 100_000, 100_000, 8, 0, 0, 0, 0)
+    bomb = tmp_path / "bomb.png"
+    bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
+    with pytest.raises(ConfigError, match="not a readable image"):
+        read_image(bomb)
