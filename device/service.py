@@ -32,6 +32,9 @@ from ddnn.topics import Topics, default_device_ids
 
 log = logging.getLogger(__name__)
 
+# Seconds to wait at exit for a send under way: the HTTP fallback's timeout, plus a margin.
+SENDER_JOIN = 6.0
+
 Source = Iterable[tuple[int, np.ndarray]]  # (frame id, float32 (3, H, W) image in [0, 1])
 
 
@@ -123,10 +126,15 @@ class DeviceService:
         self.stop_event.set()
         self._sender_done.set()
         if self._sender is not None:
-            self._sender.join(timeout=2)
+            self._sender.join(timeout=SENDER_JOIN)
+        sending = self._sender is not None and self._sender.is_alive()
         self.transport.stop()
         self.outbox.settle()  # acknowledged while stopping: not sent again by the next process
-        self.outbox.close()
+        if sending:  # closing the spool under a send would lose its done mark: leave it open
+            log.warning("the sender is still inside a send after %.0f s; the outbox is left "
+                        "for the next start to recover", SENDER_JOIN)
+        else:
+            self.outbox.close()
         self._stop_updater()
         if self.http is not None:
             self.http.stop()
