@@ -223,12 +223,3 @@ def _train(args) -> int:
         file=sys.stderr,
     )
     return 0
-
-
-    if args.json:
-        print(json.dumps(metrics))
-    else:
-        test = f", test {metrics['test_accuracy']:.3f}" if "test_accuracy" in metrics else ""
-        print(f"raw-offload baseline written to {args.out}: held-out accuracy "
-              f"{metrics['val_accuracy']:.3f}{test} ({metrics['seconds']:.0f} s)", file=sys.stderr)
-    return 0

@@ -51,19 +51,24 @@ def tiny_bundle(tiny_data, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def one_view_bundle(tmp_path_factory) -> Path:
-    """A one-view bundle (the device decides its own exit), trained one short epoch."""
+def one_epoch_bundle(root: Path, views: int) -> Path:
+    """A ``tiny`` bundle of ``views`` views, trained one short epoch (for tests of the tiers,
+    not of accuracy)."""
     from ddnn.models.build import build_bundle
     from ddnn.models.config import DDNNConfig
     from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
-    root = tmp_path_factory.mktemp("one-view")
-    save_dataset(root / "train.npz", synthesize(60, SceneConfig(views=1, classes=3, size=16),
+    save_dataset(root / "train.npz", synthesize(60, SceneConfig(views=views, classes=3, size=16),
                                                 seed=1))
     build_bundle(root / "train.npz", root / "tiny", DDNNConfig(epochs=1, batch_size=32, seed=0),
                  name="tiny", version="1", progress=False, log=lambda *_: None)
     return root / "tiny"
+
+
+@pytest.fixture(scope="session")
+def one_view_bundle(tmp_path_factory) -> Path:
+    """A one-view bundle (the device decides its own exit)."""
+    return one_epoch_bundle(tmp_path_factory.mktemp("one-view"), views=1)
 
 
 @pytest.fixture

@@ -25,6 +25,7 @@ from ddnn.edge.service import EdgeService
 from ddnn.edge.settings import EdgeSettings
 from ddnn.envelope import MessageType
 from ddnn.errors import ConfigError
+from tests.conftest import one_epoch_bundle
 from tests.integration.conftest import wait_for
 
 TOKENS = {"cam0": "cam0-token-0123456789", "cam1": "cam1-token-0123456789",
@@ -63,17 +64,8 @@ def result_of(device: str, frame: int = 7) -> dict:
 
 @pytest.fixture(scope="module")
 def six_view_bundle(tmp_path_factory) -> Path:
-    """A six-view bundle, trained one short epoch (what is tested is the edge, not accuracy)."""
-    from ddnn.models.build import build_bundle
-    from ddnn.models.config import DDNNConfig
-    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
-
-    root = tmp_path_factory.mktemp("six-views")
-    save_dataset(root / "train.npz", synthesize(60, SceneConfig(views=6, classes=3, size=16),
-                                                seed=1))
-    build_bundle(root / "train.npz", root / "tiny", DDNNConfig(epochs=1, batch_size=32, seed=0),
-                 name="tiny", version="1", progress=False, log=lambda *_: None)
-    return root / "tiny"
+    """A six-view bundle (what is tested is the edge, not accuracy)."""
+    return one_epoch_bundle(tmp_path_factory.mktemp("six-views"), views=6)
 
 
 # --- per-device tokens -----------------------------------------------------------------------
