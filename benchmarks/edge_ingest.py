@@ -48,8 +48,7 @@ def publish(broker: str, bundle: Path, frames: int, first: int, part: int = 0,
     logits = rng.normal(size=(m.views, m.num_classes)).astype(np.float32) * 4
     devices = default_device_ids(m.views)
     msgs = [(t.device(d, "scores"), env.encode(env.pack(
-        MessageType.SCORES, model=m.name, version=m.version, deployment=deployment, device=d,
-        frame=first + n, tensor=logits[v : v + 1], codec=m.codec["scores"])))
+        MessageType.SCORES, version=m.version, frame=first + n, tensor=logits[v : v + 1], codec=m.codec["scores"])))
         for n in range(frames) for v, d in enumerate(devices) if v % PUBLISHERS == part]
     # paho driven from this one thread (no loop thread): the load generator must cost less
     # than what it measures.

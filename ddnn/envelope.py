@@ -1,11 +1,17 @@
-"""The message envelope: one versioned, self-describing binary frame per MQTT or HTTP message.
+"""The message envelope: one compact, versioned binary frame per MQTT or HTTP message.
 
-Layout (little-endian; see ``docs/wire-protocol.md`` for the byte-by-byte table)::
+Layout (see ``docs/wire-protocol.md`` for the byte-by-byte table)::
 
-    magic "DDNN" | u8 envelope version | u8 message type | u8 codec | u8 dtype | u8 ndim
-    | u64 frame id | f64 timestamp (Unix seconds) | u32 payload length
-    | 4 × (u8 length + UTF-8): model name, model version, deployment, device id
-    | ndim × u32 shape | payload (the tensor packed by :class:`ddnn.codec.FeatureCodec`)
+    u8 format (0xD0 | envelope version) | u8 codec << 4 | identity flag << 3 | message type
+    | frame id (unsigned LEB128 varint) | u32 capture time (100 µs ticks of Unix time, mod 2**32)
+    | u8 length + ASCII model version
+    | [identity: 3 × (u8 length + ASCII): model name, deployment, device id]
+    | payload (the tensor packed by :class:`ddnn.codec.FeatureCodec`, to the end)
+
+What never changes on a channel is not repeated per message: an MQTT topic names the deployment
+and the device (the edge for a request), the device's retained status names its model, and the
+bundle of the version gives each message type's tensor shape. The identity block is for
+channels that name nobody (the HTTP fallback), so a message there still says who sent it.
 
 Decoding validates every field and raises :class:`DecodeError` (a :class:`CodecError`) for
 anything else, so a receiver can count and drop a bad message with one ``except``.
@@ -17,7 +23,7 @@ import enum
 import math
 import struct
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -25,18 +31,20 @@ from ddnn.codec import CODECS, FeatureCodec
 from ddnn.errors import CodecError
 from ddnn.names import RULE, is_name
 
-MAGIC = b"DDNN"
-VERSION = 1
+VERSION = 2
+FORMAT = 0xD0 | VERSION  # the first byte: a ddnn envelope of this version
+_FAMILY = 0xD0  # high nibble of every ddnn envelope from version 2 on
+_V1_MAGIC = b"DDNN"  # what version 1 envelopes began with (refused by name)
 MAX_MESSAGE = 1 << 20  # bytes: bounds what a sender can make a receiver hold or decode
-MAX_NDIM = 8
 MAX_STRING = 64
-_HEADER = struct.Struct("<4sBBBBBQdI")
-_DIM = struct.Struct("<I")
-# Strings land in topics, logs and metric labels: a safe alphabet, no MQTT wildcards or slashes.
-# Codec ids on the wire; 0 means "no tensor" (absent views, feature pulls without a mask).
+MAX_VARINT = 10  # bytes of a 64-bit LEB128 value
+TICK = 1e-4  # seconds per capture-time tick
+_WRAP = 1 << 32  # ticks before the capture time wraps: about 4.97 days
+_TIME = struct.Struct("<I")
+_IDENTITY = 0x08
+# Codec ids on the wire; 0 means "no tensor" (absent views).
 _CODEC_IDS = {name: i + 1 for i, name in enumerate(CODECS)}
 _CODEC_NAMES = {i: name for name, i in _CODEC_IDS.items()}
-_DTYPES = {1: "float32"}  # what the decoded tensor is; the only one the segments take today
 
 
 class DecodeError(CodecError):
@@ -46,7 +54,7 @@ class DecodeError(CodecError):
 class MessageType(enum.IntEnum):
     """What a message carries."""
 
-    SCORES = 1  # a device's class scores for one frame (B=1, C)
+    SCORES = 1  # a device's class scores for one frame (1, C)
     FEATURES = 2  # a device's packed features for one frame (1, F, h, w)
     ABSENT = 3  # "this view sees nothing in this frame": no tensor, so nobody waits for it
     REQUEST = 4  # the edge pulls features of a frame; tensor = binary mask (V,) of views asked
@@ -54,35 +62,38 @@ class MessageType(enum.IntEnum):
 
 @dataclass(frozen=True)
 class Envelope:
-    """One decoded message; ``payload`` holds the packed tensor bytes (empty for no tensor)."""
+    """One message; ``payload`` holds the packed tensor bytes (empty for no tensor).
+
+    ``model``, ``deployment`` and ``device`` are ``None`` when the message left them to its
+    channel (:meth:`bound` fills them in from there).
+    """
 
     kind: MessageType
-    model: str
     version: str
-    deployment: str
-    device: str
     frame: int
     timestamp: float = 0.0
     codec: str | None = None
-    shape: tuple[int, ...] = ()
     payload: bytes = b""
-    dtype: str = "float32"
+    model: str | None = None
+    deployment: str | None = None
+    device: str | None = None
 
     @property
-    def header_size(self) -> int:
-        """Bytes of the envelope around the payload (counted apart from tensor bytes)."""
-        strings = sum(1 + len(s.encode()) for s in self._strings())
-        return _HEADER.size + strings + _DIM.size * len(self.shape)
+    def has_identity(self) -> bool:
+        return self.device is not None
 
-    def _strings(self) -> tuple[str, str, str, str]:
-        return (self.model, self.version, self.deployment, self.device)
+    def bound(self, *, model: str, deployment: str, device: str) -> Envelope:
+        """This message with the identity its channel gives (fields it carries are kept)."""
+        return replace(self, model=self.model or model, deployment=self.deployment or deployment,
+                       device=self.device or device)
 
-    def tensor(self) -> np.ndarray:
-        """The decoded float32 tensor; raises :class:`DecodeError` for a message without one."""
+    def tensor(self, shape: tuple[int, ...]) -> np.ndarray:
+        """The decoded float32 tensor of ``shape`` (the bundle's, for this message type);
+        raises :class:`DecodeError` for a message without one or of another size."""
         if self.codec is None:
             raise DecodeError(f"{self.kind.name.lower()} message carries no tensor")
         try:
-            return FeatureCodec(self.codec).decode(self.payload, self.shape)
+            return FeatureCodec(self.codec).decode(self.payload, tuple(shape))
         except DecodeError:
             raise
         except CodecError as e:
@@ -92,46 +103,41 @@ class Envelope:
 def pack(
     kind: MessageType,
     *,
-    model: str,
     version: str,
-    deployment: str,
-    device: str,
     frame: int,
     tensor: np.ndarray | None = None,
     codec: str | None = None,
     timestamp: float | None = None,
+    model: str | None = None,
+    deployment: str | None = None,
+    device: str | None = None,
 ) -> Envelope:
-    """Build an envelope, packing ``tensor`` with ``codec`` (both or neither)."""
+    """Build an envelope, packing ``tensor`` with ``codec`` (both or neither). Give ``model``,
+    ``deployment`` and ``device`` together to carry the identity in the message."""
     if (tensor is None) != (codec is None):
         raise CodecError("give both a tensor and its codec, or neither")
-    payload, shape = b"", ()
-    if tensor is not None:
-        payload = FeatureCodec(codec).encode(tensor)
-        shape = tuple(int(d) for d in np.shape(tensor))
+    if len({model is None, deployment is None, device is None}) != 1:
+        raise CodecError("give the model, deployment and device together, or none of them")
+    payload = b"" if tensor is None else FeatureCodec(codec).encode(tensor)
     ts = time.time() if timestamp is None else float(timestamp)
-    return Envelope(MessageType(kind), model, version, deployment, device, int(frame), ts,
-                    codec, shape, payload)
+    return Envelope(MessageType(kind), version, int(frame), ts, codec, payload, model,
+                    deployment, device)
 
 
 def encode(env: Envelope) -> bytes:
     """Serialize an envelope; raises :class:`CodecError` for fields the format cannot hold."""
-    strings = []
-    for s in env._strings():
-        _check_name(s, CodecError)
-        strings.append(s.encode())
     if not 0 <= env.frame < 1 << 64:
         raise CodecError(f"frame id {env.frame} does not fit 64 bits")
-    if len(env.shape) > MAX_NDIM:
-        raise CodecError(f"tensor of {len(env.shape)} dimensions exceeds {MAX_NDIM}")
+    if not math.isfinite(env.timestamp):
+        raise CodecError("timestamp is not a finite number")
     codec_id = 0 if env.codec is None else _CODEC_IDS.get(env.codec)
     if codec_id is None:
         raise CodecError(f"unknown codec {env.codec!r}")
-    header = _HEADER.pack(MAGIC, VERSION, int(env.kind), codec_id, 1, len(env.shape), env.frame,
-                          env.timestamp, len(env.payload))
-    parts = [header]
-    for s in strings:
-        parts += [bytes([len(s)]), s]
-    parts += [_DIM.pack(d) for d in env.shape]
+    flags = _IDENTITY if env.has_identity else 0
+    parts = [bytes([FORMAT, codec_id << 4 | flags | int(env.kind)]), _varint(env.frame),
+             _TIME.pack(round(env.timestamp / TICK) % _WRAP), _string(env.version)]
+    if env.has_identity:
+        parts += [_string(env.model), _string(env.deployment), _string(env.device)]
     parts.append(env.payload)
     data = b"".join(parts)
     if len(data) > MAX_MESSAGE:
@@ -139,72 +145,116 @@ def encode(env: Envelope) -> bytes:
     return data
 
 
-def _check_name(s: str, error: type[CodecError]) -> None:
-    if not is_name(s):
-        raise error(f"invalid name {s!r:.80}: use {RULE}")
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        out.append(low | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
 
 
-def decode(data: bytes) -> Envelope:
-    """Parse and validate one message; raises :class:`DecodeError` on any inconsistency."""
+def _string(s: str | None) -> bytes:
+    if not isinstance(s, str) or not is_name(s):
+        raise CodecError(f"invalid name {s!r:.80}: use {RULE}")
+    return bytes([len(s)]) + s.encode()
+
+
+def capture_time(ticks: int, now: float) -> float:
+    """The Unix time of ``ticks`` (mod 2**32) nearest to ``now``: exact while sender and
+    receiver agree within half the wrap (about 2.5 days, delay and clock skew together)."""
+    base = round(now / TICK)
+    delta = (ticks - base) % _WRAP
+    if delta >= _WRAP // 2:
+        delta -= _WRAP
+    return (base + delta) * TICK
+
+
+class _Reader:
+    """Bounds-checked reads over one message."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def take(self, n: int, what: str) -> bytes:
+        if self.pos + n > len(self.data):
+            raise DecodeError(f"message truncated inside its {what}")
+        chunk = self.data[self.pos : self.pos + n]
+        self.pos += n
+        return chunk
+
+    def varint(self, what: str) -> int:
+        value = 0
+        for i in range(MAX_VARINT):
+            byte = self.take(1, what)[0]
+            value |= (byte & 0x7F) << (7 * i)
+            if not byte & 0x80:
+                if value >= 1 << 64:
+                    raise DecodeError(f"{what} does not fit 64 bits")
+                if byte == 0 and i:  # one value, one encoding: messages re-encode exactly
+                    raise DecodeError(f"{what} varint is not minimal")
+                return value
+        raise DecodeError(f"{what} is longer than {MAX_VARINT} bytes")
+
+    def name(self, what: str) -> str:
+        n = self.take(1, what)[0]
+        if n == 0 or n > MAX_STRING:
+            raise DecodeError(f"invalid {what} length {n}")
+        try:
+            s = self.take(n, what).decode("ascii")
+        except UnicodeDecodeError:
+            raise DecodeError(f"{what} must be ASCII") from None
+        if not is_name(s):
+            raise DecodeError(f"invalid {what} {s!r}: use {RULE}")
+        return s
+
+
+def decode(data: bytes, now: float | None = None) -> Envelope:
+    """Parse and validate one message; raises :class:`DecodeError` on any inconsistency.
+
+    ``now``: the receiver's Unix time, to place the capture time (default: this clock).
+    """
     if not isinstance(data, bytes | bytearray | memoryview):
         raise DecodeError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
     if len(data) > MAX_MESSAGE:
         raise DecodeError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")
-    if len(data) < _HEADER.size:
-        raise DecodeError(f"message of {len(data)} bytes is shorter than the header")
-    magic, version, kind, codec_id, dtype, ndim, frame, ts, n_payload = _HEADER.unpack_from(data)
-    if magic != MAGIC:
-        raise DecodeError("not a ddnn message (bad magic)")
-    if version != VERSION:
-        raise DecodeError(f"envelope version {version} is not supported (this is {VERSION})")
+    _check_format(data)
+    r = _Reader(data)
+    r.pos = 1
+    head = r.take(1, "header")[0]
+    codec_id, identity, kind = head >> 4, head & _IDENTITY, head & 0x07
     try:
         kind = MessageType(kind)
     except ValueError:
         raise DecodeError(f"unknown message type {kind}") from None
     if codec_id != 0 and codec_id not in _CODEC_NAMES:
         raise DecodeError(f"unknown codec id {codec_id}")
-    if dtype not in _DTYPES:
-        raise DecodeError(f"unknown dtype id {dtype}")
-    if ndim > MAX_NDIM:
-        raise DecodeError(f"{ndim} dimensions exceed the limit of {MAX_NDIM}")
-    if not math.isfinite(ts):
-        raise DecodeError("timestamp is not a finite number")
-    pos = _HEADER.size
-    strings = []
-    for _ in range(4):
-        if pos >= len(data):
-            raise DecodeError("message truncated inside its names")
-        n = data[pos]
-        pos += 1
-        if n == 0 or n > MAX_STRING or pos + n > len(data):
-            raise DecodeError(f"invalid name length {n}")
-        try:
-            s = data[pos : pos + n].decode("ascii")
-        except UnicodeDecodeError:
-            raise DecodeError("names must be ASCII") from None
-        _check_name(s, DecodeError)
-        strings.append(s)
-        pos += n
-    if pos + _DIM.size * ndim > len(data):
-        raise DecodeError("message truncated inside its shape")
-    shape = tuple(_DIM.unpack_from(data, pos + _DIM.size * i)[0] for i in range(ndim))
-    pos += _DIM.size * ndim
-    if len(data) - pos != n_payload:
-        raise DecodeError(f"payload is {len(data) - pos} bytes, the header says {n_payload}")
+    frame = r.varint("frame id")
+    (ticks,) = _TIME.unpack(r.take(_TIME.size, "capture time"))
+    version = r.name("model version")
+    ids = {}
+    if identity:
+        ids = {k: r.name(k) for k in ("model", "deployment", "device")}
+    payload = data[r.pos:]
     codec = _CODEC_NAMES.get(codec_id)
-    if codec is None:
-        if ndim or n_payload:
-            raise DecodeError("a message without a codec cannot carry a tensor")
-    else:
-        if ndim == 0:
-            raise DecodeError("a tensor needs at least one dimension")
-        try:
-            expected = FeatureCodec(codec).payload_size(shape)
-        except CodecError as e:
-            raise DecodeError(str(e)) from None
-        if expected != n_payload:
-            raise DecodeError(
-                f"{codec} payload for shape {shape} must be {expected} bytes, got {n_payload}"
-            )
-    return Envelope(kind, *strings, frame, ts, codec, shape, data[pos:], _DTYPES[dtype])
+    if codec is None and payload:
+        raise DecodeError("a message without a codec cannot carry a tensor")
+    if codec is not None and not payload:
+        raise DecodeError(f"a {codec} tensor needs a payload")
+    ts = capture_time(ticks, time.time() if now is None else now)
+    return Envelope(kind, version, frame, ts, codec, payload, **ids)
+
+
+def _check_format(data: bytes) -> None:
+    if data[:4] == _V1_MAGIC:
+        old = data[4] if len(data) > 4 else "?"
+        raise DecodeError(f"envelope version {old} (the 'DDNN' format) is no longer accepted; "
+                          f"this receiver speaks version {VERSION}: update the sender")
+    if not data:
+        raise DecodeError("empty message")
+    if data[0] & 0xF0 != _FAMILY:
+        raise DecodeError("not a ddnn message (bad format byte)")
+    if data[0] != FORMAT:
+        raise DecodeError(f"envelope version {data[0] & 0x0F} is not supported (this is "
+                          f"{VERSION})")

@@ -79,8 +79,11 @@ class DeviceAgent:
         self.connections: Callable[[], int] = lambda: 0
         self._lock = threading.Lock()
         self._last_request = time.monotonic()
-        self._ids = dict(model=m.name, version=m.version, deployment=settings.deployment,
-                         device=settings.device_id)
+        # Over MQTT the topic and the retained status say who sends (ddnn.envelope); the HTTP
+        # fallback's channel names nobody, so there each message carries its identity.
+        self._identity = (dict(model=m.name, deployment=settings.deployment,
+                               device=settings.device_id) if not settings.broker else {})
+        self._ids = dict(version=m.version, **self._identity)
         self._previous: tuple[str, str] | None = None  # the version before the last swap
         self._frame_lock = threading.Lock()  # a frame runs on one version, start to end
 
@@ -97,7 +100,8 @@ class DeviceAgent:
             self.single_view = m.views == 1
             self.threshold = m.policy.with_overrides(
                 local=self.settings.local_threshold).threshold("local")
-            self._ids = {**self._ids, "model": m.name, "version": m.version}
+            self._identity = {**self._identity, "model": m.name} if self._identity else {}
+            self._ids = dict(version=m.version, **self._identity)
 
     # --- per frame --------------------------------------------------------------------------
 
@@ -166,9 +170,10 @@ class DeviceAgent:
                 raise DecodeError(f"expected a request, got {req.kind.name.lower()}")
             # Any version of this model: during a roll-out the edge may run the next version
             # before this device does, and updates keep the wire format (ota.compatible).
-            if req.model != self.manifest.name:
+            # (The topic names the edge; a request carries a model only if it names one.)
+            if req.model not in (None, self.manifest.name):
                 raise DecodeError(f"request for model {req.model}:{req.version}")
-            mask = req.tensor()
+            mask = req.tensor((self.manifest.views,))
         except DecodeError as e:
             self.stats.bad_requests += 1
             if self.stats.bad_requests == 1:

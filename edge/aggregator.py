@@ -178,9 +178,9 @@ class EdgeAggregator:
         mask = np.full(m.views, -1.0, np.float32)
         mask[list(views)] = 1.0
         edge_id = self.settings.edge_id
-        req = env.pack(MessageType.REQUEST, model=m.name, version=m.version,
-                       deployment=self.topics.deployment, device=edge_id, frame=frame,
-                       tensor=mask, codec="binary")
+        # The topic names deployment and edge: the request carries only version and frame.
+        req = env.pack(MessageType.REQUEST, version=m.version, frame=frame, tensor=mask,
+                       codec="binary")
         self._publish(self.topics.requests(edge_id), env.encode(req), QOS_REQUESTS)
         self.metrics.requests.inc()
 
@@ -296,7 +296,8 @@ class EdgeAggregator:
             return None
         t0 = time.perf_counter()
         try:
-            scores, _ = self.cloud.infer(np.concatenate([s.features for s in sent]), version)
+            scores, _ = self.cloud.infer(np.concatenate([s.features for s in sent]), version,
+                                         entropy=False)  # computed here from the scores
             classes = len(sent[0].fallback.scores)
             if scores.shape != (len(sent), classes) or not np.isfinite(scores).all():
                 raise CloudError(f"cloud answered scores of shape {scores.shape} (expected "

@@ -1,7 +1,8 @@
 """Device messages in: decoded, checked, and fed to the :class:`~edge.assembler.FrameAssembler`.
 
 A message is taken only when everything about it is right: its size, its envelope, its
-deployment, its model version (the running one, the one before an over-the-air update, or one
+deployment, its model (the one the device's retained status names, for compact messages that
+leave it to their channel) and version (the running one, the one before an over-the-air update, or one
 announced for it: devices switch one after another), its device (one of this edge's, and the
 one whose topic carried it), its codec and its shape. Anything else is dropped with a reason,
 which the ``on_drop`` hook counts; each reason is logged once. Status messages keep the
@@ -21,6 +22,7 @@ import numpy as np
 
 from ddnn import envelope as env
 from ddnn.bundle import Manifest
+from ddnn.codec import FeatureCodec
 from ddnn.edge.assembler import Drop, Frame, FrameAssembler
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.plumbing.mqtt import status_fields
@@ -55,6 +57,7 @@ class Ingest:
         self._skewed: set[str] = set()  # devices whose clock was found off (warned once each)
         self._on_status = on_status  # (device, online) of a status change
         self._logged: set[str] = set()  # drop reasons already logged once
+        self._models: dict[str, str] = {}  # device -> model name its status says it runs
         self._previous: tuple[str, str] | None = None  # the version before the last update
         self._announced: tuple[str, str] | None = None  # a version announced for an update
         self.draining = False  # stopping: frames under way finish, new ones are declined
@@ -116,6 +119,10 @@ class Ingest:
         state = info.get("state")
         if view is None or state not in ("online", "offline"):
             return  # other deployments' or tools' devices, or an empty retained message
+        model = info.get("model")
+        if state == "online" and isinstance(model, str) and model:
+            # The model its compact messages are of (they carry only the version).
+            self._models[device] = model.rsplit(":", 1)[0]
         self.assembler.set_online(view, state == "online")
         if state == "online" and "mode" in info:  # a pushing device is never asked for features
             self.assembler.set_pushing(view, info["mode"] == "push")
@@ -165,7 +172,13 @@ class Ingest:
         except DecodeError as err:
             raise Drop("malformed", str(err)) from None
         m = self.manifest
-        if device is not None and e.device != device:
+        if not e.has_identity:  # compact: the channel says who sent it
+            if device is None:
+                raise Drop("malformed", "a message that does not name its device came on a "
+                                        "channel that does not either")
+            e = e.bound(model=self._models.get(device, m.name),
+                        deployment=self.topics.deployment, device=device)
+        elif device is not None and e.device != device:
             raise Drop("malformed", f"device {e.device!r} publishing on {device!r}'s topic")
         if e.deployment != self.topics.deployment:
             raise Drop("deployment", f"message for deployment {e.deployment!r}")
@@ -191,11 +204,12 @@ class Ingest:
         return wall
 
     def _tensor(self, e: env.Envelope, codec: str, shape: tuple[int, ...]) -> np.ndarray:
-        if e.codec != codec or e.shape != shape:
-            raise Drop("shape", f"{e.kind.name.lower()} of {e.device} is {e.codec} {e.shape}, "
-                                f"expected {codec} {shape}")
+        size = FeatureCodec(codec).payload_size(shape)
+        if e.codec != codec or len(e.payload) != size:
+            raise Drop("shape", f"{e.kind.name.lower()} of {e.device} is {len(e.payload)} "
+                                f"bytes of {e.codec}, expected {size} of {codec} {shape}")
         try:
-            return e.tensor()
+            return e.tensor(shape)
         except DecodeError as err:
             raise Drop("malformed", str(err)) from None
 

@@ -4,6 +4,10 @@ It adds what both tiers need and paho leaves to the caller: broker URLs, a last 
 retained online/offline status, subscriptions restored on every reconnect, reconnection with
 exponential backoff (paho's own, started even when the broker is down at start-up), and a
 ``connected`` event. paho is imported when a client is made, so :mod:`ddnn` stays numpy-only.
+
+MQTT 5 when the broker speaks it (else 3.1.1, found out at the first connection): then each
+topic a client publishes on is sent once per connection and a two-byte topic alias after that
+(a device's topic is ~30 bytes; its score message is ~16).
 """
 
 from __future__ import annotations
@@ -28,7 +32,10 @@ log = logging.getLogger(__name__)
 
 QOS_SCORES = 1  # a lost score message makes the edge wait for the deadline, then fuse without it
 QOS_FEATURES = 1  # a lost feature message degrades the frame's edge exit
-QOS_REQUESTS = 1  # a lost pull stalls a frame until the feature deadline
+# A pull is lost only with the device's connection, and the edge pulls again when the device
+# is back online (the frame waits for its features meanwhile); QoS 1 would cost every device a
+# PUBACK up the constrained link for every pull.
+QOS_REQUESTS = 0
 QOS_RESULTS = 1  # results are the product; applications must not miss one
 QOS_STATUS = 1  # retained, so late subscribers learn who is alive
 
@@ -179,6 +186,7 @@ class MqttOptions:
     # and queues its QoS 1 messages while it is away (an edge restart loses nothing), and a
     # handler may leave a message unacknowledged (return False) for the next session to get.
     persistent: bool = False
+    mqtt5: bool = True  # False: MQTT 3.1.1 from the start (no topic aliases)
     subscriptions: list[tuple[str, int]] = field(default_factory=list)
     security: MqttSecurity = field(default_factory=MqttSecurity)
 
@@ -221,9 +229,14 @@ class MqttClient:
         self._on_published = on_published  # (mid) of each acknowledged publish, paho's thread
         self._stopping = False
         persistent = self.options.persistent
-        self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                   protocol=paho.MQTTv311, clean_session=not persistent,
-                                   manual_ack=persistent)
+        if self.options.mqtt5:
+            self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
+                                       protocol=paho.MQTTv5, manual_ack=persistent)
+        else:
+            self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
+                                       protocol=paho.MQTTv311, clean_session=not persistent,
+                                       manual_ack=persistent)
+        self._aliases = TopicAliases()
         c = self._client
         sec = self.options.security
         username = sec.username if sec.username is not None else self.url.username
@@ -291,6 +304,9 @@ class MqttClient:
             self._tls_alert = message
 
     def _handle_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        if reason_code.value == _UNSUPPORTED_PROTOCOL and client.protocol == self._paho.MQTTv5:
+            self._downgrade()
+            return
         if reason_code.is_failure:
             why = _REFUSED_FOR_GOOD.get(reason_code.value)
             if why:
@@ -302,6 +318,7 @@ class MqttClient:
         self._tls_alert = None
         self.connects += 1
         self.disconnected_since = None
+        self._aliases.connected(getattr(properties, "TopicAliasMaximum", 0), client)
         sock = client.socket()
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # paho leaves Nagle on: small messages would wait for delayed ACKs (~40 ms).
@@ -315,6 +332,15 @@ class MqttClient:
         self.connected.set()
         if self._on_connect_cb:
             self._on_connect_cb()
+
+    def _downgrade(self) -> None:
+        """The broker speaks MQTT 3.1.1 only: connect again with it (paho reconnects)."""
+        log.info("broker %s does not speak MQTT 5; using 3.1.1 (no topic aliases)", self.url)
+        c = self._client
+        # paho has no public way to change the protocol of a client; these two fields are
+        # what its CONNECT packet is built from.
+        c._protocol = self._paho.MQTTv311
+        c._clean_session = not self.options.persistent
 
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was = self.connected.is_set()
@@ -351,7 +377,17 @@ class MqttClient:
 
     def start(self) -> MqttClient:
         """Connect in the background; paho retries with backoff until the broker answers."""
-        self._client.connect_async(self.url.host, self.url.port, self.options.keepalive)
+        args = {}
+        if self.options.mqtt5:
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
+
+            args["clean_start"] = not self.options.persistent
+            if self.options.persistent:  # MQTT 5 ends a session at disconnection by default
+                props = Properties(PacketTypes.CONNECT)
+                props.SessionExpiryInterval = SESSION_EXPIRY
+                args["properties"] = props
+        self._client.connect_async(self.url.host, self.url.port, self.options.keepalive, **args)
         self._client.loop_start()
         return self
 
@@ -367,7 +403,9 @@ class MqttClient:
 
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False):
         """Queue a message; paho sends it now or after the next reconnection (QoS ≥ 1)."""
-        info = self._client.publish(topic, payload, qos, retain)
+        with self._aliases.lock:  # the alias is set up on the wire before it is used
+            wire_topic, props = self._aliases.use(topic)
+            info = self._client.publish(wire_topic, payload, qos, retain, props)
         if info.rc not in (self._paho.MQTT_ERR_SUCCESS, self._paho.MQTT_ERR_NO_CONN):
             log.warning("publish to %s failed: %s", topic, self._paho.error_string(info.rc))
         return info
@@ -399,6 +437,56 @@ class MqttClient:
         self._client.disconnect()
         self._client.loop_stop()
         self.connected.clear()
+
+
+_UNSUPPORTED_PROTOCOL = 132  # CONNACK reason code (paho maps 3.1.1's 1 onto it)
+SESSION_EXPIRY = 7 * 24 * 3600  # seconds a broker keeps a persistent session of an absent client
+
+
+class TopicAliases:
+    """MQTT 5 topic aliases of one client: a topic goes on the wire once per connection, then
+    its alias (the broker forgets them at each disconnection)."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # held across choosing and queueing a publish
+        self.maximum = 0  # the broker's Topic Alias Maximum on this connection (0: none)
+        self._ids: dict[str, int] = {}  # topic -> alias (kept across connections)
+        self._topics: dict[int, bytes] = {}  # alias -> topic
+        self._live: set[str] = set()  # topics the broker has learnt on this connection
+
+    def use(self, topic: str):
+        """``(topic to send, PUBLISH properties or None)`` for a message on ``topic``."""
+        alias = self._ids.get(topic)
+        if alias is None or alias > self.maximum:
+            if len(self._ids) >= self.maximum:
+                return topic, None  # no alias left: the topic in full
+            alias = self._ids[topic] = len(self._ids) + 1
+            self._topics[alias] = topic.encode()
+        from paho.mqtt.packettypes import PacketTypes
+        from paho.mqtt.properties import Properties
+
+        props = Properties(PacketTypes.PUBLISH)
+        props.TopicAlias = alias
+        if topic in self._live:
+            return "", props
+        self._live.add(topic)
+        return topic, props
+
+    def connected(self, maximum: int, client) -> None:
+        """A (re)connection: aliases start over; stored messages that paho is about to send
+        again with an empty topic get theirs back (paho resends after ``on_connect``)."""
+        with self.lock:
+            self.maximum = int(maximum or 0)
+            self._live.clear()
+            if not self._topics:
+                return
+            with client._out_message_mutex:  # paho has no public access to its stored messages
+                for m in client._out_messages.values():
+                    alias = getattr(m.properties, "TopicAlias", None)
+                    if not m._topic and alias in self._topics:
+                        m._topic = self._topics[alias]
+                        if alias > self.maximum:  # the broker allows fewer now
+                            m.properties = None
 
 
 def _ssl_reason(error: BaseException | str) -> str:
