@@ -14,6 +14,7 @@ BENCHMARKS = {
     "paper_tables": "ddnn.benchmarks.paper_tables",
     "device_footprint": "ddnn.benchmarks.device_footprint",
     "cloud_throughput": "ddnn.benchmarks.cloud_throughput",
+    "edge_cloud_bytes": "ddnn.benchmarks.edge_cloud_bytes",  # FP32 vs packed features, bytes
     "hierarchy_latency": "ddnn.benchmarks.hierarchy_latency",
     "alignment": "ddnn.benchmarks.alignment",  # skewed starts under load: fixed vs adaptive
     "edge_ingest": "ddnn.benchmarks.edge_ingest",
@@ -55,7 +56,7 @@ def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     from ddnn.benchmarks.common import workspace
 
     ws = workspace(work, quick=quick)
-    if name == "cloud_throughput":
+    if name in ("cloud_throughput", "edge_cloud_bytes"):
         return module.run(out, ws.bundle, quick=quick)
     if name == "soak":
         return module.run(out, ws.bundle, ws.test, quick=quick, logs_dir=work / "soak")
@@ -64,6 +65,7 @@ def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
 
 def _bench(args) -> int:
     out, work = Path(args.out), Path(args.work)
+    out.mkdir(parents=True, exist_ok=True)  # the summary is written even if every run fails
     names = args.only or list(BENCHMARKS)
     failed = []
     for name in names:

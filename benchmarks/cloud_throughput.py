@@ -102,8 +102,9 @@ def _median(runs: list[dict]) -> dict:
 # --- the server under test ----------------------------------------------------------------------
 
 
-def _start_server(bundle: Path, port: int, batching: bool, ort_threads: int | None
-                  ) -> subprocess.Popen:
+def start_server(bundle: Path, port: int, batching: bool, ort_threads: int | None
+                 ) -> subprocess.Popen:
+    """``ddnn cloud`` serving ``bundle`` on a loopback ``port``, in a child process."""
     cmd = [sys.executable, "-m", "ddnn", "--log-level", "WARNING", "cloud", "--bundle",
            str(bundle), "--port", str(port), "--batching", str(batching).lower(),
            "--poll-interval", "0", "--max-batch-size", "64", "--max-queue-delay-ms", "2",
@@ -114,7 +115,8 @@ def _start_server(bundle: Path, port: int, batching: bool, ort_threads: int | No
                             stderr=subprocess.PIPE, start_new_session=True)
 
 
-def _wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+def wait_ready(port: int, proc: subprocess.Popen, timeout: float = 60.0) -> None:
+    """Poll the server's readiness route until it answers 200."""
     import urllib.request
 
     deadline = time.monotonic() + timeout
@@ -136,9 +138,9 @@ def _serve_and_drive(bundle: Path, model: str, sample: dict, batching: bool, sec
     port = free_port()
     body, headers = oip.encode_request(sample, binary=True, binary_outputs=True)
     request = _http_request(port, f"/v2/models/{model}/infer", body, headers)
-    proc = _start_server(bundle, port, batching, ort_threads)
+    proc = start_server(bundle, port, batching, ort_threads)
     try:
-        _wait_ready(port, proc)
+        wait_ready(port, proc)
         asyncio.run(_drive(port, request, 16, min(seconds, 1.0)))  # warm-up
         return {c: _median([_stats(*asyncio.run(_drive(port, request, c, seconds)))
                             for _ in range(repeats)]) for c in CONCURRENCY}

@@ -32,7 +32,7 @@ SERVER_NAME = "ddnn-cloud"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 # Health checks stay open with a token set: orchestrators probe them without credentials.
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
-_TRITON_TYPES = {"BOOL": "TYPE_BOOL", "FP32": "TYPE_FP32"}
+_TRITON_TYPES = {"BOOL": "TYPE_BOOL", "FP32": "TYPE_FP32", "UINT8": "TYPE_UINT8"}
 INFER_PATHS = ("/v2/models/{model_name}/infer",
                "/v2/models/{model_name}/versions/{model_version}/infer")
 _INFER_DOC = {"requestBody": {"required": True, "description": (
@@ -217,7 +217,8 @@ def add_model_routes(app: FastAPI, service: CloudService) -> None:
 
         def tensors(metas):
             return [{"name": t.name, "data_type": _TRITON_TYPES[t.datatype],
-                     "dims": list(t.shape[1:])} for t in metas]
+                     "dims": list(t.shape[1:]), **({"optional": True} if t.optional else {})}
+                    for t in metas]
 
         return {"name": model.name, "platform": "onnxruntime_onnx",
                 "max_batch_size": settings.max_batch_size if settings.batching else 0,

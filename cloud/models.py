@@ -1,7 +1,9 @@
 """The two kinds of model the cloud serves for each bundle.
 
 * ``{name}-cloud``: edge features (as the edge aggregator forwards them, already through the
-  bundle's edge codec) → cloud exit scores and their normalized entropy;
+  bundle's edge codec) → cloud exit scores and their normalized entropy; the features come as
+  FP32, or packed in the bundle's edge codec (``edge_features_packed``, UINT8 rows), which
+  costs the WAN link 32× fewer bytes for binary features;
 * ``{name}-full``: raw views with a presence mask → the cloud exit computed through every segment,
   exactly as :meth:`ddnn.runtime.BundleRuntime.all_exits` does (the raw-offload path).
 
@@ -12,14 +14,24 @@ errors raise :class:`~ddnn.oip.OipError`), ``predict`` runs a whole batch off th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import ClassVar
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 import numpy as np
 
+from ddnn.codec import MAX_ELEMENTS, FeatureCodec
 from ddnn.errors import CodecError
 from ddnn.exits import entropy_of_logits
-from ddnn.oip import DATATYPES, InferRequest, OipError, json_array_limit
+from ddnn.oip import (
+    DATATYPES,
+    EDGE_FEATURES,
+    EDGE_FEATURES_PACKED,
+    PACKING_CODECS,
+    InferRequest,
+    OipError,
+    json_array_limit,
+)
 from ddnn.runtime import BundleRuntime
 
 PLATFORM = "onnxruntime_onnx"
@@ -27,14 +39,22 @@ PLATFORM = "onnxruntime_onnx"
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """A tensor as the protocol's metadata describes it; ``-1`` marks the batch axis."""
+    """A tensor as the protocol's metadata describes it; ``-1`` marks the batch axis.
+
+    ``parameters`` are listed in the metadata (``-cloud``'s packed input says its codec there);
+    ``optional``: one of a model's alternative inputs (Triton's configuration says so)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
+    parameters: dict[str, Any] = field(default_factory=dict, compare=False)
+    optional: bool = False
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+        d = {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
+        if self.parameters:
+            d["parameters"] = dict(self.parameters)
+        return d
 
 
 class ServedModel:
@@ -78,7 +98,8 @@ class ServedModel:
     # --- decode → predict → encode ------------------------------------------------------------
 
     def decode(self, request: InferRequest) -> tuple[dict[str, np.ndarray], int]:
-        """Check the request's tensors against the model; returns them and the batch size."""
+        """Check the request's tensors against the model; returns them (as ``predict`` takes
+        them) and the batch size."""
         expected = {t.name: t for t in self.inputs}
         unknown = sorted(set(request.inputs) - set(expected))
         if unknown:
@@ -86,7 +107,7 @@ class ServedModel:
                            f"{sorted(expected)}")
         arrays: dict[str, np.ndarray] = {}
         batch: int | None = None
-        for meta in self.inputs:
+        for meta in self._chosen(set(request.inputs)):
             if meta.name not in request.inputs:
                 raise OipError(f"model {self.name} needs input {meta.name!r}")
             x = request.inputs[meta.name]
@@ -97,7 +118,7 @@ class ServedModel:
             if x.ndim != len(want) or any(w not in (-1, d)
                                           for w, d in zip(want, x.shape, strict=True)):
                 raise OipError(f"input {meta.name!r} must have shape {want} (-1: any batch "
-                               f"size), got {list(x.shape)}")
+                               f"size), got {list(x.shape)}{_shape_hint(meta)}")
             if batch is not None and x.shape[0] != batch:
                 raise OipError(f"inputs disagree on the batch size ({batch} vs {x.shape[0]})")
             batch = x.shape[0]
@@ -113,10 +134,18 @@ class ServedModel:
                 if name not in names:
                     raise OipError(f"model {self.name} has no output {name!r}; its outputs are "
                                    f"{sorted(names)}")
-        return arrays, batch
+        return self._unpack(arrays), batch
+
+    def _chosen(self, given: set[str]) -> tuple[TensorMeta, ...]:
+        """The inputs this request must hold (all of them, unless a kind has alternatives)."""
+        return self.inputs
 
     def _check(self, arrays: dict[str, np.ndarray]) -> None:
         """Checks of a kind beyond names, datatypes and shapes."""
+
+    def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The inputs as ``predict`` takes them (one form per kind, so requests batch together)."""
+        return arrays
 
     def predict(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run a batch (called in a worker thread); returns every output."""
@@ -137,16 +166,55 @@ class ServedModel:
 
 
 class CloudModel(ServedModel):
-    """``{name}-cloud``: the cloud segment on edge features."""
+    """``{name}-cloud``: the cloud segment on edge features, FP32 or packed in the edge codec.
+
+    ``edge_features_packed`` (UINT8 ``[-1, payload_size]``, for a packing codec only) holds each
+    sample's features as the codec encodes one sample (:meth:`ddnn.codec.FeatureCodec.encode`);
+    unpacked, they are exactly the FP32 tensor ``edge_features`` the segment takes. A request
+    holds one of the two."""
 
     kind = "cloud"
 
+    def __init__(self, runtime: BundleRuntime):
+        self.codec = FeatureCodec(runtime.manifest.codec["edge_features"])
+        super().__init__(runtime)
+
     def _input_meta(self) -> tuple[TensorMeta, ...]:
-        spec = self.runtime.manifest.cloud.inputs[0]
-        return (TensorMeta("edge_features", "FP32", (-1, *spec.sample_shape)),)
+        sample = tuple(self.runtime.manifest.cloud.inputs[0].sample_shape)
+        if self.codec.kind not in PACKING_CODECS:
+            return (TensorMeta(EDGE_FEATURES, "FP32", (-1, *sample)),)
+        packed = TensorMeta(EDGE_FEATURES_PACKED, "UINT8", (-1, self.codec.payload_size(sample)), {
+            "codec": self.codec.kind, "unpacked_name": EDGE_FEATURES,
+            "unpacked_datatype": "FP32", "unpacked_shape": [-1, *sample]}, optional=True)
+        return TensorMeta(EDGE_FEATURES, "FP32", (-1, *sample), optional=True), packed
+
+    def _chosen(self, given: set[str]) -> tuple[TensorMeta, ...]:
+        chosen = tuple(t for t in self.inputs if t.name in given)
+        if len(chosen) == 1 or len(self.inputs) == 1:
+            return chosen or self.inputs
+        fp32, packed = self.inputs
+        what = (f"{fp32.name!r} (FP32 {list(fp32.shape)}) or {packed.name!r} (UINT8 "
+                f"{list(packed.shape)}, the {self.codec.kind} codec)")
+        if chosen:
+            raise OipError(f"model {self.name} takes exactly one of {what}, not both")
+        raise OipError(f"model {self.name} needs input {what}")
+
+    def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = arrays.get(EDGE_FEATURES_PACKED)
+        if rows is None:
+            return arrays
+        sample = self.inputs[0].shape[1:]
+        if len(rows) * math.prod(sample) > MAX_ELEMENTS:  # 32× the bytes' worth of floats
+            raise OipError(f"input {EDGE_FEATURES_PACKED!r}: {len(rows)} samples unpack to "
+                           f"more than {MAX_ELEMENTS} values, the limit of one request")
+        try:
+            return {EDGE_FEATURES: self.codec.decode_rows(rows, sample)}
+        except CodecError as e:
+            raise OipError(f"input {EDGE_FEATURES_PACKED!r} is not {self.codec.kind}-coded "
+                           f"features: {e}") from None
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self.runtime.cloud(inputs["edge_features"])
+        return self.runtime.cloud(inputs[EDGE_FEATURES])
 
 
 class FullModel(ServedModel):
@@ -167,6 +235,14 @@ class FullModel(ServedModel):
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.runtime.all_exits(inputs["views"], inputs["present"])["cloud"]
+
+
+def _shape_hint(meta: TensorMeta) -> str:
+    codec = meta.parameters.get("codec")
+    if codec is None:
+        return ""
+    return (f" (one row of {meta.shape[-1]} bytes per sample: its FP32 "
+            f"{meta.parameters['unpacked_shape'][1:]} features packed with the {codec} codec)")
 
 
 MODEL_KINDS: tuple[type[ServedModel], ...] = (CloudModel, FullModel)

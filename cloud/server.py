@@ -60,6 +60,7 @@ def uvicorn_config(settings: CloudSettings, **overrides):
         # with --ssl-ca-certs would be loaded and never used.
         ssl_cert_reqs=CERT_REQS[settings.ssl_client_cert or "none"],
         timeout_graceful_shutdown=10,
+        server_header=False,  # "server: uvicorn" on every answer: bytes on the edge's WAN link
         **options,
     )
 

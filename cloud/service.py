@@ -14,17 +14,20 @@ import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+
 from ddnn.cloud.batching import Batcher
 from ddnn.cloud.metrics import CloudMetrics
 from ddnn.cloud.models import ServedModel
 from ddnn.cloud.repository import Failure, ModelRepository
 from ddnn.cloud.settings import CloudSettings
 from ddnn.errors import ConfigError
-from ddnn.oip import HEADER_LENGTH, OipError, decode_request, encode_response
+from ddnn.oip import HEADER_LENGTH, InferRequest, OipError, decode_request, encode_response
 
 log = logging.getLogger(__name__)
 
-# Bodies larger than this are parsed in a worker thread so the event loop keeps serving.
+# Bodies larger than this are parsed (and packed features unpacked) in a worker thread so the
+# event loop keeps serving.
 _PARSE_OFF_LOOP = 1 << 20
 
 
@@ -120,15 +123,10 @@ class CloudService:
             model = self.repository.get(name, version)
             batcher = self._batchers[model]
             with batcher.expecting():
-                # A JSON body holding more arrays than this model's tensors can need is
-                # refused by a count of its bytes, before json.loads builds them.
-                limit = model.json_arrays
                 if len(body) > _PARSE_OFF_LOOP:
-                    request = await asyncio.to_thread(decode_request, body, headers,
-                                                      max_json_arrays=limit)
+                    request, inputs, size = await asyncio.to_thread(_parse, model, body, headers)
                 else:
-                    request = decode_request(body, headers, max_json_arrays=limit)
-                inputs, size = model.decode(request)
+                    request, inputs, size = _parse(model, body, headers)
             outputs = await batcher.submit(inputs, size)
             answer = encode_response(model.name, model.version, model.encode(request, outputs),
                                      request_id=request.id, binary_outputs=request.binary_outputs)
@@ -143,3 +141,13 @@ class CloudService:
             if model is not None:  # errors by kind are counted where they are answered
                 self.metrics.requests.inc(encoding=encoding, code=str(code), **labels)
                 self.metrics.latency.observe(time.perf_counter() - start, **labels)
+
+
+def _parse(model: ServedModel, body: bytes, headers: Mapping[str, str]
+           ) -> tuple[InferRequest, dict[str, np.ndarray], int]:
+    """The request, its inputs as the model runs them (checked, unpacked) and its batch size."""
+    # A JSON body holding more arrays than this model's tensors can need is refused by a count
+    # of its bytes, before json.loads builds them.
+    request = decode_request(body, headers, max_json_arrays=model.json_arrays)
+    inputs, size = model.decode(request)
+    return request, inputs, size

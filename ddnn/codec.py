@@ -104,3 +104,44 @@ class FeatureCodec:
         if not np.isfinite(x).all():
             raise CodecError("decoded tensor holds NaN or infinite values")
         return x
+
+    def encode_rows(self, x: np.ndarray) -> np.ndarray:
+        """Pack each sample of a batch ``x`` (B, ...) alone: uint8 rows (B, payload_size)."""
+        x = np.asarray(x, dtype=np.float32)
+        if x.ndim < 1:
+            raise CodecError("rows need a batch axis")
+        b, size = x.shape[0], self.payload_size(x.shape[1:])
+        if self.kind == "binary":
+            if not np.isfinite(x).all():
+                raise CodecError("cannot encode a tensor with NaN or infinite values")
+            return np.packbits(x.reshape(b, math.prod(x.shape[1:])) > 0, axis=1)
+        return np.frombuffer(b"".join(self.encode(s) for s in x), np.uint8).reshape(b, size)
+
+    def decode_rows(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+        """The inverse of :meth:`encode_rows`, vectorised: equal to :meth:`decode` of each row."""
+        shape = tuple(int(d) for d in shape)
+        size, n = self.payload_size(shape), math.prod(shape)
+        rows = np.asarray(rows)
+        if rows.dtype != np.uint8 or rows.ndim != 2 or rows.shape[1] != size:
+            raise CodecError(f"{self.kind} rows for samples of shape {shape} must be uint8 "
+                             f"(B, {size}), got {rows.dtype} {rows.shape}")
+        b = rows.shape[0]
+        if self.kind == "binary":
+            bits = np.unpackbits(rows, axis=1, count=n)
+            return (bits.astype(np.float32) * 2.0 - 1.0).reshape(b, *shape)
+        if self.kind == "int8":
+            scales = np.ascontiguousarray(rows[:, :_SCALE.size]).view("<f4")[:, 0]
+            if not (np.isfinite(scales) & (scales > 0)).all():
+                raise CodecError("invalid int8 scale (a row's first 4 bytes must be a finite "
+                                 "positive float32)")
+            q = np.ascontiguousarray(rows[:, _SCALE.size:]).view(np.int8)
+            if n:  # as in decode: a scale near the float32 limit times the peak overflows
+                peak = np.maximum(-q.min(axis=1).astype(np.int64), q.max(axis=1))
+                if (scales.astype(np.float64) * peak > float(np.finfo(np.float32).max)).any():
+                    raise CodecError("an int8 scale overflows float32")
+            return (q.astype(np.float32) * scales.astype(np.float32)[:, None]).reshape(b, *shape)
+        dtype = "<f2" if self.kind == "float16" else "<f4"
+        x = np.ascontiguousarray(rows).view(dtype).astype(np.float32).reshape(b, *shape)
+        if not np.isfinite(x).all():
+            raise CodecError("decoded tensor holds NaN or infinite values")
+        return x

@@ -42,6 +42,13 @@ JSON_ARRAY_SLACK = 4 * MAX_TENSORS + 64
 # The fewest bytes one value takes in a JSON tensor ("0,"): bounds a batch by the body's size.
 _MIN_VALUE_BYTES = 2
 
+# The inputs of a ``{name}-cloud`` model: the edge features as FP32, or (where the bundle's edge
+# codec packs) each sample packed by that codec into one row of UINT8
+# (:meth:`ddnn.codec.FeatureCodec.encode_rows`), which the model's metadata advertises.
+EDGE_FEATURES = "edge_features"
+EDGE_FEATURES_PACKED = "edge_features_packed"
+PACKING_CODECS = ("binary", "int8", "float16")
+
 # v2 datatype <-> numpy dtype (little-endian on the wire). BYTES is not supported.
 DATATYPES: dict[str, np.dtype] = {
     "BOOL": np.dtype("bool"),

@@ -1,23 +1,31 @@
-"""The edge's client of the cloud tier: the Open Inference Protocol v2 over ``http.client``.
+"""The edge's client of the cloud tier: the Open Inference Protocol v2 over one keep-alive HTTP
+connection (:class:`~ddnn.plumbing.http.KeepAliveConnection`).
 
-``POST {cloud}/v2/models/{name}-cloud/versions/{v}/infer`` with the edge features as FP32 in the
-binary tensor extension; the answer holds ``scores`` (B, C) and ``entropy`` (B,). One
-keep-alive connection, a timeout, an optional bearer token, and a circuit breaker: after a
-failure the edge stops calling for a backoff that doubles up to ``retry.maximum``, then tries
-again by itself.
+``POST {cloud}/v2/models/{name}-cloud/versions/{v}/infer`` with the edge features in the binary
+tensor extension; the answer holds ``scores`` (B, C) (and ``entropy`` (B,) when asked for). The
+features go packed in the bundle's edge codec (``edge_features_packed``: 1 bit per value for
+binary features, 32× fewer bytes than FP32) when the cloud's metadata for that version
+advertises it, else as FP32: negotiated once per version, and a cloud that refuses packed
+features (400) gets FP32 from then on. One keep-alive connection, a timeout, an optional bearer
+token, and a circuit breaker: after a failure the edge stops calling for a backoff that doubles
+up to ``retry.maximum``, then tries again by itself.
 """
 
 from __future__ import annotations
 
 import http.client
+import json
 import logging
 import threading
 import urllib.parse
+from dataclasses import dataclass
 
 import numpy as np
+from urllib3.util import SKIP_HEADER
 
 from ddnn import oip
-from ddnn.errors import DdnnError
+from ddnn.codec import FeatureCodec
+from ddnn.errors import CodecError, DdnnError
 from ddnn.plumbing.http import KeepAliveConnection
 from ddnn.plumbing.retry import RetryPolicy
 
@@ -25,6 +33,10 @@ log = logging.getLogger(__name__)
 
 # The circuit breaker's open time: short, the cloud is usually back within seconds.
 CLOUD_RETRY = RetryPolicy(initial=0.25, maximum=5.0)
+# Every request pays for its headers on the WAN link: none the cloud does not read (urllib3
+# would add a User-Agent and Accept-Encoding: identity, which is the default anyway).
+_LEAN = {"User-Agent": SKIP_HEADER, "Accept-Encoding": SKIP_HEADER}
+_MAX_VERSIONS = 64  # negotiations remembered; a bound, versions come and go slowly
 
 
 class CloudError(DdnnError):
@@ -35,53 +47,95 @@ class UnknownVersion(CloudError):
     """The cloud is up but does not serve this bundle version (404): not an outage."""
 
 
+@dataclass(frozen=True)
+class _Packing:
+    """What the cloud's metadata said a version takes packed: rows of ``row_bytes`` bytes, each
+    one sample of ``sample_shape`` encoded with ``codec``."""
+
+    codec: FeatureCodec
+    sample_shape: tuple[int, ...]
+    row_bytes: int
+
+    def pack(self, x: np.ndarray) -> np.ndarray | None:
+        """``x``'s rows, or None when unpacking them would not give back ``x`` bit for bit
+        (features that did not go through this codec): those travel as FP32."""
+        if x.shape[1:] != self.sample_shape:
+            return None
+        try:
+            rows = self.codec.encode_rows(x)
+            back = self.codec.decode_rows(rows, self.sample_shape)
+        except CodecError:
+            return None
+        return rows if back.tobytes() == x.tobytes() else None
+
+
 class CloudClient:
-    """Calls ``{name}-cloud`` of a cloud service; safe to share between threads (one at a time)."""
+    """Calls ``{name}-cloud`` of a cloud service; safe to share between threads (one at a time).
+
+    ``codec``: the bundle's edge-features codec; a packing one (binary, int8, float16) lets the
+    client send packed features to a cloud that takes them."""
 
     def __init__(self, base_url: str, model: str, *, token: str | None = None,
                  timeout: float = 2.0, retry: RetryPolicy = CLOUD_RETRY,
                  ca_file: str | None = None, cert_file: str | None = None,
-                 key_file: str | None = None):
+                 key_file: str | None = None, codec: str | None = None):
         self._cloud = KeepAliveConnection(base_url, "cloud", timeout, ca_file,
                                           cert_file=cert_file, key_file=key_file)
         self.url, self.model, self.timeout = base_url, model, timeout
-        self._headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._headers = {**_LEAN, **({"Authorization": f"Bearer {token}"} if token else {})}
+        self.codec = FeatureCodec(codec) if codec in oip.PACKING_CODECS else None
+        self._packing: dict[str | None, _Packing | None] = {}  # per version, once negotiated
         self._lock = threading.Lock()
         self._backoff = retry.backoff()  # the circuit is open while it runs
         self.up = True
         self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
 
-    def path(self, version: str | None = None) -> str:
-        """The infer route; pinned to ``version`` so features meet the cloud segment they were
-        made for (during an update the cloud's default may already be the next version)."""
+    def path(self, version: str | None = None, route: str = "/infer") -> str:
+        """The infer route (or another of the model's); pinned to ``version`` so features meet
+        the cloud segment they were made for (during an update the cloud's default may already
+        be the next version)."""
         if version is None:
-            return f"{self._prefix}/infer"
-        return f"{self._prefix}/versions/{urllib.parse.quote(version, safe='')}/infer"
+            return f"{self._prefix}{route}"
+        return f"{self._prefix}/versions/{urllib.parse.quote(version, safe='')}{route}"
 
     def available(self) -> bool:
         """False while the circuit is open (the last call failed and the backoff runs)."""
         return self._backoff.ready()
 
+    def packed(self, version: str | None = None) -> bool | None:
+        """Whether features for ``version`` go packed; None until negotiated."""
+        with self._lock:
+            if version not in self._packing:
+                return None
+            return self._packing[version] is not None
+
     def _request(self, method: str, path: str, body: bytes | None, headers: dict[str, str]
                  ) -> tuple[int, bytes, dict[str, str]]:
         try:
-            return self._cloud.request(method, path, body, {**self._headers, **headers})
+            status, data, resp_headers = self._cloud.request(method, path, body,
+                                                             {**self._headers, **headers})
         except (OSError, http.client.HTTPException) as e:
             raise CloudError(f"cloud {self._cloud.netloc} unreachable: {e}") from None
+        if status == 401:
+            raise CloudError("cloud refused the edge's bearer token (401): set --cloud-token / "
+                             f"DDNN_EDGE_CLOUD_TOKEN to the cloud's --token ({data[:200]!r})")
+        return status, data, resp_headers
 
-    def infer(self, features: np.ndarray, version: str | None = None
+    def _post(self, version: str | None, name: str, x: np.ndarray, outputs: list[str]
+              ) -> tuple[int, bytes, dict[str, str]]:
+        body, headers = oip.encode_request({name: x}, outputs=outputs)
+        del headers["Content-Type"]  # the v2 header-length header says it all; bytes on the WAN
+        return self._request("POST", self.path(version), body, headers)
+
+    def infer(self, features: np.ndarray, version: str | None = None, *, entropy: bool = True
               ) -> tuple[np.ndarray, np.ndarray | None]:
-        """Cloud scores (B, C) and, when the cloud sends it, the entropy (B,) of a batch."""
-        body, headers = oip.encode_request({"edge_features": np.asarray(features, np.float32)},
-                                           outputs=["scores", "entropy"])
+        """Cloud scores (B, C) and, when ``entropy`` asks for it, the entropy (B,) of a batch
+        (the edge, which computes it from the scores, saves the bytes)."""
+        x = np.ascontiguousarray(features, np.float32)
+        outputs = ["scores", "entropy"] if entropy else ["scores"]
         with self._lock:
             try:
-                status, data, resp_headers = self._request("POST", self.path(version), body,
-                                                            headers)
-                if status == 401:
-                    raise CloudError("cloud refused the edge's bearer token (401): set "
-                                     "--cloud-token / DDNN_EDGE_CLOUD_TOKEN to the cloud's "
-                                     f"--token ({data[:200]!r})")
+                status, data, resp_headers = self._send(x, version, outputs)
                 if status == 404 and version is not None:
                     raise UnknownVersion(f"cloud does not serve {self.model} version {version}: "
                                          f"{data[:200]!r}")
@@ -89,7 +143,7 @@ class CloudClient:
                     raise CloudError(f"cloud answered {status}: {data[:200]!r}")
                 out = oip.decode_response(data, resp_headers)
                 scores = out.get("scores")
-                if scores is None or scores.shape[0] != len(features):
+                if scores is None or scores.shape[0] != len(x):
                     raise CloudError("cloud response lacks scores for every frame")
             except UnknownVersion:
                 raise  # the circuit stays closed: other versions' frames still go up
@@ -98,6 +152,42 @@ class CloudClient:
                 raise CloudError(str(e)) from None
             self._succeeded()
         return np.asarray(scores, np.float32), out.get("entropy")
+
+    def _send(self, x: np.ndarray, version: str | None, outputs: list[str]
+              ) -> tuple[int, bytes, dict[str, str]]:
+        """Post ``x`` packed where negotiated (FP32 again after a 400), else as FP32."""
+        packing = self._negotiate(version)
+        rows = packing.pack(x) if packing is not None else None
+        if rows is not None:
+            answer = self._post(version, oip.EDGE_FEATURES_PACKED, rows, outputs)
+            if answer[0] != 400:
+                return answer
+            log.warning("cloud refused packed features for %s version %s (%s); sending FP32 "
+                        "to this version from now on", self.model, version, answer[1][:200])
+            self._packing[version] = None
+        return self._post(version, oip.EDGE_FEATURES, x, outputs)
+
+    def _negotiate(self, version: str | None) -> _Packing | None:
+        """How ``version`` takes packed features, from the cloud's model metadata (asked once
+        per version; an answer other than 200 is not remembered)."""
+        if self.codec is None:
+            return None
+        if version in self._packing:
+            return self._packing[version]
+        status, data, _ = self._request("GET", self.path(version, route=""), None, {})
+        if status == 404 and version is not None:
+            raise UnknownVersion(f"cloud does not serve {self.model} version {version}: "
+                                 f"{data[:200]!r}")
+        if status != 200:
+            return None
+        packing = _advertised(data, self.codec)
+        if len(self._packing) >= _MAX_VERSIONS:
+            self._packing.clear()
+        self._packing[version] = packing
+        log.info("cloud %s version %s: edge features go %s", self.model, version,
+                 f"packed ({self.codec.kind}, {packing.row_bytes} bytes per frame)"
+                 if packing else "as FP32 (the cloud does not advertise packed features)")
+        return packing
 
     def ready(self) -> bool:
         """``GET /v2/health/ready`` answered 200."""
@@ -125,3 +215,22 @@ class CloudClient:
     def close(self) -> None:
         with self._lock:
             self._cloud.close()
+
+
+def _advertised(metadata: bytes, codec: FeatureCodec) -> _Packing | None:
+    """The packed input of a model's metadata, if it takes ``codec``."""
+    try:
+        inputs = json.loads(metadata)["inputs"]
+        meta = next((t for t in inputs if t.get("name") == oip.EDGE_FEATURES_PACKED), None)
+        if meta is None:
+            return None
+        params = meta.get("parameters") or {}
+        batch, *dims = params["unpacked_shape"]
+        sample = tuple(int(d) for d in dims)
+        row_bytes = codec.payload_size(sample)
+    except (ValueError, KeyError, TypeError, AttributeError, CodecError):
+        return None  # metadata this client cannot read: FP32 is always understood
+    if (meta.get("datatype") != "UINT8" or params.get("codec") != codec.kind
+            or batch != -1 or meta.get("shape") != [-1, row_bytes]):
+        return None
+    return _Packing(codec, sample, row_bytes)

@@ -106,7 +106,8 @@ class EdgeService:
                                 token=settings.cloud_token, timeout=settings.cloud_timeout,
                                 retry=cloud_retry, ca_file=settings.cloud_ca_file,
                                 cert_file=settings.cloud_cert_file,
-                                key_file=settings.cloud_key_file)
+                                key_file=settings.cloud_key_file,
+                                codec=runtime.manifest.codec["edge_features"])
         return cls(settings, runtime, cloud=cloud, sinks=sinks, max_inflight=max_inflight)
 
     def _mqtt_client(self, topics: Topics, runtime: BundleRuntime,

@@ -1,0 +1,206 @@
+"""Bytes per forwarded frame on the edge → cloud link: FP32 against packed features, in one run.
+
+The real cloud service (``ddnn cloud`` in a subprocess on a free loopback port) sits behind a
+small loopback relay that counts every byte each way: HTTP as it crosses the link, request line
+and headers included (TCP/IP framing excluded). The edge's cloud client (``CloudClient``)
+forwards batches of 1 and 8 frames of the bundle's edge features (±1, as they leave the binary
+codec) in three ways, one after another on the same server:
+
+* ``fp32_before``: the client as it was before packing: FP32 features, urllib3's default
+  headers, ``scores`` and ``entropy`` asked for;
+* ``fp32``: today's client against a cloud that does not take packed features: FP32, lean
+  headers, ``scores`` only (the edge computes the entropy);
+* ``packed``: today's client against today's cloud: the features packed in the bundle's codec
+  (``edge_features_packed``), negotiated once per version (that one metadata request is
+  reported apart, not spread over the frames).
+
+Bytes per frame are a request's bytes divided by its frames; the scores of the packed and FP32
+paths are checked to be bit-identical. Nothing is asserted.
+
+    ddnn bench --only edge_cloud_bytes [--quick]
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from ddnn import oip
+from ddnn.benchmarks.cloud_throughput import HOST, start_server, wait_ready
+from ddnn.benchmarks.common import stop_process, write_json
+from ddnn.tools.broker import free_port
+
+BATCHES = (1, 8)
+AIM = 16.0  # issue 13: edge → cloud bytes per forwarded frame ≥ 16× fewer than FP32
+
+
+class CountingRelay:
+    """A loopback TCP relay to ``port`` that counts the bytes it passes each way."""
+
+    def __init__(self, port: int):
+        self.upstream = port
+        self.sent = self.received = 0  # client → server, server → client
+        self._lock = threading.Lock()
+        self._listener = socket.create_server((HOST, 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._accept, name="relay", daemon=True).start()
+
+    def counts(self) -> tuple[int, int]:
+        with self._lock:
+            return self.sent, self.received
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:  # closed
+                return
+            server = socket.create_connection((HOST, self.upstream))
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            threading.Thread(target=self._pump, args=(client, server, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, upward: bool) -> None:
+        try:
+            while data := src.recv(1 << 16):
+                with self._lock:  # counted before it is passed on: a reader has been counted
+                    if upward:
+                        self.sent += len(data)
+                    else:
+                        self.received += len(data)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                s.close()
+
+    def close(self) -> None:
+        self._listener.close()
+
+
+class _ClientBefore:
+    """The edge's cloud client as it was before packing (its request, byte for byte)."""
+
+    def __init__(self, url: str, model: str):
+        from ddnn.plumbing.http import KeepAliveConnection
+
+        self._conn = KeepAliveConnection(url, "cloud", 10.0)
+        self._path = f"/v2/models/{model}/versions/{{}}/infer"
+
+    def infer(self, x: np.ndarray, version: str) -> np.ndarray:
+        body, headers = oip.encode_request({oip.EDGE_FEATURES: x},
+                                           outputs=["scores", "entropy"])
+        status, data, resp_headers = self._conn.request("POST", self._path.format(version),
+                                                        body, headers)
+        assert status == 200, data[:200]
+        return oip.decode_response(data, resp_headers)["scores"]
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _measure(relay: CountingRelay, infer, batch: np.ndarray, requests: int) -> dict:
+    """Bytes of the first request (with any negotiation) and per request and frame after it."""
+    def call() -> tuple[int, int, np.ndarray]:
+        before = relay.counts()
+        scores = infer(batch)
+        after = relay.counts()
+        return after[0] - before[0], after[1] - before[1], scores
+
+    first_up, first_down, scores = call()
+    ups, downs = zip(*((u, d) for u, d, _ in (call() for _ in range(requests))), strict=True)
+    up, down = float(np.mean(ups)), float(np.mean(downs))
+    frames = len(batch)
+    return {"request_bytes": up, "response_bytes": down,
+            "request_bytes_per_frame": up / frames, "response_bytes_per_frame": down / frames,
+            "bytes_per_frame": (up + down) / frames,
+            "first_call_extra_bytes": first_up + first_down - up - down,
+            "constant": len(set(ups)) == 1 and len(set(downs)) == 1,
+            "scores": scores}
+
+
+def _ways(url: str, model: str, codec: str):
+    from ddnn.edge.cloud_client import CloudClient
+
+    before = _ClientBefore(url, model)
+    fp32 = CloudClient(url, model, timeout=10.0)  # no codec: never packs
+    packed = CloudClient(url, model, timeout=10.0, codec=codec)
+    ways = {"fp32_before": before.infer,
+            "fp32": lambda x, v: fp32.infer(x, v, entropy=False)[0],
+            "packed": lambda x, v: packed.infer(x, v, entropy=False)[0]}
+    return ways, (before, fp32, packed), packed
+
+
+def _run_all(bundle: Path, requests: int) -> tuple[dict, dict]:
+    from ddnn.bundle import load_bundle
+
+    m = load_bundle(bundle).manifest
+    model, codec = f"{m.name}-cloud", m.codec["edge_features"]
+    sample = tuple(m.cloud.inputs[0].sample_shape)
+    rng = np.random.default_rng(0)
+    port = free_port()
+    proc = start_server(bundle, port, True, 1)
+    relay = None
+    try:
+        wait_ready(port, proc)
+        relay = CountingRelay(port)
+        ways, clients, packed_client = _ways(f"http://{HOST}:{relay.port}", model, codec)
+        results: dict[str, dict] = {w: {} for w in ways}
+        for b in BATCHES:
+            x = np.sign(rng.standard_normal((b, *sample))).astype(np.float32)
+            for way, infer in ways.items():
+                results[way][str(b)] = _measure(relay, lambda z, f=infer: f(z, m.version), x,
+                                                requests)
+        scores = {(w, b): r.pop("scores").view(np.uint32)
+                  for w, by_batch in results.items() for b, r in by_batch.items()}
+        identical = all(np.array_equal(scores["packed", b], s) for (_, b), s in scores.items())
+        info = {"model": model, "version": m.version, "codec": codec,
+                "features_shape": list(sample), "went_packed": packed_client.packed(m.version),
+                "scores_bit_identical": identical}
+        for c in clients:
+            c.close()
+        return results, info
+    finally:
+        if relay is not None:
+            relay.close()
+        stop_process(proc)
+
+
+def run(out_dir: Path, bundle: Path, quick: bool = False) -> dict:
+    """Measure; writes ``edge_cloud_bytes.json``."""
+    requests = 20 if quick else 200
+    results, info = _run_all(Path(bundle), requests)
+
+    def ratio(a: str, b: str, key: str, batch: int) -> float:
+        return results[a][str(batch)][key] / results[b][str(batch)][key]
+
+    ratios = {f"batch_{b}": {
+        "before_over_packed": ratio("fp32_before", "packed", "bytes_per_frame", b),
+        "before_over_packed_requests_only": ratio("fp32_before", "packed",
+                                                  "request_bytes_per_frame", b),
+        "fp32_over_packed": ratio("fp32", "packed", "bytes_per_frame", b),
+    } for b in BATCHES}
+    summary = {f"batch_{b}": {w: round(results[w][str(b)]["bytes_per_frame"], 1)
+                              for w in results} for b in BATCHES}
+    aims = {f"16x_fewer_bytes_per_frame_batch_{b}": {
+        "target": AIM, "measured": ratios[f"batch_{b}"]["before_over_packed"],
+        "met": ratios[f"batch_{b}"]["before_over_packed"] >= AIM} for b in BATCHES}
+    result = {
+        "benchmark": "edge_cloud_bytes", "bundle": str(bundle), "quick": quick,
+        "requests_per_point": requests, **info,
+        "counted": "HTTP bytes each way through a loopback relay (request line, headers, body; "
+                   "TCP/IP framing excluded); bytes per frame = a request's bytes / its frames",
+        "note": "the server no longer sends 'server: uvicorn' (19 bytes per response); "
+                "fp32_before is measured against this server, so it does not count them",
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
+        "summary": summary, "results": results, "ratios": ratios, "aims": aims,
+    }
+    write_json(Path(out_dir), "edge_cloud_bytes", result)
+    return result

@@ -1,0 +1,184 @@
+"""Packed edge features against the real cloud service: same answers, fewer bytes, clear refusals,
+and an edge that negotiates them per version and falls back to FP32."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+
+from ddnn import oip
+from ddnn.bundle import load_bundle
+from ddnn.codec import FeatureCodec
+from ddnn.dataset import load_dataset
+from ddnn.edge.cloud_client import CloudClient
+from ddnn.runtime import BundleRuntime
+from tests.integration.test_cloud import cloud_inputs, post
+
+
+@pytest.fixture(scope="module")
+def features(tiny_bundle, tiny_data) -> np.ndarray:
+    """Edge features of real test frames, as the edge forwards them (±1: the binary codec)."""
+    ds = load_dataset(tiny_data.test)
+    rt = BundleRuntime(load_bundle(tiny_bundle))
+    x = cloud_inputs(rt, ds.X[:24].astype(np.float32), ds.present[:24])
+    assert load_bundle(tiny_bundle).manifest.codec["edge_features"] == "binary"
+    assert set(np.unique(x)) <= {-1.0, 1.0}
+    return x
+
+
+def _answer(url: str, inputs: dict, **kw) -> dict[str, np.ndarray]:
+    r = post(url, "tiny-cloud", inputs, version="1", **kw)
+    assert r.status_code == 200, r.text
+    return oip.decode_response(r.content, r.headers)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+def test_packed_and_fp32_requests_give_bit_identical_answers(cloud_tiny_url, features):
+    rows = FeatureCodec("binary").encode_rows(features)
+    assert rows.shape == (24, features[0].size // 8)
+    fp32 = _answer(cloud_tiny_url, {"edge_features": features})
+    for inputs, binary in (({"edge_features_packed": rows}, True),
+                           ({"edge_features_packed": rows}, False),  # JSON numbers work too
+                           ({"edge_features": features}, False)):
+        out = _answer(cloud_tiny_url, inputs, binary=binary)
+        assert _same(out["scores"], fp32["scores"]) and _same(out["entropy"], fp32["entropy"])
+    one = _answer(cloud_tiny_url, {"edge_features_packed": rows[3:4]})  # and batched with others
+    assert _same(one["scores"], fp32["scores"][3:4])
+
+
+@pytest.mark.parametrize(("inputs", "message"), [
+    (lambda x, r: {"edge_features_packed": r[:, :-1]},
+     "input 'edge_features_packed' must have shape [-1, 32] (-1: any batch size), got [2, 31]"),
+    (lambda x, r: {"edge_features_packed": r.view(np.int8)},
+     "input 'edge_features_packed' must be UINT8, got INT8"),
+    (lambda x, r: {"edge_features_packed": r[None]}, "must have shape [-1, 32]"),
+    (lambda x, r: {"edge_features_packed": r, "edge_features": x},
+     "model tiny-cloud takes exactly one of 'edge_features' (FP32 [-1, 16, 4, 4]) or "
+     "'edge_features_packed' (UINT8 [-1, 32], the binary codec), not both"),
+    (lambda x, r: {"packed": r}, "model tiny-cloud has no input 'packed'"),
+])
+def test_bad_packed_inputs_get_a_400_that_says_why(cloud_tiny_url, features, inputs, message):
+    x = features[:2]
+    r = post(cloud_tiny_url, "tiny-cloud", inputs(x, FeatureCodec("binary").encode_rows(x)))
+    assert r.status_code == 400
+    assert message in r.json()["error"]
+
+
+def test_a_standard_v2_client_sends_fp32_or_packed(cloud_tiny_url, features):
+    """Triton's HTTP client, unchanged: FP32 as always, and the packed input it reads about."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(cloud_tiny_url.removeprefix("http://"))
+    try:
+        meta = client.get_model_metadata("tiny-cloud", "1")
+        packed_meta = meta["inputs"][1]
+        assert packed_meta["parameters"]["unpacked_shape"] == [-1, *features.shape[1:]]
+        config = client.get_model_config("tiny-cloud")
+        assert [(t["data_type"], t.get("optional")) for t in config["input"]] == [
+            ("TYPE_FP32", True), ("TYPE_UINT8", True)]
+        x = httpclient.InferInput("edge_features", list(features.shape), "FP32")
+        x.set_data_from_numpy(features, binary_data=True)
+        fp32 = client.infer("tiny-cloud", [x]).as_numpy("scores")
+        rows = FeatureCodec(packed_meta["parameters"]["codec"]).encode_rows(features)
+        p = httpclient.InferInput(packed_meta["name"], list(rows.shape), "UINT8")
+        p.set_data_from_numpy(rows, binary_data=True)
+        packed = client.infer("tiny-cloud", [p], model_version="1").as_numpy("scores")
+        assert _same(packed, fp32)
+    finally:
+        client.close()
+
+
+# --- the edge's client --------------------------------------------------------------------------
+
+
+def test_the_edge_negotiates_packing_per_version(cloud_tiny_url, features):
+    packed = CloudClient(cloud_tiny_url, "tiny-cloud", codec="binary")
+    plain = CloudClient(cloud_tiny_url, "tiny-cloud")  # no codec: FP32, never asks
+    try:
+        assert packed.packed("1") is None
+        scores, entropy = packed.infer(features, "1")
+        assert packed.packed("1") is True
+        want, want_entropy = plain.infer(features, "1")
+        assert plain.packed("1") is None
+        assert _same(scores, want) and _same(entropy, want_entropy)
+        scores_only, none = packed.infer(features[:5], "1", entropy=False)
+        assert none is None and _same(scores_only, want[:5])
+        # Features that did not come through the binary codec travel as FP32, not as signs.
+        zeros = np.zeros_like(features[:2])
+        assert _same(packed.infer(zeros, "1")[0], plain.infer(zeros, "1")[0])
+    finally:
+        packed.close()
+        plain.close()
+
+
+def _copy_with_codec(src, dst, codec: str):
+    shutil.copytree(src, dst)
+    path = dst / "manifest.json"
+    manifest = json.loads(path.read_text())
+    manifest["codec"]["edge_features"] = codec
+    path.write_text(json.dumps(manifest))
+    return dst
+
+
+def test_the_edge_sends_fp32_to_a_cloud_that_does_not_advertise_packing(
+        cloud_server, tiny_bundle, features, tmp_path):
+    bundle = _copy_with_codec(tiny_bundle, tmp_path / "tiny", "float32")
+    url = cloud_server(bundle=bundle, poll_interval=0)
+    meta = httpx.get(f"{url}/v2/models/tiny-cloud/versions/1").json()
+    assert [t["name"] for t in meta["inputs"]] == ["edge_features"]
+    client = CloudClient(url, "tiny-cloud", codec="binary")
+    try:
+        scores, _ = client.infer(features, "1")
+        assert client.packed("1") is False and client.up
+        assert _same(scores, _answer(url, {"edge_features": features})["scores"])
+    finally:
+        client.close()
+
+
+def test_a_400_on_the_packed_path_falls_back_to_fp32_once_and_is_remembered(
+        cloud_server, tiny_bundle, features, tmp_path, caplog):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    bundle = _copy_with_codec(tiny_bundle, repo / "tiny", "binary")
+    url = cloud_server(repository=repo, poll_interval=0)
+    client = CloudClient(url, "tiny-cloud", codec="binary")
+    try:
+        before, _ = client.infer(features, "1")
+        assert client.packed("1") is True
+        # The same version reloaded without a packing codec: its packed input is gone (400).
+        manifest = json.loads((bundle / "manifest.json").read_text())
+        manifest["codec"]["edge_features"] = "float32"
+        (bundle / "manifest.json").write_text(json.dumps(manifest))
+        assert httpx.post(f"{url}/v2/repository/models/tiny-cloud/load").status_code == 200
+        with caplog.at_level(logging.WARNING, logger="ddnn.edge.cloud_client"):
+            after, _ = client.infer(features, "1")
+            again, _ = client.infer(features, "1")
+        assert _same(after, before) and _same(again, before) and client.up
+        assert client.packed("1") is False
+        refused = [r for r in caplog.records if "refused packed features" in r.getMessage()]
+        assert len(refused) == 1
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'code="400",encoding="binary",model="tiny-cloud",version="1"} 1' in metrics
+    finally:
+        client.close()
+
+
+def test_the_edge_service_gives_its_cloud_client_the_bundles_codec(cloud_tiny_url, tiny_bundle,
+                                                                   features):
+    from ddnn.edge.service import EdgeService
+    from ddnn.edge.settings import EdgeSettings
+
+    settings = EdgeSettings(bundle=tiny_bundle, http_port=0, cloud=cloud_tiny_url)
+    with EdgeService.from_settings(settings) as edge:
+        cloud = edge.aggregator.cloud
+        assert cloud.codec == FeatureCodec("binary")
+        cloud.infer(features[:2], "1", entropy=False)
+        assert cloud.packed("1") is True

@@ -1,0 +1,188 @@
+"""Packed edge features: the codec's rows, the cloud model's checks, the edge's negotiation."""
+
+import json
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra.numpy import array_shapes, arrays
+
+from ddnn import oip
+from ddnn.cloud.models import CloudModel
+from ddnn.codec import CODECS, MAX_ELEMENTS, FeatureCodec
+from ddnn.edge.cloud_client import _advertised, _Packing
+from ddnn.errors import CodecError
+from ddnn.oip import InferRequest, OipError
+
+SAMPLE = (16, 8, 8)
+ROW = 128  # 1024 values, one bit each
+
+# --- FeatureCodec.encode_rows / decode_rows -----------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", CODECS)
+@settings(max_examples=40, deadline=None)
+@given(x=arrays(np.float32, array_shapes(min_dims=2, max_dims=4, min_side=0, max_side=7),
+                elements=st.floats(-6e4, 6e4, width=32)))
+def test_rows_are_each_sample_encoded_alone_and_decode_like_decode(kind, x):
+    codec = FeatureCodec(kind)
+    rows = codec.encode_rows(x)
+    size = codec.payload_size(x.shape[1:])
+    assert rows.dtype == np.uint8 and rows.shape == (len(x), size)
+    for sample, row in zip(x, rows, strict=True):
+        assert row.tobytes() == codec.encode(sample)
+    back = codec.decode_rows(rows, x.shape[1:])
+    want = np.stack([codec.decode(r.tobytes(), x.shape[1:]) for r in rows]) if len(x) else back
+    assert back.dtype == np.float32 and back.shape == x.shape
+    assert back.tobytes() == want.tobytes()
+
+
+def test_binary_rows_give_exactly_the_signs():
+    x = np.sign(np.random.default_rng(0).standard_normal((5, *SAMPLE))).astype(np.float32)
+    codec = FeatureCodec("binary")
+    rows = codec.encode_rows(x)
+    assert rows.shape == (5, ROW)
+    assert codec.decode_rows(rows, SAMPLE).tobytes() == x.tobytes()
+
+
+@pytest.mark.parametrize(("kind", "rows", "match"), [
+    ("binary", np.zeros((2, ROW - 1), np.uint8), "must be uint8"),
+    ("binary", np.zeros((2, ROW), np.int8), "must be uint8"),
+    ("binary", np.zeros((2, 1, ROW), np.uint8), "must be uint8"),
+    ("int8", np.zeros((1, 4 + 1024), np.uint8), "invalid int8 scale"),
+    ("int8", np.frombuffer(np.float32(np.inf).tobytes() + bytes(1024), np.uint8)[None],
+     "invalid int8 scale"),
+    ("int8", np.frombuffer(np.float32(3e38).tobytes() + b"\x7f" * 1024, np.uint8)[None],
+     "overflows"),
+    ("float16", np.full((1, 2048), 0xFF, np.uint8), "NaN"),
+])
+def test_bad_rows_raise_codec_error(kind, rows, match):
+    with pytest.raises(CodecError, match=match):
+        FeatureCodec(kind).decode_rows(rows, SAMPLE)
+
+
+# --- CloudModel: the packed input, its metadata and its checks ----------------------------------
+
+
+class _Runtime:
+    """As much of a bundle runtime as the model's checks read; the segment is the identity's sum."""
+
+    def __init__(self, codec: str):
+        self.manifest = SimpleNamespace(
+            name="m", version="1", classes=("a", "b"), num_classes=2,
+            codec={"edge_features": codec},
+            cloud=SimpleNamespace(inputs=[SimpleNamespace(sample_shape=SAMPLE)]))
+
+    def cloud(self, x):
+        return np.stack([x.reshape(len(x), -1).sum(1), -x.reshape(len(x), -1).sum(1)], 1)
+
+
+def _model(codec="binary") -> CloudModel:
+    return CloudModel(_Runtime(codec))  # type: ignore[arg-type]
+
+
+def _decode(model, inputs, outputs=None):
+    return model.decode(InferRequest(None, inputs, outputs))
+
+
+def test_metadata_lists_both_inputs_with_the_codec_and_the_unpacked_shape():
+    meta = _model().metadata(["1"])
+    assert meta["inputs"] == [
+        {"name": "edge_features", "datatype": "FP32", "shape": [-1, *SAMPLE]},
+        {"name": "edge_features_packed", "datatype": "UINT8", "shape": [-1, ROW],
+         "parameters": {"codec": "binary", "unpacked_name": "edge_features",
+                        "unpacked_datatype": "FP32", "unpacked_shape": [-1, *SAMPLE]}}]
+    assert [t["name"] for t in _model("float32").metadata(["1"])["inputs"]] == ["edge_features"]
+    int8 = _model("int8").metadata(["1"])["inputs"][1]
+    assert int8["shape"] == [-1, 4 + 1024] and int8["parameters"]["codec"] == "int8"
+
+
+@pytest.mark.parametrize("kind", ["binary", "int8", "float16"])
+def test_packed_and_fp32_requests_decode_to_the_same_tensor(kind):
+    codec = FeatureCodec(kind)
+    raw = np.random.default_rng(1).standard_normal((3, *SAMPLE)).astype(np.float32)
+    x = codec.decode_rows(codec.encode_rows(raw), SAMPLE)  # as the edge forwards them
+    model = _model(kind)
+    packed, b1 = _decode(model, {oip.EDGE_FEATURES_PACKED: codec.encode_rows(x)})
+    fp32, b2 = _decode(model, {oip.EDGE_FEATURES: x})
+    assert b1 == b2 == 3 and list(packed) == list(fp32) == ["edge_features"]
+    assert packed["edge_features"].tobytes() == fp32["edge_features"].tobytes()
+    np.testing.assert_array_equal(model.predict(packed)["scores"], model.predict(fp32)["scores"])
+
+
+@pytest.mark.parametrize(("inputs", "match"), [
+    ({"edge_features_packed": np.zeros((1, ROW - 1), np.uint8)},
+     r"must have shape \[-1, 128\].*got \[1, 127\] \(one row of 128 bytes per sample"),
+    ({"edge_features_packed": np.zeros((1, 1, ROW), np.uint8)}, r"must have shape \[-1, 128\]"),
+    ({"edge_features_packed": np.zeros((1, ROW), np.int8)}, "must be UINT8, got INT8"),
+    ({"edge_features_packed": np.zeros((1, ROW), np.float32)}, "must be UINT8, got FP32"),
+    ({"edge_features_packed": np.zeros((0, ROW), np.uint8)}, "at least one sample"),
+    ({"edge_features_packed": np.zeros((1, ROW), np.uint8),
+      "edge_features": np.zeros((1, *SAMPLE), np.float32)}, "exactly one of .* not both"),
+    ({}, "needs input 'edge_features' .* or 'edge_features_packed'"),
+    ({"features": np.zeros((1, ROW), np.uint8)}, "has no input 'features'"),
+    ({"edge_features": np.zeros((1, 4), np.float32)}, r"must have shape \[-1, 16, 8, 8\]"),
+])
+def test_bad_requests_are_refused_with_a_clear_message(inputs, match):
+    with pytest.raises(OipError, match=match) as e:
+        _decode(_model(), inputs)
+    assert e.value.status == 400
+
+
+def test_a_packed_batch_that_would_unpack_past_the_limit_is_refused():
+    rows = np.zeros((MAX_ELEMENTS // 1024 + 1, ROW), np.uint8)
+    with pytest.raises(OipError, match="unpack to more than"):
+        _decode(_model(), {oip.EDGE_FEATURES_PACKED: rows})
+
+
+def test_bad_int8_rows_are_a_400_not_a_500():
+    rows = np.zeros((1, 4 + 1024), np.uint8)  # scale 0
+    with pytest.raises(OipError, match="is not int8-coded features: invalid int8 scale"):
+        _decode(_model("int8"), {oip.EDGE_FEATURES_PACKED: rows})
+
+
+def test_json_arrays_still_bound_a_json_packed_request():
+    body, headers = oip.encode_request(
+        {oip.EDGE_FEATURES_PACKED: np.zeros((2, ROW), np.uint8)}, binary=False)
+    model = _model()
+    req = oip.decode_request(body, headers, max_json_arrays=model.json_arrays)
+    assert _decode(model, req.inputs)[1] == 2
+
+
+# --- the edge's side: what it reads from the metadata, and when it packs ------------------------
+
+
+def _metadata(model=None, **change) -> bytes:
+    meta = (model or _model()).metadata(["1"])
+    meta["inputs"][-1].update(change)
+    return json.dumps(meta).encode()
+
+
+def test_the_edge_reads_the_advertised_packed_input():
+    packing = _advertised(_metadata(), FeatureCodec("binary"))
+    assert packing == _Packing(FeatureCodec("binary"), SAMPLE, ROW)
+
+
+@pytest.mark.parametrize("metadata", [
+    _metadata(_model("float32")),  # an older cloud, or a bundle without a packing codec
+    _metadata(datatype="BYTES"),
+    _metadata(shape=[-1, 64]),
+    _metadata(parameters={"codec": "int8", "unpacked_shape": [-1, *SAMPLE]}),
+    _metadata(parameters={"codec": "binary", "unpacked_shape": "16x8x8"}),
+    _metadata(parameters={"codec": "binary"}),
+    b"not json", b"[]", b'{"inputs": 3}', b'{"inputs": ["x"]}',
+])
+def test_anything_else_means_fp32(metadata):
+    assert _advertised(metadata, FeatureCodec("binary")) is None
+
+
+def test_features_that_would_not_survive_the_codec_go_fp32():
+    packing = _Packing(FeatureCodec("binary"), SAMPLE, ROW)
+    signs = np.ones((2, *SAMPLE), np.float32)
+    assert packing.pack(signs) is not None
+    assert packing.pack(np.zeros((2, *SAMPLE), np.float32)) is None  # 0 would come back -1
+    assert packing.pack(signs * 0.5) is None
+    assert packing.pack(np.ones((2, 4), np.float32)) is None  # not this version's shape
+    assert packing.pack(np.full((1, *SAMPLE), np.nan, np.float32)) is None
