@@ -8,7 +8,8 @@ broker refused this device for good, or the source has produced no frame for
 (the sender, MQTT and updater threads run).
 
 The agent counts in plain integers (:class:`~ddnn.device.agent.DeviceStats`); the metrics are
-brought up to date from them at each scrape.
+brought up to date from them at each scrape. :class:`DeviceVersionProbe` is what the probation
+of an over-the-air update looks at (:mod:`ddnn.plumbing.probation`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 from ddnn.plumbing.health import Check, MonitorServer, check_route
 from ddnn.plumbing.metrics import CONTENT_TYPE, Registry
+from ddnn.plumbing.probation import Look
 
 
 class SourceWatch:
@@ -28,6 +30,7 @@ class SourceWatch:
         self.source = source
         self.started: float | None = None  # monotonic: iteration began
         self.last: float | None = None  # monotonic: the last frame came
+        self.busy_since: float | None = None  # monotonic: the consumer took a frame, not back yet
         self.finished = False
 
     def __len__(self) -> int:
@@ -38,16 +41,23 @@ class SourceWatch:
         self.finished = False
         try:
             for item in self.source:
-                self.last = time.monotonic()
-                yield item
+                self.last = self.busy_since = time.monotonic()
+                yield item  # the agent runs the frame until it asks for the next one
+                self.busy_since = None
         finally:
             self.finished = True
+            self.busy_since = None
 
     def silent_for(self) -> float | None:
         """Seconds since the last frame while the source runs; None when it does not run."""
         if self.last is None or self.finished:
             return None
         return time.monotonic() - self.last
+
+    def busy_for(self) -> float | None:
+        """Seconds the consumer has been on the current frame; None while it waits for one."""
+        since = self.busy_since
+        return None if since is None or self.finished else time.monotonic() - since
 
     @property
     def problem(self) -> str | None:
@@ -142,17 +152,47 @@ def readiness(service) -> Check:
         check.reasons.append(f"uplink unreachable for {down:.0f} s (more than "
                              f"--health-grace {s.health_grace:g} s); messages wait in the "
                              f"outbox ({len(service.outbox)})")
+    if service.updater is not None:
+        check.details["bundle"] = service.updater.status()
     source = service.source
     if isinstance(source, SourceWatch):
         if source.problem:
             check.reasons.append(source.problem)
-        silent = source.silent_for()
-        period = 1.0 / s.fps if s.fps > 0 else 0.0
-        limit = max(s.stall_after, 3 * period)
+        silent, limit = source.silent_for(), stall_limit(s)
         if silent is not None and silent > limit:
             check.reasons.append(f"source stalled: no frame for {silent:.0f} s (more than "
                                  f"{limit:g} s)")
     return check
+
+
+def stall_limit(settings) -> float:
+    """Seconds without a new frame that count as a stall: ``--stall-after``, at least three
+    frame periods."""
+    return max(settings.stall_after, 3 / settings.fps if settings.fps > 0 else 0.0)
+
+
+class DeviceVersionProbe:
+    """What a device sees of the bundle version it runs, for its probation: it worked if it
+    processed frames; it fails while one frame takes longer than a stall (the segment hangs or
+    crawls; a source that produces nothing is not the version's fault). A segment that raises
+    ends the process, and the next start rolls the version back."""
+
+    def __init__(self, service):
+        self.service = service
+        self._frames = service.agent.stats.frames
+
+    def begin(self) -> None:
+        self._frames = self.service.agent.stats.frames
+
+    def look(self) -> Look:
+        frames = self.service.agent.stats.frames
+        worked, self._frames = frames > self._frames, frames
+        source, limit = self.service.source, stall_limit(self.service.settings)
+        busy = source.busy_for() if isinstance(source, SourceWatch) else None
+        if busy is not None and busy > limit:
+            return Look(worked, (f"one frame has been running for {busy:.0f} s (more than "
+                                 f"{limit:g} s)",))
+        return Look(worked)
 
 
 def liveness(service) -> Check:

@@ -19,7 +19,7 @@ import numpy as np
 from ddnn.bundle import Bundle, load_bundle
 from ddnn.device.agent import DeviceAgent
 from ddnn.device.buffer import DELIVERED, Outbox, OutMessage
-from ddnn.device.health import DeviceMetrics, SourceWatch, monitor
+from ddnn.device.health import DeviceMetrics, DeviceVersionProbe, SourceWatch, monitor
 from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
 from ddnn.device.transport import HttpTransport, MqttTransport
@@ -107,7 +107,10 @@ class DeviceService:
                                          retry=RetryPolicy(min(1.0, s.ota_retry_max),
                                                            s.ota_retry_max),
                                          on_result=self._update_result,
-                                         on_retry=lambda ann, why: self._update_result(None))
+                                         on_retry=lambda ann, why: self._update_result(None),
+                                         probation=s.ota_probation,
+                                         probe=DeviceVersionProbe(self),
+                                         on_rollback=self._rolled_back)
         try:
             self.transport.start()
         except BaseException:
@@ -135,7 +138,7 @@ class DeviceService:
                         "for the next start to recover", SENDER_JOIN)
         else:
             self.outbox.close()
-        self._stop_updater()
+        self._stop_updater(clean=exc[0] is None)  # failing: a version on probation is condemned
         if self.http is not None:
             self.http.stop()
         close = getattr(self.source.source if self.source is not None else None, "close", None)
@@ -152,9 +155,9 @@ class DeviceService:
             self.outbox.dropped,
         )
 
-    def _stop_updater(self) -> None:
+    def _stop_updater(self, clean: bool = True) -> None:
         if self.updater is not None:
-            self.updater.stop()
+            self.updater.stop(clean)
 
     # --- hooks of the transport and the updater ------------------------------------------------
 
@@ -175,6 +178,13 @@ class DeviceService:
         if isinstance(self.transport, MqttTransport):
             self.transport.update_status(model=bundle.ref)
 
+    def _rolled_back(self, ref: str, why: str) -> None:
+        """A version failed its probation (or a crash during it): counted, and in the retained
+        status until an update succeeds."""
+        self.metrics.bundle_updates.inc(result="rolled_back")
+        if isinstance(self.transport, MqttTransport):
+            self.transport.update_status(rolled_back_from=ref, ota_error=why[:300])
+
     def _update_result(self, ok: bool | None) -> None:
         """Count an update's outcome (None: a fetch to retry); a refusal is also in the
         retained status (``ota_error``), beside the version that keeps running."""
@@ -183,7 +193,8 @@ class DeviceService:
         if ok is not None and self.updater is not None and isinstance(self.transport,
                                                                       MqttTransport):
             error = self.updater.last_error if not ok else None
-            self.transport.update_status(ota_error=error[:300] if error else None)
+            cleared = {"rolled_back_from": None} if ok else {}  # a newer version applied
+            self.transport.update_status(ota_error=error[:300] if error else None, **cleared)
 
     # --- sending -----------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ class DeviceSettings:
     ota_allow_unsigned: bool = False  # apply unsigned over-the-air bundles (explicit opt-out)
     ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
     ota_retry_max: float = 60.0  # longest wait between fetches of an announced version
+    ota_probation: float = 60.0  # seconds an applied version may be rolled back in; 0: never
     ota_origin: str | None = None  # fetch over-the-air bundles only from this http(s) origin
     ota_token: str | None = None  # bearer token for that origin (a cloud with --token)
     ota_ca_file: str | None = None  # CA its HTTPS certificate must chain to (default: system)
@@ -132,7 +133,7 @@ class DeviceSettings:
                     "keepalive": 0, "fps": 0, "grace": 0, "wait_peers": 0,
                     "spool_sync_every": 1, "spool_sync_ms": 0, "camera_retries": 0,
                     "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0,
-                    "ota_retry_max": 0.1}
+                    "ota_retry_max": 0.1, "ota_probation": 0}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")

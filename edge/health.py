@@ -13,6 +13,10 @@ Not ready (503, with a JSON list of reasons) while:
 
 Ready again by itself once the cause is gone. A small thread samples the worker's progress
 every :data:`SAMPLE` seconds, so a stall is measured, not guessed from one look.
+
+:class:`EdgeVersionProbe` is what the probation of an over-the-air update looks at
+(:mod:`ddnn.plumbing.probation`): frames failing in the edge's segments, the cloud refusing the
+version, the worker stalled.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.settings import EdgeSettings
 from ddnn.plumbing.health import Check
 from ddnn.plumbing.mqtt import MqttClient
+from ddnn.plumbing.probation import Look
 
 SAMPLE = 0.25  # seconds between two samples of the worker's progress
 
@@ -122,13 +127,19 @@ class EdgeHealth:
                 check.reasons.append("every device is offline: " + ", ".join(
                     f"{d} ({st if st == 'offline' else 'never seen'})"
                     for d, st in states.items()))
-        stalled = self.stalled_for()
-        if stalled > s.stall_after and self._connected():
-            check.reasons.append(f"worker stalled: {len(agg.assembler)} frames pending and "
-                                 f"none answered for {stalled:.0f} s (more than --stall-after "
-                                 f"{s.stall_after:g} s)")
+        stall = self.stall_reason()
+        if stall is not None:
+            check.reasons.append(stall)
         check.reasons += self.liveness().reasons
         return check
+
+    def stall_reason(self) -> str | None:
+        """Why the worker counts as stalled, or None."""
+        stalled, s = self.stalled_for(), self.settings
+        if stalled > s.stall_after and self._connected():
+            return (f"worker stalled: {len(self.agg.assembler)} frames pending and none "
+                    f"answered for {stalled:.0f} s (more than --stall-after {s.stall_after:g} s)")
+        return None
 
     def _broker_reasons(self, check: Check, now: float) -> None:
         mqtt, grace = self.mqtt, self.settings.health_grace
@@ -139,6 +150,41 @@ class EdgeHealth:
         if since is not None and now - since > grace:
             check.reasons.append(f"broker {mqtt.url} unreachable for {now - since:.0f} s (more "
                                  f"than --health-grace {grace:g} s)")
+
+
+class EdgeVersionProbe:
+    """What the edge sees of the bundle version it runs, for its probation: frames that failed
+    in its segments (``processing_failed``), the cloud answering that it does not serve the
+    version (``unknown_version``), a stalled worker. It worked if it answered frames."""
+
+    def __init__(self, health: EdgeHealth):
+        self.health = health
+        self._last = self._counts()
+
+    def _counts(self) -> tuple[float, float, float]:
+        agg = self.health.agg
+        return (agg.answered, agg.metrics.dropped.value(reason="processing_failed"),
+                agg.metrics.cloud.value(outcome="unknown_version"))
+
+    def begin(self) -> None:
+        self._last = self._counts()
+
+    def look(self) -> Look:
+        counts = self._counts()
+        answered, failed, refused = (a - b for a, b in zip(counts, self._last, strict=True))
+        self._last = counts
+        problems = []
+        if failed:
+            problems.append(f"{failed:.0f} frames failed in the edge's segments "
+                            '(ddnn_edge_dropped_total{reason="processing_failed"})')
+        if refused:
+            problems.append(f"the cloud does not serve version "
+                            f"{self.health.agg.manifest.version} ({refused:.0f} calls answered "
+                            "404)")
+        stall = self.health.stall_reason()
+        if stall is not None:
+            problems.append(stall)
+        return Look(worked=answered > 0, problems=tuple(problems))
 
 
 def health_check(agg: EdgeAggregator, health: EdgeHealth | None, path: str) -> Check:

@@ -20,7 +20,7 @@ from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.callback import ResultsCallback
 from ddnn.edge.cloud_client import CLOUD_RETRY, CloudClient
 from ddnn.edge.credentials import load_http_tokens
-from ddnn.edge.health import EdgeHealth
+from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
 from ddnn.edge.http import EdgeHttpServer
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings
@@ -168,7 +168,11 @@ class EdgeService:
                                                                           ann.version)),
                              # messages of a refused version are another model's again
                              on_refused=lambda ann: agg.ingest.withdraw((ann.name,
-                                                                         ann.version)))
+                                                                         ann.version)),
+                             # failing its health check on probation rolls a version back
+                             probation=s.ota_probation, probe=EdgeVersionProbe(self.health),
+                             on_rollback=lambda ref, why: self.metrics.bundle_updates.inc(
+                                 result="rolled_back"))
 
     # --- lifecycle ------------------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ class EdgeSettings:
     ota_allow_unsigned: bool = False  # apply unsigned over-the-air bundles (explicit opt-out)
     ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
     ota_retry_max: float = 60.0  # longest wait between fetches of an announced version
+    ota_probation: float = 60.0  # seconds an applied version may be rolled back in; 0: never
     cloud: str | None = None  # cloud base URL; None: frames past the edge exit are degraded
     cloud_token: str | None = None
     cloud_ca_file: str | None = None  # CA of the cloud's HTTPS certificate; None: system CAs
@@ -85,7 +86,7 @@ class EdgeSettings:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         if not self.ota_retry_max > 0:
             raise ConfigError(f"ota_retry_max must be positive, got {self.ota_retry_max}")
-        for name in ("health_grace", "stall_after"):
+        for name in ("health_grace", "stall_after", "ota_probation"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
         for name in ("cloud_batch", "suspect_after", "keepalive", "reconnect_max", "threads"):

@@ -26,14 +26,14 @@ the name and version to look for:
 An accepted announcement is the tier's target until it is applied or refused: kept on disk
 beside the bundle (``.ddnn-ota/target-{tag}.json``), fetched again with backoff while the
 server cannot serve it (:class:`~ddnn.plumbing.download.Unreachable`), and taken up again by
-a tier that restarts meanwhile.
+a tier that restarts meanwhile. An applied version is on probation for a while, and rolled back
+if it fails its health check (:mod:`ddnn.plumbing.probation`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import shutil
 import threading
@@ -46,6 +46,7 @@ from ddnn.bundle import Bundle, Manifest, check_name
 from ddnn.errors import BundleError, ConfigError, DdnnError
 from ddnn.plumbing.download import Origin, Unreachable, fetch_bundle
 from ddnn.plumbing.options import Option, boolean, path
+from ddnn.plumbing.probation import UpdateGuard, VersionProbe, write_json
 from ddnn.plumbing.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,10 @@ UPDATE_OPTIONS = (
     Option("ota-retry-max", float, "SECONDS",
            "longest wait in seconds between attempts to fetch an announced bundle the cloud "
            "cannot serve yet (exponential backoff from 1 s; the target survives restarts)"),
+    Option("ota-probation", float, "SECONDS",
+           "probation of an applied over-the-air bundle: failing its health check for a quarter "
+           "of it rolls the previous bundle back in, and that version is not applied again "
+           "(0: no probation)"),
 )
 
 @dataclass(frozen=True)
@@ -163,6 +168,10 @@ class BundleUpdater:
     meanwhile finds its target at start, announces it again (``on_announce``: keep taking its
     messages) and keeps retrying. Anything wrong with the bundle itself refuses it for good
     (``on_result(False)``), and the running version keeps serving.
+
+    **On probation** (``probation`` seconds, :class:`~ddnn.plumbing.probation.UpdateGuard`):
+    ``probe`` looks at an applied version; one that fails is rolled back (``on_rollback(ref,
+    why)``) and never applied again here, after a restart either.
     """
 
     def __init__(self, running: Bundle, apply: Callable[[Bundle], None], *,
@@ -174,7 +183,9 @@ class BundleUpdater:
                  ca_file: str | Path | None = None, cert_file: str | Path | None = None,
                  key_file: str | Path | None = None, retry: RetryPolicy = OTA_RETRY,
                  on_retry: Callable[[Announcement, str], None] | None = None,
-                 on_refused: Callable[[Announcement], None] | None = None):
+                 on_refused: Callable[[Announcement], None] | None = None,
+                 probation: float = 0.0, probe: VersionProbe | None = None,
+                 on_rollback: Callable[[str, str], None] | None = None):
         self.running = running
         self.tag = tag  # in staging names: tiers sharing a bundle directory never collide
         self._apply = apply
@@ -204,6 +215,12 @@ class BundleUpdater:
         self._backoff = retry.backoff()
         self._wake = threading.Event()
         self._done = threading.Event()
+        # Probation of what is applied; a version left on probation by a crash is rolled back.
+        self.guard = UpdateGuard(running, apply, root=self.staging_root, tag=tag,
+                                 window=probation, probe=probe, public_key=public_key,
+                                 on_rollback=on_rollback)
+        self.guard.resume()
+        self._skipped: set[str] = set()  # rolled-back versions announced again (logged once)
         self._thread = threading.Thread(target=self._loop, name="bundle-updater", daemon=True)
         self._thread.start()
         self._resume()
@@ -213,11 +230,17 @@ class BundleUpdater:
     def _resume(self) -> None:
         """Take up the target a previous process left (announced, not yet applied)."""
         ann = self._saved()
-        if ann is None:
-            return
         m = self.running.manifest
-        if (ann.name, ann.version) == (m.name, m.version):
-            self._forget_target(ann)  # applied, or the tier was redeployed with it
+        if ann is None:
+            # The version this tier last rolled back is likely still announced, and devices
+            # may run it well: its messages are taken from the start, before MQTT connects.
+            last = self.guard.rolled_back.last()
+            name, _, version = last[0].partition(":") if last else ("", "", "")
+            if name == m.name and is_newer(version, m.version) and self._on_announce:
+                self._on_announce(Announcement(name, version))
+            return
+        if (ann.name, ann.version) == (m.name, m.version) or self._rolled_back(ann):
+            self._forget_target(ann)  # applied, rolled back, or the tier was redeployed with it
             return
         try:
             self._precheck(ann)
@@ -240,13 +263,7 @@ class BundleUpdater:
 
     def _save_target(self, ann: Announcement) -> None:
         try:
-            self.staging_root.mkdir(parents=True, exist_ok=True)
-            tmp = self.state_path.with_suffix(".tmp")
-            with open(tmp, "wb") as f:
-                f.write(ann.to_bytes())
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.state_path)
+            write_json(self.state_path, json.loads(ann.to_bytes()))
         except OSError as e:  # a read-only disk: the update still runs, it is just not saved
             log.warning("cannot save the update target %s: %s", self.state_path, e)
 
@@ -272,6 +289,8 @@ class BundleUpdater:
         with self._lock:
             if self._pending == ann:
                 return  # already the target (retrying it): keep its backoff
+        if self._rolled_back(ann):
+            return
         try:
             self._precheck(ann)
         except DdnnError as e:  # refused before anything is fetched or announced to the tier
@@ -279,6 +298,21 @@ class BundleUpdater:
             return
         self._save_target(ann)
         self._take(ann)
+
+    def _rolled_back(self, ann: Announcement) -> bool:
+        """True for a version rolled back here: not applied, but still announced to the tier
+        (other tiers may run it well, and the wire format is the running one's)."""
+        ref = f"{ann.name}:{ann.version}"
+        why = self.guard.rolled_back.why(ref)
+        if why is None:
+            return False
+        if ref not in self._skipped:
+            self._skipped.add(ref)
+            log.info("not applying %s: rolled back here before (%s); still running %s", ref,
+                     why, self.running.ref)
+        if self._on_announce:
+            self._on_announce(ann)
+        return True
 
     def _take(self, ann: Announcement) -> None:
         if self._on_announce:
@@ -291,12 +325,16 @@ class BundleUpdater:
 
     def _loop(self) -> None:
         while not self._done.is_set():
+            rolled_back_to = self.guard.check()  # the version on probation, when a look is due
+            if rolled_back_to is not None:
+                self.running = rolled_back_to
             with self._lock:
                 ann = self._pending
                 due = ann is not None and self._backoff.ready()
                 wait = 0.5 if ann is None else self._backoff.retry_at - time.monotonic()
+            look = self.guard.due_in()
             if not due:
-                self._wake.wait(min(max(wait, 0.01), 0.5))
+                self._wake.wait(min(max(wait, 0.01), 0.5, 0.5 if look is None else look))
                 self._wake.clear()
                 continue
             outcome = self._update(ann)  # type: ignore[arg-type]
@@ -363,6 +401,7 @@ class BundleUpdater:
             self._refuse(ann, f"{type(e).__name__}: {e}")
             return "refused"
         log.info("bundle updated over the air: %s -> %s", self.running.ref, bundle.ref)
+        self.guard.applied(bundle)
         self.running = bundle
         self.applied += 1
         self.failures = 0
@@ -393,8 +432,10 @@ class BundleUpdater:
                               cert_file=self.cert_file, key_file=self.key_file, check=check)
         try:
             check(bundle.manifest)  # what was loaded from disk, once more
+            self.guard.arm(bundle)  # a crash from here on condemns it (probation)
             self._apply(bundle)
         except BaseException:
+            self.guard.disarm()
             shutil.rmtree(staging, ignore_errors=True)
             raise
         return bundle
@@ -432,12 +473,15 @@ class BundleUpdater:
         return {"running": self.running.ref,
                 "target": f"{target.name}:{target.version}" if target else None,
                 "failures": self.failures, "last_error": self.last_error,
-                "applied": self.applied, "refused": self.refused}
+                "applied": self.applied, "refused": self.refused, **self.guard.status()}
 
     def alive(self) -> bool:
         return self._thread.is_alive()
 
-    def stop(self) -> None:
+    def stop(self, clean: bool = True) -> None:
+        """Stop the updater; ``clean=False`` (the tier is failing) leaves a version on
+        probation to be rolled back at the next start."""
         self._done.set()
         self._wake.set()
         self._thread.join(timeout=5)
+        self.guard.stop(clean)
