@@ -55,13 +55,18 @@ RATES = {"1mbit": 1_000_000, "250kbit": 250_000}
 TBF_BURST_BYTES = 4500  # three full-size packets: short bursts pass, the mean rate is R
 TBF_LATENCY_MS = 200  # queue bound: packets that would wait longer are dropped
 RAW_CLIENTS = 2  # enough to keep the link busy: one request is on the wire while one is answered
-# The hierarchy as the bundle is calibrated, and its worst case for the uplink: no frame exits
-# locally (edge ``--local-threshold 0``), so every frame pulls every present view's features.
-VARIANTS = {"hierarchy": None, "hierarchy_no_local_exit": "0"}
+# The hierarchy as the bundle is calibrated; its worst case for the uplink: no frame exits
+# locally (edge ``--local-threshold 0``), so every frame pulls every present view's features;
+# and the devices behind one ``ddnn gateway`` (a local broker on their side of the link), which
+# sends each frame's messages up as one.
+VARIANTS = {"hierarchy": {}, "hierarchy_no_local_exit": {"local_threshold": "0"},
+            "hierarchy_gateway": {"gateway": True}}
+LOCAL_BROKER_PORT = 1884  # the gateway variant's broker, in the device namespace
 # Offered frame rate of the devices per variant and link rate: high enough to be far above raw
 # offload, low enough that the link and this machine's CPUs keep up (achieved is reported too).
 OFFERED_FPS = {
     "hierarchy": {"1mbit": 100.0, "250kbit": 25.0},
+    "hierarchy_gateway": {"1mbit": 100.0, "250kbit": 25.0},
     "hierarchy_no_local_exit": {"1mbit": 50.0, "250kbit": 12.0},
 }
 REPO = Path(__file__).resolve().parents[1]
@@ -230,12 +235,16 @@ class Procs:
 
 def _wait_http(ns: str, host: str, port: int, path: str, proc: subprocess.Popen,
                timeout: float = 90.0) -> None:
+    last = ["no answer"]
+
     def probe() -> bool:
         with contextlib.suppress(OSError, http.client.HTTPException):
             conn = http.client.HTTPConnection(host, port, timeout=1)
             try:
                 conn.request("GET", path)
-                return conn.getresponse().status == 200
+                resp = conn.getresponse()
+                last[0] = f"{resp.status} {resp.read(500)!r}"
+                return resp.status == 200
             finally:
                 conn.close()
         return False
@@ -247,7 +256,8 @@ def _wait_http(ns: str, host: str, port: int, path: str, proc: subprocess.Popen,
         if _in_ns(ns, probe):
             return
         time.sleep(0.1)  # readiness poll
-    raise RuntimeError(f"http://{host}:{port}{path} not ready after {timeout:.0f} s")
+    raise RuntimeError(f"http://{host}:{port}{path} not ready after {timeout:.0f} s (last: "
+                       f"{last[0]})")
 
 
 def _wait_port(ns: str, host: str, port: int, proc: subprocess.Popen, timeout: float = 20.0):
@@ -433,6 +443,22 @@ def _tail_results(path: Path, stop: threading.Event, into: list) -> None:
         stop.wait(0.05)
 
 
+def _start_gateway(link: Link, procs: Procs, work: Path, broker: str, deployment: str) -> str:
+    """A broker and a ``ddnn gateway`` on the devices' side of the link; the devices' URL."""
+    conf = work / "site-mosquitto.conf"
+    conf.write_text(f"listener {LOCAL_BROKER_PORT} 127.0.0.1\nallow_anonymous true\n"
+                    "persistence false\nmax_inflight_messages 1000\nset_tcp_nodelay true\n")
+    exe = mosquitto_path()
+    site = (procs.start("site-broker", link.dev_ns, exe, "-c", str(conf)) if exe else
+            procs.start("site-broker", link.dev_ns, sys.executable, "-m", "ddnn.tools.broker",
+                        "--host", "127.0.0.1", "--port", str(LOCAL_BROKER_PORT)))
+    _wait_port(link.dev_ns, "127.0.0.1", LOCAL_BROKER_PORT, site)
+    local = f"mqtt://127.0.0.1:{LOCAL_BROKER_PORT}"
+    procs.ddnn("gateway", link.dev_ns, "gateway", "--local", local, "--broker", broker,
+               "--deployment", deployment)
+    return local
+
+
 def _edge_payload_bytes(ns: str) -> float | None:
     def fetch() -> str:
         conn = http.client.HTTPConnection("127.0.0.1", EDGE_HTTP_PORT, timeout=2)
@@ -451,19 +477,29 @@ def _edge_payload_bytes(ns: str) -> float | None:
 
 
 def _hierarchy_phase(link: Link, procs: Procs, bundle: Path, replay: Path, ds, views: int,
-                     tag: str, local_threshold: str | None, fps: float, frames: int,
-                     work: Path) -> dict:
+                     tag: str, variant: dict, fps: float, frames: int, work: Path) -> dict:
     deployment = "bw"  # short, like a real deployment name: it is in every topic and envelope
     results_file = work / f"results-{tag}.jsonl"
-    broker = f"mqtt://{EDGE_ADDR}:{BROKER_PORT}"
-    extra = ["--local-threshold", local_threshold] if local_threshold is not None else []
+    broker = device_broker = f"mqtt://{EDGE_ADDR}:{BROKER_PORT}"
+    extra = []
+    if "local_threshold" in variant:
+        extra += ["--local-threshold", variant["local_threshold"]]
+    ids = [f"cam{v}" for v in range(views)]
+    if variant.get("gateway"):
+        extra += ["--gateways", "gw0=" + "+".join(ids)]
+        device_broker = _start_gateway(link, procs, work, broker, deployment)
     edge = procs.ddnn(
         "edge", link.edge_ns, "edge", "--bundle", str(bundle), "--broker", broker,
         "--cloud", f"http://{EDGE_ADDR}:{CLOUD_PORT}", "--deployment", deployment,
         "--http-host", "127.0.0.1", "--http-port", str(EDGE_HTTP_PORT),
         "--results-out", str(results_file), *extra,
     )
-    _wait_http(link.edge_ns, "127.0.0.1", EDGE_HTTP_PORT, "/healthz", edge)
+    try:
+        # Alive, not ready: the previous phase's devices left their retained "offline", and
+        # an edge whose every device is offline is rightly not ready until they come.
+        _wait_http(link.edge_ns, "127.0.0.1", EDGE_HTTP_PORT, "/livez", edge)
+    except RuntimeError as e:
+        raise RuntimeError(f"{e}; the edge's log ends:\n{procs.tail('edge')}") from None
     got: list[tuple[float, dict]] = []
     stop = threading.Event()
     tail = threading.Thread(target=_tail_results, args=(results_file, stop, got), daemon=True)
@@ -472,7 +508,8 @@ def _hierarchy_phase(link: Link, procs: Procs, bundle: Path, replay: Path, ds, v
     devices = {f"device-{v}" for v in range(views)}
     for v in range(views):
         procs.ddnn(
-            f"device-{v}", link.dev_ns, "device", "--bundle", str(bundle), "--broker", broker,
+            f"device-{v}", link.dev_ns, "device", "--bundle", str(bundle),
+            "--broker", device_broker,
             "--view", str(v), "--data", str(replay), "--fps", f"{fps:g}", "--limit", str(frames),
             "--deployment", deployment, "--wait-peers", "60", "--grace", "1",
         )
@@ -491,7 +528,7 @@ def _hierarchy_phase(link: Link, procs: Procs, bundle: Path, replay: Path, ds, v
     tail.join()
     after = link.counters()
     payload = _edge_payload_bytes(link.edge_ns)
-    procs.stop(devices | {"edge"})
+    procs.stop(devices | {"edge", "gateway", "site-broker"})
     results = {}
     for t, r in got:
         results.setdefault(int(r["frame"]), (t, r))
@@ -590,10 +627,10 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
                 "raw_fp32": _raw_phase(link, ds, fp32, CLOUD_PORT, raw_seconds, RAW_CLIENTS),
                 "raw_8bit": _raw_phase(link, ds, u8, RELAY_PORT, raw_seconds, RAW_CLIENTS),
             }
-            for variant, threshold in VARIANTS.items():
+            for variant, how in VARIANTS.items():
                 fps = OFFERED_FPS[variant][label]
                 r[variant] = _hierarchy_phase(
-                    link, procs, bundle, replay, ds, m.views, f"{label}-{len(r)}", threshold,
+                    link, procs, bundle, replay, ds, m.views, f"{label}-{len(r)}", how,
                     fps, int(fps * hier_seconds), work,
                 )
     finally:
@@ -617,6 +654,11 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
             ratios[f"link_bound_fps_{variant}_over_raw_8bit_{label}"] = _ratio(
                 r[variant]["link_bound_fps"], r["raw_8bit"]["fps"]
             )
+            wire = r[variant]["wire"]
+            ratios[f"wire_up_raw_8bit_over_{variant}_{label}"] = _ratio(
+                r["raw_8bit"]["wire"]["up_bytes_per_frame"], wire["up_bytes_per_frame"])
+            ratios[f"wire_down_over_up_{variant}_{label}"] = _ratio(
+                wire["down_bytes_per_frame"], wire["up_bytes_per_frame"])
     if "1mbit" in measured:
         aims["hierarchy_fps_20x_raw_at_1mbit"] = {
             "target": 20.0,
@@ -627,6 +669,13 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
         aim = aims["hierarchy_fps_20x_raw_at_1mbit"]
         aim["met_vs_raw_8bit"] = (aim["vs_raw_8bit"] or 0) >= 20
         aim["met_vs_raw_fp32"] = (aim["vs_raw_fp32"] or 0) >= 20
+        for variant in ("hierarchy", "hierarchy_gateway"):
+            up = ratios[f"wire_up_raw_8bit_over_{variant}_1mbit"] or 0
+            down = ratios[f"wire_down_over_up_{variant}_1mbit"]
+            aims[f"{variant}_uplink_25x_fewer_wire_bytes_than_raw_8bit_at_1mbit"] = {
+                "target": 25.0, "ratio": up, "met": up >= 25}
+            aims[f"{variant}_downlink_at_most_a_third_of_uplink_at_1mbit"] = {
+                "target": 1 / 3, "ratio": down, "met": down is not None and down <= 1 / 3}
     result = {
         "setup": {
             "link": f"veth between two network namespaces, tbf on both directions' egress "
@@ -660,19 +709,20 @@ def _plot(out_dir: Path, measured: dict) -> None:
     kinds = [("raw_fp32", "raw offload (FP32)", "tab:red"),
              ("raw_8bit", "raw offload (8-bit)", "tab:orange"),
              ("hierarchy", "DDNN hierarchy", "tab:green"),
-             ("hierarchy_no_local_exit", "DDNN, no local exit", "tab:olive")]
+             ("hierarchy_no_local_exit", "DDNN, no local exit", "tab:olive"),
+             ("hierarchy_gateway", "DDNN behind a gateway", "tab:blue")]
     labels = list(measured)
     x = np.arange(len(labels))
-    w = 0.2
+    w = 0.16
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for i, (kind, name, color) in enumerate(kinds):
         fps = [measured[lab][kind]["fps"] for lab in labels]
-        bars = axes[0].bar(x + (i - 1.5) * w, fps, w, label=name, color=color)
+        bars = axes[0].bar(x + (i - (len(kinds) - 1) / 2) * w, fps, w, label=name, color=color)
         axes[0].bar_label(bars, fmt="%.1f", fontsize=8)
         lat = [measured[lab][kind]["latency_ms"] or {"p50": 0, "p99": 0} for lab in labels]
         p50 = np.array([v["p50"] for v in lat])
         p99 = np.array([v["p99"] for v in lat])
-        axes[1].bar(x + (i - 1.5) * w, p50, w, label=name, color=color,
+        axes[1].bar(x + (i - (len(kinds) - 1) / 2) * w, p50, w, label=name, color=color,
                     yerr=[np.zeros_like(p99), p99 - p50], capsize=3)
     axes[0].set(title="frames per second (uplink shaped with tbf)", yscale="log",
                 xticks=x, xticklabels=labels, ylabel="frames/s")

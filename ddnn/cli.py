@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "ddnn.tools.commands",  # data info, evaluate
     "ddnn.tools.bundle_cli",  # bundle keygen, sign, verify
     "ddnn.device.cli",
+    "ddnn.device.gateway",
     "ddnn.edge.cli",
     "ddnn.cloud.cli",
     "ddnn.tools.demo",
@@ -41,8 +42,8 @@ EXTRA_OF = {
     "tqdm": "train", "matplotlib": "train", "amqtt": "demo", "cryptography": "sign",
 }
 
-COMMAND_EXTRAS = {"device": "device", "edge": "edge", "cloud": "cloud", "train": "train",
-                  "demo": "device,edge,cloud,train,demo"}
+COMMAND_EXTRAS = {"device": "device", "gateway": "device", "edge": "edge", "cloud": "cloud",
+                  "train": "train", "demo": "device,edge,cloud,train,demo"}
 
 
 def missing_package_message(e: ModuleNotFoundError, command: str | None = None) -> str | None:

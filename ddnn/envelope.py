@@ -134,10 +134,10 @@ def encode(env: Envelope) -> bytes:
     if codec_id is None:
         raise CodecError(f"unknown codec {env.codec!r}")
     flags = _IDENTITY if env.has_identity else 0
-    parts = [bytes([FORMAT, codec_id << 4 | flags | int(env.kind)]), _varint(env.frame),
-             _TIME.pack(round(env.timestamp / TICK) % _WRAP), _string(env.version)]
+    parts = [bytes([FORMAT, codec_id << 4 | flags | int(env.kind)]), varint_bytes(env.frame),
+             _TIME.pack(round(env.timestamp / TICK) % _WRAP), name_bytes(env.version)]
     if env.has_identity:
-        parts += [_string(env.model), _string(env.deployment), _string(env.device)]
+        parts += [name_bytes(env.model), name_bytes(env.deployment), name_bytes(env.device)]
     parts.append(env.payload)
     data = b"".join(parts)
     if len(data) > MAX_MESSAGE:
@@ -145,7 +145,8 @@ def encode(env: Envelope) -> bytes:
     return data
 
 
-def _varint(n: int) -> bytes:
+def varint_bytes(n: int) -> bytes:
+    """``n`` ≥ 0 as an unsigned LEB128 varint (7 bits per byte, low bits first)."""
     out = bytearray()
     while True:
         low, n = n & 0x7F, n >> 7
@@ -154,7 +155,8 @@ def _varint(n: int) -> bytes:
             return bytes(out)
 
 
-def _string(s: str | None) -> bytes:
+def name_bytes(s: str | None) -> bytes:
+    """A name (:mod:`ddnn.names` rule) as u8 length + ASCII."""
     if not isinstance(s, str) or not is_name(s):
         raise CodecError(f"invalid name {s!r:.80}: use {RULE}")
     return bytes([len(s)]) + s.encode()
@@ -170,11 +172,11 @@ def capture_time(ticks: int, now: float) -> float:
     return (base + delta) * TICK
 
 
-class _Reader:
-    """Bounds-checked reads over one message."""
+class Reader:
+    """Bounds-checked reads over one message (from ``pos``), each failure a DecodeError."""
 
-    def __init__(self, data: bytes):
-        self.data, self.pos = data, 0
+    def __init__(self, data: bytes, pos: int = 0):
+        self.data, self.pos = data, pos
 
     def take(self, n: int, what: str) -> bytes:
         if self.pos + n > len(self.data):
@@ -220,8 +222,7 @@ def decode(data: bytes, now: float | None = None) -> Envelope:
     if len(data) > MAX_MESSAGE:
         raise DecodeError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")
     _check_format(data)
-    r = _Reader(data)
-    r.pos = 1
+    r = Reader(data, pos=1)
     head = r.take(1, "header")[0]
     codec_id, identity, kind = head >> 4, head & _IDENTITY, head & 0x07
     try:

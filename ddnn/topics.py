@@ -1,6 +1,7 @@
 """MQTT topic names of a deployment, in one place so devices, edge and tools agree.
 
 ``{prefix}/{deployment}/devices/{device}/scores|features|status``,
+``{prefix}/{deployment}/gateways/{gateway}/messages|status``,
 ``{prefix}/{deployment}/edges/{edge}/requests|status``, ``{prefix}/{deployment}/results`` and
 ``{prefix}/{deployment}/bundle``. Names are lowercase-safe and never contain MQTT wildcards.
 """
@@ -13,6 +14,7 @@ from ddnn.errors import ConfigError
 from ddnn.names import check_name, is_name
 
 DEVICE_KINDS = ("scores", "features", "status")
+GATEWAY_KINDS = ("messages", "status")
 
 
 def check_part(kind: str, value: str) -> str:
@@ -44,6 +46,21 @@ class Topics:
     def all_devices(self, kind: str) -> str:
         """Wildcard subscription for one kind of every device of the deployment."""
         return f"{self.root}/devices/+/{kind}"
+
+    def gateway(self, gateway: str, kind: str) -> str:
+        if kind not in GATEWAY_KINDS:
+            raise ConfigError(f"unknown gateway topic {kind!r}")
+        return f"{self.root}/gateways/{check_part('gateway id', gateway)}/{kind}"
+
+    def parse_gateway(self, topic: str) -> tuple[str, str] | None:
+        """``(gateway id, kind)`` of a gateway topic of this deployment, else ``None``."""
+        head = f"{self.root}/gateways/"
+        if not topic.startswith(head):
+            return None
+        parts = topic[len(head):].split("/")
+        if len(parts) != 2 or parts[1] not in GATEWAY_KINDS or not is_name(parts[0]):
+            return None
+        return parts[0], parts[1]
 
     def requests(self, edge: str) -> str:
         return f"{self.root}/edges/{check_part('edge id', edge)}/requests"

@@ -20,6 +20,7 @@ from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.callback import ResultsCallback
 from ddnn.edge.cloud_client import CLOUD_RETRY, CloudClient
 from ddnn.edge.credentials import load_http_tokens
+from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
 from ddnn.edge.http import EdgeHttpServer
 from ddnn.edge.metrics import EdgeMetrics
@@ -57,6 +58,9 @@ class EdgeService:
         devices = list(s.devices) or default_device_ids(m.views)
         if len(devices) != m.views:
             raise ConfigError(f"--devices must name {m.views} distinct ids, one per view")
+        strangers = [d for _, ds in s.gateways for d in ds if d not in devices]
+        if strangers:
+            raise ConfigError(f"--gateways names devices that are not this edge's: {strangers}")
         topics = Topics(s.deployment, s.topic_prefix)
         self.metrics = EdgeMetrics()
         self.mqtt = self._mqtt_client(topics, runtime, max_inflight) if s.broker else None
@@ -73,6 +77,9 @@ class EdgeService:
             sinks=[*out, *sinks],
             publish=self.mqtt.publish if self.mqtt else None,
             connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
+        self.gateways = GatewayIngest(
+            self.aggregator.ingest, topics, dict(s.gateways),
+            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason))
         self.http: EdgeHttpServer | None = None
         if s.http_port is not None:
             tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
@@ -119,7 +126,9 @@ class EdgeService:
             subscriptions=[(topics.all_devices("scores"), QOS_SCORES),
                            (topics.all_devices("features"), QOS_FEATURES),
                            (topics.all_devices("status"), QOS_STATUS),
-                           (topics.bundle, 1)])
+                           (topics.bundle, 1)]
+            + [(topics.gateway(g, kind), 1) for g, _ in s.gateways
+               for kind in ("messages", "status")])
         if max_inflight is not None:
             options.max_inflight = max_inflight
         return MqttClient(
@@ -136,6 +145,8 @@ class EdgeService:
         if topic == self.aggregator.topics.bundle:
             if self.updater is not None:
                 self.updater.on_message(payload)
+            return None
+        if self.gateways.on_message(topic, payload):
             return None
         return self.aggregator.ingest.on_message(topic, payload)
 

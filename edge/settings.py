@@ -15,6 +15,23 @@ from ddnn.plumbing.ota import UPDATE_OPTIONS
 ENV_PREFIX = "DDNN_EDGE_"
 
 
+def gateway_map(value: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """``gw0=cam0+cam1,gw1=cam2`` as ``(("gw0", ("cam0", "cam1")), ("gw1", ("cam2",)))``."""
+    out = []
+    for part in id_list(value):
+        gateway, sep, devices = part.partition("=")
+        ids = tuple(d.strip() for d in devices.split("+") if d.strip())
+        if not sep or not ids:
+            raise ConfigError(f"--gateways: {part!r} is not GATEWAY=DEVICE+DEVICE...")
+        check_name("gateway id", gateway.strip())
+        for d in ids:
+            check_name("device id", d)
+        out.append((gateway.strip(), ids))
+    if len({g for g, _ in out}) != len(out):
+        raise ConfigError("--gateways names a gateway twice")
+    return tuple(out)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EdgeSettings:
     """Everything ``ddnn edge`` can be told; every field is a flag and an environment variable.
@@ -46,6 +63,7 @@ class EdgeSettings:
     edge_id: str = "edge0"
     topic_prefix: str = "ddnn"
     devices: tuple[str, ...] = ()  # device ids in view order; empty: cam0 .. cam{V-1}
+    gateways: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (gateway, the devices it speaks for)
     deadline_ms: float = 200.0  # a frame waits at least this long for its views' scores
     max_wait_ms: float = 1000.0  # and at most this long, for devices that usually lag
     feature_deadline_ms: float = 500.0  # and this long for pulled features
@@ -81,6 +99,9 @@ class EdgeSettings:
             check_name("device id", d)
         if len(set(self.devices)) != len(self.devices):
             raise ConfigError(f"--devices names a device twice: {','.join(self.devices)}")
+        behind = [d for _, ds in self.gateways for d in ds]
+        if len(set(behind)) != len(behind):
+            raise ConfigError("--gateways puts a device behind two gateways")
         for name in ("cloud_timeout", "deadline_ms", "feature_deadline_ms", "max_wait_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
@@ -159,6 +180,9 @@ OPTIONS = (
     Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
     Option("devices", id_list, "IDS",
            "comma-separated device ids in view order (unset: cam0,cam1,...)"),
+    Option("gateways", gateway_map, "GW=DEV+DEV,...",
+           "gateways (ddnn gateway) and the devices each may speak for, e.g. "
+           "gw0=cam0+cam1+cam2,gw1=cam3; unset: none"),
     Option("deadline-ms", float, "MS",
            "how long a frame waits at least for the other views' scores after its first one "
            "(a frame whose views all arrived goes on at once)"),

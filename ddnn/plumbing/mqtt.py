@@ -227,6 +227,7 @@ class MqttClient:
         # When the broker was lost (monotonic), or the client made; None while connected.
         self.disconnected_since: float | None = time.monotonic()
         self._on_published = on_published  # (mid) of each acknowledged publish, paho's thread
+        self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
         persistent = self.options.persistent
         if self.options.mqtt5:
@@ -263,7 +264,8 @@ class MqttClient:
         c.on_disconnect = self._handle_disconnect
         c.on_message = self._handle_message
         c.on_connect_fail = self._handle_connect_fail
-        c.on_log = self._handle_log
+        if self.url.tls:  # with on_log set, paho formats a log line for every packet
+            c.on_log = self._handle_log
         if on_published is not None:
             c.on_publish = self._handle_publish
         self._tls_alert: str | None = None
@@ -363,6 +365,7 @@ class MqttClient:
 
     def _handle_message(self, client, userdata, msg) -> None:
         handled = None
+        self.delivering = (msg.mid, msg.qos)  # for a handler that acknowledges later
         try:
             if self._on_message is not None:
                 handled = self._on_message(msg.topic, msg.payload)
@@ -374,6 +377,13 @@ class MqttClient:
             client.ack(msg.mid, msg.qos)
 
     # --- public API -------------------------------------------------------------------------
+
+    def ack(self, delivery: tuple[int, int]) -> None:
+        """Acknowledge a message a persistent session's handler declined (returned False) and
+        kept ``delivering`` of: until then the broker holds it for this client id."""
+        mid, qos = delivery
+        if qos > 0:
+            self._client.ack(mid, qos)
 
     def start(self) -> MqttClient:
         """Connect in the background; paho retries with backoff until the broker answers."""
@@ -452,6 +462,7 @@ class TopicAliases:
         self.maximum = 0  # the broker's Topic Alias Maximum on this connection (0: none)
         self._ids: dict[str, int] = {}  # topic -> alias (kept across connections)
         self._topics: dict[int, bytes] = {}  # alias -> topic
+        self._props: dict[int, object] = {}  # alias -> its PUBLISH properties (paho reads them)
         self._live: set[str] = set()  # topics the broker has learnt on this connection
 
     def use(self, topic: str):
@@ -462,11 +473,15 @@ class TopicAliases:
                 return topic, None  # no alias left: the topic in full
             alias = self._ids[topic] = len(self._ids) + 1
             self._topics[alias] = topic.encode()
-        from paho.mqtt.packettypes import PacketTypes
-        from paho.mqtt.properties import Properties
+        props = self._props.get(alias)
+        if props is None:  # made and packed once: paho's Properties cost tens of µs each
+            from paho.mqtt.packettypes import PacketTypes
+            from paho.mqtt.properties import Properties
 
-        props = Properties(PacketTypes.PUBLISH)
-        props.TopicAlias = alias
+            props = self._props[alias] = Properties(PacketTypes.PUBLISH)
+            props.TopicAlias = alias
+            packed = props.pack()  # paho packs a message's properties at every send
+            object.__setattr__(props, "pack", lambda: packed)  # (its __setattr__ refuses)
         if topic in self._live:
             return "", props
         self._live.add(topic)

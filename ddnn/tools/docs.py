@@ -1,9 +1,9 @@
 """Generated parts of the docs, kept in step with the code: ``python -m ddnn.tools.docs``.
 
 - ``docs/result.schema.json``: the JSON schema of a result (:func:`ddnn.result.json_schema`);
-- the options tables of ``ddnn device``, ``ddnn edge`` and ``ddnn cloud``, between
-  ``<!-- options:TIER -->`` and ``<!-- /options:TIER -->`` in the docs, from each tier's
-  options table (``ddnn.<tier>.settings.OPTIONS``).
+- the options tables of ``ddnn device``, ``ddnn gateway``, ``ddnn edge`` and ``ddnn cloud``,
+  between ``<!-- options:NAME -->`` and ``<!-- /options:NAME -->`` in the docs, from each
+  command's options table (``OPTIONS`` beside its settings class).
 
 ``--check`` writes nothing and exits 1 when a generated part is stale (the tests run it).
 """
@@ -21,13 +21,17 @@ from ddnn.plumbing.options import markdown_table
 from ddnn.result import json_schema
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
-# tier -> the settings class in ddnn.<tier>.settings (beside OPTIONS and ENV_PREFIX)
-TIERS = {"device": "DeviceSettings", "edge": "EdgeSettings", "cloud": "CloudSettings"}
+# command -> (module, settings class); the module also holds OPTIONS and ENV_PREFIX
+TIERS = {"device": ("ddnn.device.settings", "DeviceSettings"),
+         "gateway": ("ddnn.device.gateway", "GatewaySettings"),
+         "edge": ("ddnn.edge.settings", "EdgeSettings"),
+         "cloud": ("ddnn.cloud.settings", "CloudSettings")}
 
 
 def options_table(tier: str) -> str:
-    module = importlib.import_module(f"ddnn.{tier}.settings")
-    return markdown_table(module.OPTIONS, getattr(module, TIERS[tier]), module.ENV_PREFIX)
+    name, settings = TIERS[tier]
+    module = importlib.import_module(name)
+    return markdown_table(module.OPTIONS, getattr(module, settings), module.ENV_PREFIX)
 
 
 def generated(docs: Path = DOCS) -> dict[Path, str]:

@@ -1,0 +1,300 @@
+"""``ddnn gateway``: devices behind one uplink, their messages of a frame sent as one.
+
+Devices on a site (one board with several cameras, or boards on one LAN) publish to a local
+broker as usual. The gateway forwards their messages to the edge's broker over the constrained
+uplink in batches (:mod:`ddnn.batch`): the scores of a frame go as one message once every
+online device sent its own (or after ``--coalesce-ms``), pulled features likewise. Their
+statuses go up as one retained gateway status. Down, it repeats the edge's pulls, its status
+and bundle announcements on the local broker, so the devices run unchanged.
+
+Nothing is lost on the way: a device message is acknowledged on the local broker (a persistent
+session) only once the batch that carries it was acknowledged upstream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import queue
+import signal
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ddnn import envelope as env
+from ddnn.batch import MAX_ENTRIES, pack_batch
+from ddnn.device.coalescer import Coalescer, Group, Key
+from ddnn.envelope import DecodeError
+from ddnn.errors import ConfigError
+from ddnn.names import check_name
+from ddnn.plumbing import options
+from ddnn.plumbing.mqtt import (
+    QOS_FEATURES,
+    QOS_RESULTS,
+    QOS_SCORES,
+    QOS_STATUS,
+    SECURITY_OPTIONS,
+    BrokerUrl,
+    MqttClient,
+    MqttOptions,
+    security_of,
+    status_fields,
+    status_payload,
+)
+from ddnn.plumbing.options import Option
+from ddnn.topics import Topics
+
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "DDNN_GATEWAY_"
+
+
+@dataclass(frozen=True, kw_only=True)
+class GatewaySettings:
+    """Everything ``ddnn gateway`` can be told (flags or ``DDNN_GATEWAY_*``)."""
+
+    local: str  # the devices' broker
+    broker: str  # the edge's broker, over the uplink
+    ca_file: str | None = None  # TLS and credentials for the edge's broker
+    cert_file: str | None = None
+    key_file: str | None = None
+    username: str | None = None
+    password: str | None = None
+    gateway_id: str = "gw0"
+    deployment: str = "default"
+    edge_id: str = "edge0"
+    topic_prefix: str = "ddnn"
+    coalesce_ms: float = 20.0  # longest a message waits for the other devices of its frame
+    keepalive: int = 10
+    reconnect_max: int = 30
+
+    def __post_init__(self) -> None:
+        BrokerUrl.parse(self.local)
+        BrokerUrl.parse(self.broker)
+        check_name("gateway id", self.gateway_id)
+        check_name("edge id", self.edge_id)
+        Topics(self.deployment, self.topic_prefix)
+        if not 0 <= self.coalesce_ms <= 1000:
+            raise ConfigError("--coalesce-ms must be between 0 and 1000")
+
+
+OPTIONS = (
+    Option("local", str, "URL", "the devices' MQTT broker (local to the site)"),
+    Option("broker", str, "URL", "the edge's MQTT broker, over the uplink (mqtts:// for TLS)"),
+    *SECURITY_OPTIONS,
+    Option("gateway-id", str, "ID", "this gateway's id: its topics, and what the edge lets it "
+                                    "speak for (edge --gateways)"),
+    Option("deployment", str, "NAME", "deployment whose devices to forward"),
+    Option("edge-id", str, "ID", "the edge whose pulls, status and announcements to repeat"),
+    Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
+    Option("coalesce-ms", float, "MS", "longest a device message waits for the other devices' "
+                                       "messages of its frame before its batch goes"),
+    Option("keepalive", int, "S", "MQTT keepalive, seconds"),
+    Option("reconnect-max", int, "S", "cap of the reconnection backoff, seconds"),
+)
+
+
+class GatewayService:
+    """The two MQTT clients and the coalescer between them; a context manager."""
+
+    def __init__(self, settings: GatewaySettings):
+        s = self.settings = settings
+        t = self.topics = Topics(s.deployment, s.topic_prefix)
+        self.statuses: dict[str, dict] = {}  # device -> its last status fields
+        self._pulled: dict[int, bytes] = {}  # frame -> the views' mask of the edge's pull
+        self._lock = threading.Lock()
+        self._batches: dict[int, list] = {}  # upstream mid -> local deliveries to acknowledge
+        # PUBACKs from upstream, as mids: paho reports them with its own lock held, so the
+        # local acknowledgements happen on a thread of ours.
+        self._acks: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        # batches and messages sent up; groups sent complete or at their window's end
+        self.forwarded = {"batches": 0, "messages": 0, "dropped": 0, "complete": 0,
+                          "timed_out": 0}
+        self.coalescer = Coalescer(s.coalesce_ms / 1000, self._expected, self._send)
+        self.up = MqttClient(
+            s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
+            MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
+                        security=security_of(s),
+                        subscriptions=[(t.requests(s.edge_id), 0),
+                                       (t.edge_status(s.edge_id), QOS_STATUS), (t.bundle, 1)]),
+            status_topic=t.gateway(s.gateway_id, "status"),
+            status_info={"gateway": s.gateway_id, "devices": {}},
+            on_message=self._from_edge, on_published=self._acks.put)
+        self.local = MqttClient(
+            s.local, f"ddnn-{s.deployment}-{s.gateway_id}-local",
+            MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max, persistent=True,
+                        subscriptions=[(t.all_devices(k), 1)
+                                       for k in ("scores", "features", "status")]
+                        + [(t.results, 1)]),
+            on_message=self._from_device)
+        self._threads = [
+            threading.Thread(target=self.coalescer.run, name="gateway-flush", daemon=True),
+            threading.Thread(target=self._acknowledge, name="gateway-acks", daemon=True)]
+
+    @classmethod
+    def from_settings(cls, settings: GatewaySettings) -> GatewayService:
+        return cls(settings)
+
+    # --- up: devices -> edge ------------------------------------------------------------------
+
+    def _from_device(self, topic: str, payload: bytes) -> bool | None:
+        """A local device message (local paho thread); False: acknowledged later."""
+        delivery = self.local.delivering
+        if topic == self.topics.results:  # a one-view device's own answer: up as it is
+            self._publish(topic, payload, QOS_RESULTS, [delivery])
+            return False
+        parsed = self.topics.parse_device(topic)
+        if parsed is None:
+            return None
+        device, kind = parsed
+        if kind == "status":
+            self._device_status(device, payload)
+            return None
+        try:
+            frame = env.decode(payload).frame
+        except DecodeError as e:
+            self.forwarded["dropped"] += 1  # the edge would drop it too: the uplink is dear
+            log.warning("dropping a bad message of %s: %s", device, e)
+            return None
+        self.coalescer.add((kind, frame), device, payload, delivery)
+        return False
+
+    def _expected(self, key: Key) -> set[str]:
+        """The devices a group waits for: the online ones; for features, those pulled."""
+        kind, frame = key
+        online = {d for d, f in self.statuses.items() if f.get("state") == "online"}
+        if kind == "scores":
+            return online
+        with self._lock:
+            mask = self._pulled.get(frame)
+        if mask is None:
+            return set()  # a pull we did not see (or push mode): wait for the window
+        return {d for d in online if _pulled(mask, self.statuses[d].get("view"))}
+
+    def _send(self, groups: list[Group]) -> None:
+        """One batch per :data:`MAX_ENTRIES` messages of the ready groups."""
+        entries = [e for g in groups for e in g.entries]
+        complete = sum(g.complete for g in groups)
+        self.forwarded["complete"] += complete
+        self.forwarded["timed_out"] += len(groups) - complete
+        with self._lock:
+            for g in groups:
+                if g.key[0] == "features":
+                    self._pulled.pop(g.key[1], None)
+        for i in range(0, len(entries), MAX_ENTRIES):
+            chunk = entries[i : i + MAX_ENTRIES]
+            data = pack_batch((device, payload) for device, payload, _ in chunk)
+            qos = max(QOS_SCORES, QOS_FEATURES)
+            self._publish(self.topics.gateway(self.settings.gateway_id, "messages"), data, qos,
+                          [tag for _, _, tag in chunk])
+            self.forwarded["batches"] += 1
+            self.forwarded["messages"] += len(chunk)
+
+    def _publish(self, topic: str, payload: bytes, qos: int, deliveries: list) -> None:
+        with self._lock:  # the mid is registered before its PUBACK can arrive
+            info = self.up.publish(topic, payload, qos)
+            if self.up.queued(info):
+                self._batches[info.mid] = deliveries
+                return
+        log.warning("the uplink refused a batch (%d messages): the devices' broker keeps them",
+                    len(deliveries))
+
+    def _acknowledge(self) -> None:
+        """As the edge's broker takes batches, their messages leave the devices' broker."""
+        while (mid := self._acks.get()) is not None:
+            with self._lock:
+                deliveries = self._batches.pop(mid, ())
+            for d in deliveries:
+                self.local.ack(d)
+
+    def _device_status(self, device: str, payload: bytes) -> None:
+        fields = status_fields(payload)
+        if fields.get("state") not in ("online", "offline"):
+            return
+        self.statuses[device] = fields
+        devices = {d: f for d, f in self.statuses.items()}
+        self.up.status_info = {**self.up.status_info, "devices": devices}
+        if self.up.connected.is_set():
+            self.up.publish(self.up.status_topic, status_payload("online", **self.up.status_info),
+                            QOS_STATUS, retain=True)
+
+    # --- down: edge -> devices ----------------------------------------------------------------
+
+    def _from_edge(self, topic: str, payload: bytes) -> None:
+        t, s = self.topics, self.settings
+        if topic == t.requests(s.edge_id):
+            try:
+                e = env.decode(payload)
+                with self._lock:
+                    self._pulled[e.frame] = e.payload
+                    while len(self._pulled) > self.coalescer.max_groups:
+                        self._pulled.pop(next(iter(self._pulled)))
+            except DecodeError:
+                pass  # the devices drop and count it
+            self.local.publish(topic, payload, 0)
+        elif topic in (t.edge_status(s.edge_id), t.bundle):
+            self.local.publish(topic, payload, 1, retain=True)
+
+    # --- lifecycle ----------------------------------------------------------------------------
+
+    def __enter__(self) -> GatewayService:
+        for t in self._threads:
+            t.start()
+        self.up.start()
+        self.local.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop taking device messages, send what is held, then disconnect."""
+        self.local.stop()
+        self.coalescer.stop()
+        self._threads[0].join(5)
+        self.up.stop()  # waits for the last PUBACKs; the devices' broker keeps the rest
+        self._acks.put(None)
+        self._threads[1].join(5)
+
+
+def _pulled(mask: bytes, view) -> bool:
+    """Whether the request's packed view mask (binary codec: MSB first) holds ``view``."""
+    if not isinstance(view, int) or isinstance(view, bool) or not 0 <= view < 8 * len(mask):
+        return False
+    return bool(mask[view // 8] >> (7 - view % 8) & 1)
+
+
+# --- command line ---------------------------------------------------------------------------
+
+DESCRIPTION = f"""\
+Forward the messages of the devices on a local broker to the edge's broker in batches: one
+message per frame up the constrained uplink instead of one per device (the devices run
+unchanged, with --broker set to the local broker). Start the edge with --gateways
+GATEWAY=DEVICE+DEVICE... so it lets this gateway speak for its devices. Every option also reads
+the environment variable {ENV_PREFIX}<OPTION>; a flag wins."""
+
+
+def register(sub, data_sub, formatter) -> None:
+    """Add ``ddnn gateway`` to the subcommands."""
+    p = sub.add_parser("gateway", help="batch a site's device messages up one uplink",
+                       description=DESCRIPTION, formatter_class=formatter)
+    options.add_options(p, OPTIONS, GatewaySettings, ENV_PREFIX)
+    p.set_defaults(func=run)
+
+
+def settings_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None
+                  ) -> GatewaySettings:
+    return options.settings_from(args, OPTIONS, GatewaySettings, ENV_PREFIX, environ)
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    log.info("gateway config: %s", options.describe(settings, OPTIONS))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, frame: stop.set())
+    with GatewayService.from_settings(settings) as service:
+        stop.wait()
+        log.info("stopping: %s", json.dumps(service.forwarded))
+    return 0

@@ -1,0 +1,80 @@
+"""Messages of devices behind a gateway (``ddnn gateway``): batches and statuses, unpacked.
+
+A gateway speaks only for the devices the edge's ``--gateways GATEWAY=DEVICE+DEVICE...`` gives
+it, as a device's topic speaks only for that device: an entry for any other device is dropped
+(``unknown_device``), as is the whole of a batch from a gateway not configured. Each entry
+then goes through :class:`~ddnn.edge.ingest.Ingest` like a message on the device's own topic.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable, Mapping
+
+from ddnn.batch import unpack_batch
+from ddnn.edge.ingest import Ingest
+from ddnn.envelope import DecodeError
+from ddnn.plumbing.mqtt import status_fields
+from ddnn.topics import Topics
+
+log = logging.getLogger(__name__)
+
+
+def _ignore(*args) -> None:
+    pass
+
+
+class GatewayIngest:
+    """Routes gateway topics into ``ingest``; ``gateways`` maps a gateway to its devices."""
+
+    def __init__(self, ingest: Ingest, topics: Topics, gateways: Mapping[str, tuple[str, ...]],
+                 on_drop: Callable[[str, str | None, float | None], None] = _ignore):
+        self.ingest, self.topics = ingest, topics
+        self.gateways = {g: tuple(ds) for g, ds in gateways.items()}
+        self._on_drop = on_drop
+        self._warned: set[str] = set()
+
+    def on_message(self, topic: str, payload: bytes) -> bool | None:
+        """A message on a gateway topic; None when ``topic`` is not one (not handled here)."""
+        parsed = self.topics.parse_gateway(topic)
+        if parsed is None:
+            return None
+        gateway, kind = parsed
+        devices = self.gateways.get(gateway)
+        if devices is None:
+            self._refuse("unknown_device", f"gateway {gateway!r} is not one of this edge's "
+                                           "(--gateways)")
+        elif kind == "status":
+            self._status(devices, payload)
+        else:
+            self._batch(gateway, devices, payload)
+        return True
+
+    def _status(self, devices: tuple[str, ...], payload: bytes) -> None:
+        info = status_fields(payload)
+        state = info.get("state")
+        reported = info.get("devices") if isinstance(info.get("devices"), dict) else {}
+        for device in devices:
+            fields = reported.get(device) if state == "online" else None
+            if not isinstance(fields, dict):  # gateway offline, or this device never seen
+                fields = {"state": "offline"}
+            self.ingest.on_status(device, json.dumps(fields).encode())
+
+    def _batch(self, gateway: str, devices: tuple[str, ...], payload: bytes) -> None:
+        try:
+            entries = unpack_batch(payload)
+        except DecodeError as e:
+            self._refuse("malformed", f"batch of gateway {gateway}: {e}")
+            return
+        for device, envelope in entries:
+            if device not in devices:
+                self._refuse("unknown_device", f"gateway {gateway} cannot speak for {device!r}")
+                continue
+            self.ingest.accept(envelope, device)
+
+    def _refuse(self, reason: str, detail: str) -> None:
+        self._on_drop(reason, None, None)
+        if detail not in self._warned and len(self._warned) < 100:
+            self._warned.add(detail)
+            log.warning("dropped a gateway message (%s): %s", reason, detail)

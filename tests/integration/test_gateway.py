@@ -1,0 +1,92 @@
+"""Devices behind a gateway: one batch per frame up the uplink, answers unchanged."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddnn import envelope as env
+from ddnn.batch import pack_batch
+from ddnn.device.gateway import GatewayService, GatewaySettings
+from ddnn.envelope import MessageType
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions
+from ddnn.tools.broker import start_broker
+from ddnn.topics import Topics
+from tests.e2e.thresholds import mixed_thresholds
+from tests.integration.test_device_edge import (
+    Edge,
+    check_against_evaluate,
+    mixed,
+    real_cloud,
+    run_devices,
+    wait_for,
+)
+
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
+
+DEVICES = ("cam0", "cam1", "cam2")
+
+
+@pytest.fixture(scope="module")
+def thresholds(tiny_bundle, tiny_data) -> dict[str, float]:
+    return mixed_thresholds(tiny_bundle, tiny_data.test)
+
+
+@pytest.fixture
+def cloud(tiny_bundle):
+    with real_cloud(tiny_bundle) as server:
+        yield server
+
+
+@pytest.fixture
+def site_broker(mosquitto):  # (mosquitto: skips the test where it is not installed)
+    with start_broker(prefer="mosquitto") as broker:
+        yield broker
+
+
+def test_devices_behind_a_gateway_answer_like_offline_evaluation(
+        mosquitto, site_broker, tiny_bundle, tiny_data, cloud, thresholds):
+    edge = Edge(tiny_bundle, mosquitto.url, cloud.url, deployment="gw",
+                gateways=(("gw0", DEVICES),), **mixed(thresholds))
+    gateway = GatewayService(GatewaySettings(local=site_broker.url, broker=mosquitto.url,
+                                             deployment="gw", coalesce_ms=200))
+    try:
+        with gateway:
+            run_devices(tiny_bundle, tiny_data.test, site_broker.url, deployment="gw")
+            wait_for(lambda: edge.agg.answered >= 120, what="120 results")
+    finally:
+        edge.stop()
+    check_against_evaluate(list(edge.agg.results), tiny_bundle, tiny_data.test, thresholds)
+    sent = gateway.forwarded
+    # A frame's three score messages went as one batch (pulled features likewise).
+    assert sent["messages"] >= 3 * 120 and sent["batches"] <= sent["messages"] / 2.5, sent
+    assert edge.agg.metrics.dropped.value(reason="late") == 0
+
+
+def _entry(frame: int) -> bytes:
+    return env.encode(env.pack(MessageType.SCORES, version="1", frame=frame,
+                               tensor=np.zeros((1, 3), np.float32), codec="float16"))
+
+
+def test_a_gateway_speaks_only_for_its_devices(mosquitto, tiny_bundle, cloud):
+    edge = Edge(tiny_bundle, mosquitto.url, cloud.url, deployment="gwx",
+                gateways=(("gw0", ("cam0", "cam1")),))
+    t = Topics("gwx")
+    pub = MqttClient(mosquitto.url, "vandal", MqttOptions()).start()
+    dropped = edge.agg.metrics.dropped
+    try:
+        assert pub.wait_connected(10)
+        # cam2 is this edge's, but not gw0's to speak for (gw1, no gateway of this edge, is not
+        # even listened to).
+        pub.publish(t.gateway("gw0", "messages"),
+                    pack_batch([("cam0", _entry(5)), ("cam2", _entry(5))]), 1)
+        pub.publish(t.gateway("gw1", "messages"), pack_batch([("cam1", _entry(6))]), 1)
+        pub.publish(t.gateway("gw0", "messages"), b"\xe2\x04cam0\x7f", 1)  # truncated entry
+        wait_for(lambda: dropped.value(reason="unknown_device") >= 1
+                 and dropped.value(reason="malformed") >= 1, what="refusals counted")
+        wait_for(lambda: edge.agg.assembler.knows(5), what="cam0's scores taken")
+        assert not edge.agg.assembler.knows(6)
+    finally:
+        pub.stop()
+        edge.stop()
