@@ -8,15 +8,11 @@ on the command line wins. ONNX Runtime and paho-mqtt are imported only when the 
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
-import threading
 from collections.abc import Mapping
 
 from ddnn.device.settings import ENV_PREFIX, OPTIONS, DeviceSettings
 from ddnn.plumbing import options
-
-log = logging.getLogger("device")
+from ddnn.plumbing.signals import stop_on_signals
 
 DESCRIPTION = f"""\
 Run one device agent: read frames from a source, run the bundle's device segment for --view
@@ -49,13 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from ddnn.device.service import DeviceService
 
     with DeviceService.from_settings(settings_from(args)) as service:
-        def _stop(signum, frame):
-            log.info("signal %d: stopping", signum)
-            service.stop_event.set()
-
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, _stop)
-            signal.signal(signal.SIGTERM, _stop)
+        stop_on_signals(service.stop_event)
         service.run()
     if service.refused is not None:  # credentials or certificate refused: exit 78
         raise service.refused

@@ -17,7 +17,6 @@ import argparse
 import json
 import logging
 import queue
-import signal
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +42,7 @@ from ddnn.plumbing.mqtt import (
     status_payload,
 )
 from ddnn.plumbing.options import Option
+from ddnn.plumbing.signals import stop_on_signals
 from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -292,8 +292,7 @@ def run(args: argparse.Namespace) -> int:
     settings = settings_from(args)
     log.info("gateway config: %s", options.describe(settings, OPTIONS))
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda signum, frame: stop.set())
+    stop_on_signals(stop)
     with GatewayService.from_settings(settings) as service:
         stop.wait()
         log.info("stopping: %s", json.dumps(service.forwarded))

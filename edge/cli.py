@@ -8,15 +8,12 @@ the command line wins. ONNX Runtime and paho-mqtt are imported only when the com
 from __future__ import annotations
 
 import argparse
-import logging
-import signal
 import threading
 from collections.abc import Mapping
 
 from ddnn.edge.settings import ENV_PREFIX, OPTIONS, EdgeSettings
 from ddnn.plumbing import options
-
-log = logging.getLogger(__name__)
+from ddnn.plumbing.signals import stop_on_signals
 
 DESCRIPTION = f"""\
 Run the edge aggregator of a deployment: subscribe to its devices over MQTT, assemble each
@@ -52,14 +49,7 @@ def run(args: argparse.Namespace) -> int:
 
     settings = settings_from(args)
     stop = threading.Event()
-
-    def _stop(signum, frame) -> None:
-        log.info("signal %d: stopping", signum)
-        stop.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGINT, _stop)
-        signal.signal(signal.SIGTERM, _stop)
+    stop_on_signals(stop)
     with EdgeService.from_settings(settings) as service:
         service.run_until(stop)
     if service.refused is not None:  # credentials or certificates refused: exit non-zero
