@@ -19,6 +19,8 @@ from ddnn.errors import CodecError
 
 FORMAT = 0xE2  # a batch of version-2 envelopes
 MAX_ENTRIES = 256  # per batch: bounds the work one message can cause
+# The largest envelope a batch can carry alone (format byte, the longest device id, a varint).
+MAX_ENTRY = MAX_MESSAGE - 1 - 65 - 3
 
 
 def pack_batch(entries: Iterable[tuple[str, bytes]]) -> bytes:
@@ -39,6 +41,8 @@ def pack_batch(entries: Iterable[tuple[str, bytes]]) -> bytes:
 def unpack_batch(data: bytes) -> list[tuple[str, bytes]]:
     """The ``(device id, envelope bytes)`` entries of a batch; raises :class:`DecodeError` for
     anything malformed (the envelopes themselves are decoded by the receiver, one by one)."""
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise DecodeError(f"expected bytes, got {type(data).__name__}")
     data = bytes(data)
     if len(data) > MAX_MESSAGE:
         raise DecodeError(f"batch of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")

@@ -133,6 +133,8 @@ def encode(env: Envelope) -> bytes:
     codec_id = 0 if env.codec is None else _CODEC_IDS.get(env.codec)
     if codec_id is None:
         raise CodecError(f"unknown codec {env.codec!r}")
+    if bool(codec_id) != bool(env.payload):  # what decode would refuse
+        raise CodecError("a tensor needs a codec and a payload, no tensor neither")
     flags = _IDENTITY if env.has_identity else 0
     parts = [bytes([FORMAT, codec_id << 4 | flags | int(env.kind)]), varint_bytes(env.frame),
              _TIME.pack(round(env.timestamp / TICK) % _WRAP), name_bytes(env.version)]
@@ -147,6 +149,8 @@ def encode(env: Envelope) -> bytes:
 
 def varint_bytes(n: int) -> bytes:
     """``n`` ≥ 0 as an unsigned LEB128 varint (7 bits per byte, low bits first)."""
+    if n < 0:
+        raise CodecError(f"a varint cannot hold {n}")
     out = bytearray()
     while True:
         low, n = n & 0x7F, n >> 7

@@ -9,11 +9,14 @@ device expected in it sent its message, else ``window`` seconds after its first 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 Key = tuple[str, int]  # ("scores" | "features", frame)
 
@@ -75,12 +78,16 @@ class Coalescer:
                 delay = None if nearest is None else max(nearest - time.monotonic(), 0)
                 if delay is None or delay > 0:
                     self._cond.wait(delay)
-            groups = self.due(time.monotonic())
-            if groups:
-                self._flush(groups)
-        rest = self.due(float("inf"))
-        if rest:
-            self._flush(rest)
+            self._flush_safely(self.due(time.monotonic()))
+        self._flush_safely(self.due(float("inf")))
+
+    def _flush_safely(self, groups: list[Group]) -> None:
+        if not groups:
+            return
+        try:
+            self._flush(groups)
+        except Exception:  # a bug in one flush must not stop every later one
+            log.exception("flushing %d groups failed", len(groups))
 
     def stop(self) -> None:
         with self._cond:

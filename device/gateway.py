@@ -18,13 +18,14 @@ import json
 import logging
 import queue
 import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddnn import envelope as env
-from ddnn.batch import MAX_ENTRIES, pack_batch
+from ddnn.batch import MAX_ENTRIES, MAX_ENTRY, pack_batch
 from ddnn.device.coalescer import Coalescer, Group, Key
-from ddnn.envelope import DecodeError
+from ddnn.envelope import MAX_MESSAGE, DecodeError, MessageType, varint_bytes
 from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing import options
@@ -41,13 +42,14 @@ from ddnn.plumbing.mqtt import (
     status_fields,
     status_payload,
 )
-from ddnn.plumbing.options import Option
+from ddnn.plumbing.options import Option, boolean, id_list
 from ddnn.plumbing.signals import stop_on_signals
 from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
 
 ENV_PREFIX = "DDNN_GATEWAY_"
+MAX_DEVICES = 256  # devices a gateway without --devices forwards at most
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -62,18 +64,23 @@ class GatewaySettings:
     username: str | None = None
     password: str | None = None
     gateway_id: str = "gw0"
+    devices: tuple[str, ...] = ()  # the devices it forwards; empty: any, up to MAX_DEVICES
     deployment: str = "default"
     edge_id: str = "edge0"
     topic_prefix: str = "ddnn"
     coalesce_ms: float = 20.0  # longest a message waits for the other devices of its frame
+    forward_results: bool = False  # one-view bundles: devices publish their own results
     keepalive: int = 10
     reconnect_max: int = 30
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "devices", tuple(self.devices))
         BrokerUrl.parse(self.local)
         BrokerUrl.parse(self.broker)
         check_name("gateway id", self.gateway_id)
         check_name("edge id", self.edge_id)
+        for d in self.devices:
+            check_name("device id", d)
         Topics(self.deployment, self.topic_prefix)
         if not 0 <= self.coalesce_ms <= 1000:
             raise ConfigError("--coalesce-ms must be between 0 and 1000")
@@ -85,14 +92,23 @@ OPTIONS = (
     *SECURITY_OPTIONS,
     Option("gateway-id", str, "ID", "this gateway's id: its topics, and what the edge lets it "
                                     "speak for (edge --gateways)"),
+    Option("devices", id_list, "IDS", "comma-separated devices to forward (unset: any device "
+                                      f"on the site broker, {MAX_DEVICES} at most)"),
     Option("deployment", str, "NAME", "deployment whose devices to forward"),
     Option("edge-id", str, "ID", "the edge whose pulls, status and announcements to repeat"),
     Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
     Option("coalesce-ms", float, "MS", "longest a device message waits for the other devices' "
                                        "messages of its frame before its batch goes"),
+    Option("forward-results", boolean, "BOOL", "forward the devices' own results (one-view "
+                                               "bundles decide on the device)"),
     Option("keepalive", int, "S", "MQTT keepalive, seconds"),
     Option("reconnect-max", int, "S", "cap of the reconnection backoff, seconds"),
 )
+
+# What of a device's status goes up (the edge reads these; the rest stays on the site).
+_STATUS_FIELDS = ("state", "view", "model", "mode", "since")
+MAX_MASK = 32  # bytes of a pull's view mask the gateway keeps (256 views)
+STOP_WAIT = 5.0  # seconds a stopping gateway waits for its last batches' acknowledgements
 
 
 class GatewayService:
@@ -101,16 +117,18 @@ class GatewayService:
     def __init__(self, settings: GatewaySettings):
         s = self.settings = settings
         t = self.topics = Topics(s.deployment, s.topic_prefix)
-        self.statuses: dict[str, dict] = {}  # device -> its last status fields
+        self.statuses: dict[str, dict] = {}  # device -> the status fields it sent up
         self._pulled: dict[int, bytes] = {}  # frame -> the views' mask of the edge's pull
         self._lock = threading.Lock()
         self._batches: dict[int, list] = {}  # upstream mid -> local deliveries to acknowledge
-        # PUBACKs from upstream, as mids: paho reports them with its own lock held, so the
-        # local acknowledgements happen on a thread of ours.
-        self._acks: queue.SimpleQueue[int | None] = queue.SimpleQueue()
-        # batches and messages sent up; groups sent complete or at their window's end
-        self.forwarded = {"batches": 0, "messages": 0, "dropped": 0, "complete": 0,
-                          "timed_out": 0}
+        # PUBACKs from upstream as (mid, taken): paho reports them with its own lock held, so
+        # the local acknowledgements happen on a thread of ours.
+        self._acks: queue.SimpleQueue[tuple[int, bool] | None] = queue.SimpleQueue()
+        self._stopping = False
+        # batches and messages sent up; groups sent complete or at their window's end;
+        # messages dropped (bad, or too large to go up) and refused by the edge's broker
+        self.forwarded = dict.fromkeys(("batches", "messages", "complete", "timed_out",
+                                        "dropped", "refused"), 0)
         self.coalescer = Coalescer(s.coalesce_ms / 1000, self._expected, self._send)
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
@@ -120,13 +138,14 @@ class GatewayService:
                                        (t.edge_status(s.edge_id), QOS_STATUS), (t.bundle, 1)]),
             status_topic=t.gateway(s.gateway_id, "status"),
             status_info={"gateway": s.gateway_id, "devices": {}},
-            on_message=self._from_edge, on_published=self._acks.put)
+            on_message=self._from_edge, on_published=lambda mid: self._acks.put((mid, True)),
+            on_publish_refused=lambda mid: self._acks.put((mid, False)))
+        kinds = ["scores", "features", "status"]
         self.local = MqttClient(
             s.local, f"ddnn-{s.deployment}-{s.gateway_id}-local",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max, persistent=True,
-                        subscriptions=[(t.all_devices(k), 1)
-                                       for k in ("scores", "features", "status")]
-                        + [(t.results, 1)]),
+                        subscriptions=[(t.all_devices(k), 1) for k in kinds]
+                        + ([(t.results, 1)] if s.forward_results else [])),
             on_message=self._from_device)
         self._threads = [
             threading.Thread(target=self.coalescer.run, name="gateway-flush", daemon=True),
@@ -139,13 +158,16 @@ class GatewayService:
     # --- up: devices -> edge ------------------------------------------------------------------
 
     def _from_device(self, topic: str, payload: bytes) -> bool | None:
-        """A local device message (local paho thread); False: acknowledged later."""
+        """A local device message (local paho thread); False: acknowledged later (or, while
+        stopping, by the next run of the gateway)."""
+        if self._stopping:
+            return False
         delivery = self.local.delivering
         if topic == self.topics.results:  # a one-view device's own answer: up as it is
             self._publish(topic, payload, QOS_RESULTS, [delivery])
             return False
         parsed = self.topics.parse_device(topic)
-        if parsed is None:
+        if parsed is None or not self._forwards(parsed[0]):
             return None
         device, kind = parsed
         if kind == "status":
@@ -153,12 +175,20 @@ class GatewayService:
             return None
         try:
             frame = env.decode(payload).frame
+            if len(payload) > MAX_ENTRY:
+                raise DecodeError(f"message of {len(payload)} bytes cannot go in a batch")
         except DecodeError as e:
-            self.forwarded["dropped"] += 1  # the edge would drop it too: the uplink is dear
-            log.warning("dropping a bad message of %s: %s", device, e)
+            self._count("dropped")  # the edge would drop it too: the uplink is dear
+            log.warning("dropping a message of %s: %s", device, e)
             return None
         self.coalescer.add((kind, frame), device, payload, delivery)
         return False
+
+    def _forwards(self, device: str) -> bool:
+        """A device of this gateway: listed, or (without a list) one of the first seen."""
+        if self.settings.devices:
+            return device in self.settings.devices
+        return device in self.statuses or len(self.statuses) < MAX_DEVICES
 
     def _expected(self, key: Key) -> set[str]:
         """The devices a group waits for: the online ones; for features, those pulled."""
@@ -173,23 +203,22 @@ class GatewayService:
         return {d for d in online if _pulled(mask, self.statuses[d].get("view"))}
 
     def _send(self, groups: list[Group]) -> None:
-        """One batch per :data:`MAX_ENTRIES` messages of the ready groups."""
+        """The ready groups' messages, in as few batches as the format allows."""
         entries = [e for g in groups for e in g.entries]
         complete = sum(g.complete for g in groups)
-        self.forwarded["complete"] += complete
-        self.forwarded["timed_out"] += len(groups) - complete
         with self._lock:
+            self.forwarded["complete"] += complete
+            self.forwarded["timed_out"] += len(groups) - complete
             for g in groups:
                 if g.key[0] == "features":
                     self._pulled.pop(g.key[1], None)
-        for i in range(0, len(entries), MAX_ENTRIES):
-            chunk = entries[i : i + MAX_ENTRIES]
+        for chunk in batches(entries):
             data = pack_batch((device, payload) for device, payload, _ in chunk)
-            qos = max(QOS_SCORES, QOS_FEATURES)
-            self._publish(self.topics.gateway(self.settings.gateway_id, "messages"), data, qos,
-                          [tag for _, _, tag in chunk])
-            self.forwarded["batches"] += 1
-            self.forwarded["messages"] += len(chunk)
+            self._publish(self.topics.gateway(self.settings.gateway_id, "messages"), data,
+                          max(QOS_SCORES, QOS_FEATURES), [tag for _, _, tag in chunk])
+            with self._lock:
+                self.forwarded["batches"] += 1
+                self.forwarded["messages"] += len(chunk)
 
     def _publish(self, topic: str, payload: bytes, qos: int, deliveries: list) -> None:
         with self._lock:  # the mid is registered before its PUBACK can arrive
@@ -201,20 +230,35 @@ class GatewayService:
                     len(deliveries))
 
     def _acknowledge(self) -> None:
-        """As the edge's broker takes batches, their messages leave the devices' broker."""
-        while (mid := self._acks.get()) is not None:
+        """As the edge's broker takes batches, their messages leave the devices' broker; a
+        batch it refused stays there (it comes again when the gateway reconnects)."""
+        while (ack := self._acks.get()) is not None:
+            mid, taken = ack
             with self._lock:
                 deliveries = self._batches.pop(mid, ())
-            for d in deliveries:
-                self.local.ack(d)
+                if not taken:
+                    self.forwarded["refused"] += len(deliveries)
+            if taken:
+                for d in deliveries:
+                    self.local.ack(d)
+            else:
+                log.error("the edge's broker refused a batch of %d messages: check the "
+                          "gateway's ACL (ddnn/+/gateways/%s/#)", len(deliveries),
+                          self.settings.gateway_id)
+
+    def _count(self, what: str) -> None:
+        with self._lock:
+            self.forwarded[what] += 1
 
     def _device_status(self, device: str, payload: bytes) -> None:
-        fields = status_fields(payload)
-        if fields.get("state") not in ("online", "offline"):
+        info = status_fields(payload)
+        if info.get("state") not in ("online", "offline"):
             return
+        fields = {k: info[k] for k in _STATUS_FIELDS if k in info}
+        if self.statuses.get(device) == fields:
+            return  # nothing new for the edge (retained statuses come again on reconnection)
         self.statuses[device] = fields
-        devices = {d: f for d, f in self.statuses.items()}
-        self.up.status_info = {**self.up.status_info, "devices": devices}
+        self.up.status_info = {**self.up.status_info, "devices": dict(self.statuses)}
         if self.up.connected.is_set():
             self.up.publish(self.up.status_topic, status_payload("online", **self.up.status_info),
                             QOS_STATUS, retain=True)
@@ -224,17 +268,23 @@ class GatewayService:
     def _from_edge(self, topic: str, payload: bytes) -> None:
         t, s = self.topics, self.settings
         if topic == t.requests(s.edge_id):
-            try:
-                e = env.decode(payload)
-                with self._lock:
-                    self._pulled[e.frame] = e.payload
-                    while len(self._pulled) > self.coalescer.max_groups:
-                        self._pulled.pop(next(iter(self._pulled)))
-            except DecodeError:
-                pass  # the devices drop and count it
+            self._remember_pull(payload)
             self.local.publish(topic, payload, 0)
         elif topic in (t.edge_status(s.edge_id), t.bundle):
             self.local.publish(topic, payload, 1, retain=True)
+
+    def _remember_pull(self, payload: bytes) -> None:
+        """Which views the edge pulled for a frame: its features' group waits for them."""
+        try:
+            e = env.decode(payload)
+        except DecodeError:
+            return  # the devices drop and count it
+        if e.kind != MessageType.REQUEST or e.codec != "binary" or len(e.payload) > MAX_MASK:
+            return
+        with self._lock:
+            self._pulled[e.frame] = e.payload
+            while len(self._pulled) > self.coalescer.max_groups:
+                self._pulled.pop(next(iter(self._pulled)))
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -249,13 +299,35 @@ class GatewayService:
         self.stop()
 
     def stop(self) -> None:
-        """Stop taking device messages, send what is held, then disconnect."""
-        self.local.stop()
+        """Take no more device messages, send what is held, acknowledge what the edge's broker
+        took, then disconnect: what is left comes again to the next run."""
+        self._stopping = True
         self.coalescer.stop()
-        self._threads[0].join(5)
-        self.up.stop()  # waits for the last PUBACKs; the devices' broker keeps the rest
+        self._threads[0].join(STOP_WAIT)
+        deadline = time.monotonic() + STOP_WAIT
+        while self.up.connected.is_set() and time.monotonic() < deadline:
+            with self._lock:
+                if not self._batches:
+                    break
+            time.sleep(0.02)  # the last PUBACKs, over the uplink
         self._acks.put(None)
-        self._threads[1].join(5)
+        self._threads[1].join(STOP_WAIT)
+        self.local.stop()  # (the acknowledgements above go out before its DISCONNECT)
+        self.up.stop()
+
+
+def batches(entries: list) -> list[list]:
+    """``entries`` (device, envelope, tag) cut into batches within the format's bounds."""
+    out: list[list] = []
+    size = 1
+    for e in entries:
+        n = len(e[0]) + 1 + len(varint_bytes(len(e[1]))) + len(e[1])
+        if not out or len(out[-1]) == MAX_ENTRIES or size + n > MAX_MESSAGE:
+            out.append([])
+            size = 1
+        out[-1].append(e)
+        size += n
+    return out
 
 
 def _pulled(mask: bytes, view) -> bool:

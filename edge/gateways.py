@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from ddnn.batch import unpack_batch
 from ddnn.edge.ingest import Ingest
-from ddnn.envelope import DecodeError
+from ddnn.envelope import DecodeError, decode
 from ddnn.plumbing.mqtt import status_fields
 from ddnn.topics import Topics
 
@@ -35,8 +35,12 @@ class GatewayIngest:
         self._on_drop = on_drop
         self._warned: set[str] = set()
 
+    def handles(self, topic: str) -> bool:
+        return self.topics.parse_gateway(topic) is not None
+
     def on_message(self, topic: str, payload: bytes) -> bool | None:
-        """A message on a gateway topic; None when ``topic`` is not one (not handled here)."""
+        """A message on a gateway topic; False declines it (a draining edge leaves batches of
+        new frames to the next one, as :meth:`Ingest.on_message` does)."""
         parsed = self.topics.parse_gateway(topic)
         if parsed is None:
             return None
@@ -48,8 +52,8 @@ class GatewayIngest:
         elif kind == "status":
             self._status(devices, payload)
         else:
-            self._batch(gateway, devices, payload)
-        return True
+            return self._batch(gateway, devices, payload)
+        return None
 
     def _status(self, devices: tuple[str, ...], payload: bytes) -> None:
         info = status_fields(payload)
@@ -61,17 +65,26 @@ class GatewayIngest:
                 fields = {"state": "offline"}
             self.ingest.on_status(device, json.dumps(fields).encode())
 
-    def _batch(self, gateway: str, devices: tuple[str, ...], payload: bytes) -> None:
+    def _batch(self, gateway: str, devices: tuple[str, ...], payload: bytes) -> bool | None:
         try:
             entries = unpack_batch(payload)
         except DecodeError as e:
             self._refuse("malformed", f"batch of gateway {gateway}: {e}")
-            return
+            return None
+        if self.ingest.draining and not all(self._under_way(e) for _, e in entries):
+            self.ingest.declined += 1
+            return False
         for device, envelope in entries:
             if device not in devices:
                 self._refuse("unknown_device", f"gateway {gateway} cannot speak for {device!r}")
                 continue
             self.ingest.accept(envelope, device)
+
+    def _under_way(self, envelope: bytes) -> bool:
+        try:
+            return self.ingest.assembler.knows(decode(envelope).frame)
+        except DecodeError:
+            return True  # dropped and counted like any malformed message
 
     def _refuse(self, reason: str, detail: str) -> None:
         self._on_drop(reason, None, None)

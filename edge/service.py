@@ -146,8 +146,8 @@ class EdgeService:
             if self.updater is not None:
                 self.updater.on_message(payload)
             return None
-        if self.gateways.on_message(topic, payload):
-            return None
+        if self.gateways.handles(topic):
+            return self.gateways.on_message(topic, payload)
         return self.aggregator.ingest.on_message(topic, payload)
 
     def _connected(self) -> None:

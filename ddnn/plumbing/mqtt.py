@@ -207,6 +207,7 @@ class MqttClient:
         on_disconnect: Callable[[], None] | None = None,
         on_refused: Callable[[BrokerRefusedError], None] | None = None,
         on_published: Callable[[int], None] | None = None,
+        on_publish_refused: Callable[[int], None] | None = None,
     ):
         try:
             import paho.mqtt.client as paho
@@ -227,6 +228,10 @@ class MqttClient:
         # When the broker was lost (monotonic), or the client made; None while connected.
         self.disconnected_since: float | None = time.monotonic()
         self._on_published = on_published  # (mid) of each acknowledged publish, paho's thread
+        # (mid) of a publish the broker answered with a failure (MQTT 5: not authorized, ...);
+        # without this hook such a publish counts as acknowledged, after a warning.
+        self._on_publish_refused = on_publish_refused
+        self.publishes_refused = 0
         self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
         persistent = self.options.persistent
@@ -347,6 +352,8 @@ class MqttClient:
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was = self.connected.is_set()
         self.connected.clear()
+        # Until the next CONNACK no alias is known: paho may send on the new socket before it.
+        self._aliases.disconnected()
         if was:
             self.disconnected_since = time.monotonic()
         alert, self._tls_alert = self._tls_alert, None
@@ -360,7 +367,15 @@ class MqttClient:
             self._on_disconnect_cb()
 
     def _handle_publish(self, client, userdata, mid, reason_code, properties) -> None:
-        # Called by paho with its message lock held: the hook must only record the mid.
+        # Called by paho with its message lock held: the hooks must only record the mid.
+        if getattr(reason_code, "is_failure", False):
+            self.publishes_refused += 1
+            if self.publishes_refused == 1 or self.publishes_refused % 1000 == 0:
+                log.warning("broker %s refused a publish (%s; %d so far): check this client's "
+                            "ACL", self.url, reason_code, self.publishes_refused)
+            if self._on_publish_refused is not None:
+                self._on_publish_refused(mid)
+                return
         self._on_published(mid)  # type: ignore[misc]
 
     def _handle_message(self, client, userdata, msg) -> None:
@@ -487,9 +502,16 @@ class TopicAliases:
         self._live.add(topic)
         return topic, props
 
+    def disconnected(self) -> None:
+        """The connection is gone: nothing goes out with an alias until the next CONNACK."""
+        with self.lock:
+            self.maximum = 0
+            self._live.clear()
+
     def connected(self, maximum: int, client) -> None:
         """A (re)connection: aliases start over; stored messages that paho is about to send
-        again with an empty topic get theirs back (paho resends after ``on_connect``)."""
+        again get their topic back (paho resends after ``on_connect``) and lose an alias the
+        broker no longer allows."""
         with self.lock:
             self.maximum = int(maximum or 0)
             self._live.clear()
@@ -498,10 +520,12 @@ class TopicAliases:
             with client._out_message_mutex:  # paho has no public access to its stored messages
                 for m in client._out_messages.values():
                     alias = getattr(m.properties, "TopicAlias", None)
-                    if not m._topic and alias in self._topics:
+                    if alias not in self._topics:
+                        continue
+                    if not m._topic:
                         m._topic = self._topics[alias]
-                        if alias > self.maximum:  # the broker allows fewer now
-                            m.properties = None
+                    if alias > self.maximum:  # the broker allows fewer now (or none)
+                        m.properties = None
 
 
 def _ssl_reason(error: BaseException | str) -> str:
