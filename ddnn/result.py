@@ -34,6 +34,8 @@ MISSING_REASONS = ("absent", "late", "offline", "no_features")
 KEYS = ("frame", "class", "label", "exit", "entropy", "views", "missing", "partial", "degraded",
         "latency_ms")
 MAX_RESULT_BYTES = 64 << 10  # a result lists at most a few hundred views; anything larger is junk
+# json.dumps(..., separators=...) builds an encoder per call; one result per frame reuses this.
+_ENCODER = json.JSONEncoder(separators=(",", ":"))
 
 
 class ResultError(DdnnError, ValueError):
@@ -93,7 +95,7 @@ class Result:
                 "degraded": self.degraded, "latency_ms": round(float(self.latency_ms), 3)}
 
     def to_json(self) -> bytes:
-        return json.dumps(self.to_dict(), separators=(",", ":")).encode()
+        return _ENCODER.encode(self.to_dict()).encode()
 
     @classmethod
     def from_dict(cls, d: object) -> Result:

@@ -62,6 +62,12 @@ class Frame:
     taken: bool = False  # handed to the worker: its views are frozen until it is given back
     pipeline: object = None  # the ExitPipeline (bundle version) it runs on, pinned at its start
     local: object = None  # the local exit's answer, kept for when no features arrive
+    # Monotonic times for the latency breakdown: its first message (``opened`` moves when the
+    # broker comes back), when it became ready for its current stage (its last view, or its
+    # deadline), and when its features were pulled.
+    first_at: float = 0.0
+    ready_at: float = 0.0
+    pulled_at: float = 0.0
 
     @property
     def present(self) -> list[int]:
@@ -131,8 +137,9 @@ class FrameAssembler:
                                     f"the newest ({self._newest})", view=view)
             if len(self._frames) >= self.max_open:
                 raise Drop("overload", f"{len(self._frames)} frames already wait", view=view)
-            f = self._frames[frame] = Frame(frame, captured, now)
-        f.captured = min(f.captured, captured)
+            f = self._frames[frame] = Frame(frame, captured, now, first_at=now)
+        elif captured < f.captured:
+            f.captured = captured
         if self._newest is None or frame > self._newest:
             self._newest = frame
         return f
@@ -158,8 +165,11 @@ class FrameAssembler:
                 f.absent.add(view)
             else:
                 f.scores[view] = scores
-            f.deadline = self._scores_deadline(f)
-            return self._take_if_ready(f)
+            awaited = self._awaited(f)
+            if not awaited:
+                return self._take(f, now)
+            f.deadline = self._scores_deadline(f, awaited)
+            return None
 
     def add_features(self, view: int, frame: int, features: np.ndarray, captured: float,
                      now: float) -> Frame | None:
@@ -182,7 +192,7 @@ class FrameAssembler:
                 f.scores.setdefault(view, np.zeros(0, np.float32))
                 f.features[view] = features
                 f.stage, f.requested = FEATURES, (view,)
-                return self._take(f)
+                return self._take(f, now)
             if f.stage == SCORES and view not in f.scores:
                 raise Drop("unrequested", f"features of view {view} before its scores")
             if f.stage == SCORES and not f.taken:
@@ -195,21 +205,22 @@ class FrameAssembler:
                 raise Drop("unrequested", f"features of view {view} were not pulled")
             f.features[view] = features
             if f.stage == FEATURES and all(v in f.features for v in f.requested):
-                return self._take(f)
+                return self._take(f, now)
             return None
 
     def _awaited(self, f: Frame) -> list[int]:
-        """Views ``f`` still waits for: expected, not arrived, and not hopelessly late."""
-        return [v for v in self.expected() if v not in f.scores and v not in f.absent
-                and not self.lag.hopeless(v, self.max_wait)]
+        """Views ``f`` still waits for: expected, not arrived, and not hopelessly late
+        (:meth:`expected` and :meth:`ArrivalLag.hopeless` in one pass: once per message)."""
+        off, misses, suspect = self._offline, self._misses, self.suspect_after
+        lag, budget, scores, absent = self.lag.estimate, self.max_wait, f.scores, f.absent
+        return [v for v in range(self.views) if not off[v] and misses[v] < suspect
+                and v not in scores and v not in absent and lag[v] <= budget]
 
-    def _take_if_ready(self, f: Frame) -> Frame | None:
-        return self._take(f) if not self._awaited(f) else None
-
-    def _take(self, f: Frame) -> Frame:
+    def _take(self, f: Frame, now: float) -> Frame:
         # A frame handed to the worker leaves the deadline watch until it is given back.
         f.deadline = float("inf")
         f.taken = True
+        f.ready_at = now
         return f
 
     # --- the worker's side ------------------------------------------------------------------
@@ -218,8 +229,9 @@ class FrameAssembler:
         """Move a frame to the feature stage; returns it at once if nothing needs pulling."""
         with self._lock:
             f.stage, f.requested = FEATURES, tuple(views)
+            f.pulled_at = now
             if all(v in f.features for v in views):
-                return self._take(f)
+                return self._take(f, now)
             f.deadline = now + self.feature_deadline
             f.taken = False
             return None
@@ -236,9 +248,10 @@ class FrameAssembler:
                 del self._done[old]
                 self._low_water = max(self._low_water, old)
 
-    def _scores_deadline(self, f: Frame) -> float:
+    def _scores_deadline(self, f: Frame, awaited: list[int] | None = None) -> float:
         """When ``f`` stops waiting for scores: the awaited devices' usual lag, within budget."""
-        awaited = self._awaited(f)
+        if awaited is None:
+            awaited = self._awaited(f)
         if not awaited:  # only hopeless devices are missing: nothing worth waiting for
             return f.opened
         wait = min(max(self.lag.wait_for(awaited), self.deadline), self.max_wait)
@@ -262,7 +275,7 @@ class FrameAssembler:
                         self._misses[v] += 1
                 else:
                     f.missing = {v for v in f.requested if v not in f.features}
-                out.append(self._take(f))
+                out.append(self._take(f, now))
         return out
 
     def pending(self) -> list[Frame]:

@@ -2,19 +2,28 @@
 
 A message is taken only when everything about it is right: its size, its envelope, its
 deployment, its model (the one the device's retained status names, for compact messages that
-leave it to their channel) and version (the running one, the one before an over-the-air update, or one
-announced for it: devices switch one after another), its device (one of this edge's, and the
-one whose topic carried it), its codec and its shape. Anything else is dropped with a reason,
+leave it to their channel) and version (the running one, the one before an over-the-air update,
+or one announced for it: devices switch one after another), its device (one of this edge's, and
+the one whose topic carried it), its codec and its shape. Anything else is dropped with a reason,
 which the ``on_drop`` hook counts; each reason is logged once. Status messages keep the
 assembler's view of which devices are alive and which push their features.
 
-A frame the assembler declares ready goes to ``on_ready``; the aggregator's worker takes it on.
+A frame the assembler declares ready goes to ``on_ready``; the aggregator takes it on.
 Runs on the MQTT thread and on the HTTP handlers' threads.
+
+The hot path is a device's scores over MQTT, six times per frame: its topic is looked up, not
+parsed; a compact scores message of the running version is read in place
+(:class:`ScoresReader`), and messages are counted in plain integers that :meth:`Ingest.flush`
+hands to the metrics. Everything else, and anything unusual about such a message, takes the
+full path (:func:`ddnn.envelope.decode`), which takes it or says why not.
 """
 
 from __future__ import annotations
 
 import logging
+import math
+import struct
+import threading
 import time
 from collections.abc import Callable, Sequence
 
@@ -31,10 +40,58 @@ from ddnn.topics import Topics
 log = logging.getLogger(__name__)
 
 CLOCK_TOLERANCE = 30.0  # seconds a device's timestamps may differ from the edge's clock
+_TAKEN = object()  # the fast path took a message that completed no frame
+MAX_ROUTES = 1024  # device topics remembered with their device and kind (bounded: any can come)
+_U32 = struct.Struct("<I")
+_FLOAT_CODECS = {"float16": "e", "float32": "f"}  # their struct formats
 
 
 def _ignore(*args) -> None:
     pass
+
+
+class ScoresReader:
+    """Reads the hot message, a compact scores envelope of one version, without building an
+    :class:`~ddnn.envelope.Envelope`: ``read`` gives ``(frame, capture ticks, scores)`` (a
+    tuple of C floats), or None for anything else (another version, an identity block, a
+    non-minimal varint, a wrong size, a value that is not finite...), which the full decoder
+    then handles. What it accepts, the full path accepts with the same values (a property test
+    holds them equal).
+    """
+
+    def __init__(self, version: str, codec: str, classes: int):
+        # The fixed bytes, as the encoder writes them: format and type byte, and the version
+        # (after frame 0's one-byte varint and the capture time).
+        sample = env.encode(env.pack(MessageType.SCORES, version=version, frame=0, timestamp=0,
+                                     tensor=np.zeros((1, classes), np.float32), codec=codec))
+        self.head, self.version = sample[:2], sample[7 : 8 + len(version)]
+        kind = _FLOAT_CODECS.get(codec)  # None: other codecs take the full path
+        self.values = None if kind is None else struct.Struct(f"<{classes}{kind}")
+        self.size = FeatureCodec(codec).payload_size((1, classes))
+
+    def read(self, data: bytes) -> tuple[int, int, tuple[float, ...]] | None:
+        if self.values is None or data[:2] != self.head:
+            return None
+        n, pos, frame, shift = len(data), 2, 0, 0
+        while True:  # the frame id: LEB128, minimal, at most MAX_VARINT bytes
+            if pos >= n or pos >= 2 + env.MAX_VARINT:
+                return None
+            byte = data[pos]
+            pos += 1
+            frame |= (byte & 0x7F) << shift
+            if not byte & 0x80:
+                break
+            shift += 7
+        if (byte == 0 and pos > 3) or frame >= 1 << 64:
+            return None
+        start = pos + _U32.size + len(self.version)
+        if n - start != self.size or data[pos + _U32.size : start] != self.version:
+            return None
+        # Plain floats, not numpy: small numpy calls cost more than the local exit's math.
+        x = self.values.unpack_from(data, start)  # (float16 and float32 widen exactly)
+        if not math.isfinite(sum(x)):  # NaN and ∞ propagate; finite values cannot overflow
+            return None
+        return frame, _U32.unpack_from(data, pos)[0], x
 
 
 class Ingest:
@@ -42,7 +99,7 @@ class Ingest:
 
     def __init__(self, assembler: FrameAssembler, topics: Topics, devices: Sequence[str],
                  manifest: Manifest, *, on_ready: Callable[[Frame], None],
-                 on_received: Callable[[str, int, int], None] = _ignore,
+                 on_received: Callable[[str, int, int, int], None] = _ignore,
                  on_drop: Callable[[str, str | None, float | None], None] = _ignore,
                  on_status: Callable[[str, bool], None] = _ignore,
                  on_clock: Callable[[str], None] = _ignore):
@@ -50,7 +107,11 @@ class Ingest:
         self.devices = list(devices)
         self.views = {d: i for i, d in enumerate(self.devices)}
         self._on_ready = on_ready
-        self._on_received = on_received  # (kind, payload bytes, header bytes) of a taken message
+        # (kind, messages, payload bytes, header bytes) taken since the last flush
+        self._on_received = on_received
+        self._counts: dict[str, list[int]] = {}  # kind -> the same, not yet flushed
+        self._counts_lock = threading.Lock()
+        self._routes: dict[str, tuple[str, str]] = {}  # topic -> (device, kind)
         # (reason, device or None, lag in seconds or None) of a dropped message
         self._on_drop = on_drop
         self._on_clock = on_clock  # (device) of a message stamped far from the edge's clock
@@ -66,11 +127,17 @@ class Ingest:
         # Updates keep the codecs and wire shapes (ddnn.plumbing.ota.compatible).
         self._scores_shape = (1, manifest.num_classes)
         self._feature_shape = (1, *manifest.devices[0].output("features").sample_shape)
+        self._reader = self._reader_for(manifest)
+
+    def _reader_for(self, m: Manifest) -> ScoresReader | None:
+        return None if m.views == 1 else ScoresReader(m.version, m.codec["scores"],
+                                                      m.num_classes)
 
     def serve(self, manifest: Manifest) -> None:
         """Take messages of ``manifest``'s version (an update), still those of the one before."""
         self._previous = (self.manifest.name, self.manifest.version)
         self.manifest = manifest
+        self._reader = self._reader_for(manifest)
 
     def announce(self, version: tuple[str, str] | None) -> None:
         """Also take messages of this ``(name, version)``, announced for an update (None: no
@@ -91,18 +158,22 @@ class Ingest:
 
     def on_message(self, topic: str, payload: bytes) -> bool | None:
         """One MQTT message; False declines it (while draining: a frame for the next edge)."""
-        parsed = self.topics.parse_device(topic)
-        if parsed is None:
-            self._drop("topic", f"message on unexpected topic {topic!r}")
-            return None
-        device, kind = parsed
+        route = self._routes.get(topic)
+        if route is None:
+            route = self.topics.parse_device(topic)
+            if route is None:
+                self._drop("topic", f"message on unexpected topic {topic!r}")
+                return None
+            if route[0] in self.views and len(self._routes) < MAX_ROUTES:
+                self._routes[topic] = route
+        device, kind = route
         if kind == "status":
             self.on_status(device, payload)
         elif self.draining and not self._handled_here(payload):
             self.declined += 1
             return False
         else:
-            self.accept(payload, device)
+            self._accept(payload, device)
         return None
 
     def _handled_here(self, payload: bytes) -> bool:
@@ -134,28 +205,68 @@ class Ingest:
     def accept(self, payload: bytes, device: str | None = None) -> str | None:
         """Take one device message; returns the drop reason, or ``None`` when taken.
 
-        ``device``: the device whose topic carried it (None over HTTP).
+        ``device``: the device whose topic carried it (None over HTTP). Counted at once.
         """
         try:
-            frame = self._take(payload, device)
+            return self._accept(payload, device)
+        finally:
+            self.flush()
+
+    def _accept(self, payload: bytes, device: str | None) -> str | None:
+        try:
+            frame = self._take_fast(payload, device) or self._take(payload, device)
         except Drop as d:
             device = self.devices[d.view] if d.view is not None else None
             self._drop(d.reason, str(d), device, d.lag)
             return d.reason
-        if frame is not None:
+        if frame is not None and frame is not _TAKEN:
             self._on_ready(frame)
         return None
+
+    def _count(self, kind: str, payload_bytes: int, header_bytes: int) -> None:
+        with self._counts_lock:
+            c = self._counts.get(kind)
+            if c is None:
+                c = self._counts[kind] = [0, 0, 0]
+            c[0] += 1
+            c[1] += payload_bytes
+            c[2] += header_bytes
+
+    def flush(self) -> None:
+        """Hand the messages counted since the last flush to ``on_received``."""
+        with self._counts_lock:
+            counts, self._counts = self._counts, {}
+        for kind, (n, payload_bytes, header_bytes) in counts.items():
+            self._on_received(kind, n, payload_bytes, header_bytes)
+
+    def _take_fast(self, payload: bytes, device: str | None) -> Frame | object | None:
+        """The hot path: a compact scores message of the running version from one of this
+        edge's devices on its own topic. None: not one, the full path takes it."""
+        reader, m = self._reader, self.manifest
+        if (reader is None or device is None or self._models.get(device, m.name) != m.name
+                or len(payload) > env.MAX_MESSAGE):
+            return None
+        read = reader.read(payload)
+        view = self.views.get(device)
+        if read is None or view is None:
+            return None
+        frame, ticks, scores = read
+        self._count("scores", reader.size, len(payload) - reader.size)
+        wall = time.time()
+        captured = self._capture_time(device, env.capture_time(ticks, wall), wall)
+        f = self.assembler.add_scores(view, frame, scores, captured, time.monotonic())
+        return _TAKEN if f is None else f
 
     def _take(self, payload: bytes, device: str | None) -> Frame | None:
         e = self._decode(payload, device)
         view = self.views[e.device]
         kind = e.kind.name.lower()
-        self._on_received(kind, len(e.payload), len(payload) - len(e.payload))
+        self._count(kind, len(e.payload), len(payload) - len(e.payload))
         m, a, now = self.manifest, self.assembler, time.monotonic()
-        captured = self._capture_time(e)
+        captured = self._capture_time(e.device, e.timestamp, time.time())
         if e.kind == MessageType.SCORES and not a.single_view:
             x = self._tensor(e, m.codec["scores"], self._scores_shape)
-            return a.add_scores(view, e.frame, x[0], captured, now)
+            return a.add_scores(view, e.frame, tuple(x[0].tolist()), captured, now)
         if e.kind == MessageType.ABSENT:
             return a.add_scores(view, e.frame, None, captured, now)
         if e.kind == MessageType.FEATURES:
@@ -189,18 +300,17 @@ class Ingest:
             raise Drop("unknown_device", f"device {e.device!r} is not one of {self.devices}")
         return e
 
-    def _capture_time(self, e: env.Envelope) -> float:
-        """The envelope's capture time, or now when the device's clock is far off (then the
-        latency of its frames would be nonsense): counted, and warned once per device."""
-        wall = time.time()
-        if abs(e.timestamp - wall) <= CLOCK_TOLERANCE:
-            return e.timestamp
-        self._on_clock(e.device)
-        if e.device not in self._skewed:
-            self._skewed.add(e.device)
+    def _capture_time(self, device: str, timestamp: float, wall: float) -> float:
+        """A message's capture time, or ``wall`` (now) when the device's clock is far off (then
+        the latency of its frames would be nonsense): counted, and warned once per device."""
+        if abs(timestamp - wall) <= CLOCK_TOLERANCE:
+            return timestamp
+        self._on_clock(device)
+        if device not in self._skewed:
+            self._skewed.add(device)
             log.warning("device %s stamps its frames %+.1f s from this edge's clock (more than "
                         "%.0f s): its latencies are measured from arrival; check its NTP",
-                        e.device, e.timestamp - wall, CLOCK_TOLERANCE)
+                        device, timestamp - wall, CLOCK_TOLERANCE)
         return wall
 
     def _tensor(self, e: env.Envelope, codec: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ddnn.plumbing.metrics import Registry
 
 _SEGMENT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
+# Fine below a millisecond: what the edge adds after a frame's last view is a fraction of one.
+_STAGE_BUCKETS = (0.00005, 0.0001, 0.00015, 0.0002, 0.00025, 0.0003, 0.00035, 0.0004, 0.0005,
+                  0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.02, 0.05, 0.1,
+                  0.2, 0.5, 1.0, 2.0, 5.0)
 
 
 class EdgeMetrics:
@@ -12,6 +18,7 @@ class EdgeMetrics:
 
     def __init__(self) -> None:
         r = self.registry = Registry()
+        self.before_render: list[Callable[[], None]] = []
         self.frames = r.counter("ddnn_edge_frames_total",
                                 "Frames answered, by exit tier and whether the answer is degraded",
                                 ("exit", "degraded"))
@@ -21,6 +28,12 @@ class EdgeMetrics:
         self.segment = r.histogram("ddnn_edge_segment_seconds",
                                    "Compute time of each step at the edge", ("step",),
                                    _SEGMENT_BUCKETS)
+        self.stage = r.histogram("ddnn_edge_stage_seconds",
+                                 "Where a frame's time goes (docs/latency.md): capture to its "
+                                 "first view here (arrival), to its last view (wait), to the "
+                                 "local exit's result handed on (local); the pull, the edge "
+                                 "exit and the cloud (pull, edge, cloud)", ("stage",),
+                                 _STAGE_BUCKETS)
         self.messages = r.counter("ddnn_edge_messages_total",
                                   "Device messages received, by kind", ("kind",))
         self.bytes = r.counter("ddnn_edge_received_bytes_total",
@@ -52,4 +65,6 @@ class EdgeMetrics:
                                         "Over-the-air bundle updates, by result", ("result",))
 
     def render(self) -> str:
+        for hook in self.before_render:  # counts kept in plain integers on the hot path
+            hook()
         return self.registry.render()

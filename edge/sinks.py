@@ -77,17 +77,19 @@ class RecentResults(ResultSink):
     """The last ``size`` results, for ``GET /v1/results`` and for tests."""
 
     def __init__(self, size: int = 1000):
-        self._ring: collections.deque[dict] = collections.deque(maxlen=size)
+        # Results as they are (immutable): made into dicts when read, not for every frame.
+        self._ring: collections.deque[Result] = collections.deque(maxlen=size)
         self._lock = threading.Lock()
 
     def publish(self, result: Result) -> None:
         with self._lock:
-            self._ring.append(result.to_dict())
+            self._ring.append(result)
 
     def all(self) -> list[dict]:
         """The kept results, oldest first."""
         with self._lock:
-            return list(self._ring)
+            kept = list(self._ring)
+        return [r.to_dict() for r in kept]
 
     def after(self, frame: int) -> list[dict]:
         """The kept results of frames after ``frame``."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ddnn.aggregation import aggregate
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
-from ddnn.edge.pipeline import Exit, ExitPipeline, Pull, ToCloud
+from ddnn.edge.pipeline import GUARD, Exit, ExitPipeline, Pull, ToCloud, local_max
 from ddnn.exits import ExitPolicy, entropy_of_logits
 from ddnn.runtime import BundleRuntime, transmit
 
@@ -140,3 +141,44 @@ def test_an_unconfident_frame_keeps_its_local_answer_and_never_fuses_nothing(run
     np.testing.assert_allclose(decision.answer.scores, wire[3]["local"][0], rtol=1e-6)
     with pytest.raises(ValueError, match="at least one view"):
         p.edge({})  # zeros are never classified
+
+
+def test_the_local_exit_of_a_batch_is_the_local_exit_of_each_frame(runtime, wire):
+    """Several frames in one call (a busy edge): bit for bit what they get one at a time."""
+    _, _, present, _ = wire
+    eta = pipeline(runtime, 1.0, 0.0).local(frame(wire, 0)[0]).entropy
+    p = pipeline(runtime, eta, 0.0)  # some frames exit, some pull
+    frames = [frame(wire, i)[0] for i in range(24) if present[i].any()]
+    arrived = [set(list(s)[:1]) for s in frames]
+    timings = []
+    batched = pipeline(runtime, eta, 0.0, on_segment=lambda step, s: timings.append(step)
+                       ).local_many(frames, arrived=arrived, pushing={1})
+    assert timings == ["local"]  # one run for the batch
+    for scores, here, b in zip(frames, arrived, batched, strict=True):
+        one = p.local(scores, arrived=here, pushing={1})
+        assert type(one) is type(b)
+        a, c = (one, b) if isinstance(one, Exit) else (one.answer, b.answer)
+        assert a.scores.tobytes() == c.scores.tobytes()
+        assert a.entropy == pytest.approx(c.entropy, rel=0, abs=1e-12)  # (plain floats: ulps)
+        assert a.views == c.views
+        if isinstance(one, Pull):
+            assert one.ask == b.ask and one.views == b.views
+    assert {type(b) for b in batched} == {Exit, Pull}
+
+
+def test_one_frame_in_plain_floats_decides_as_numpy_does():
+    """The single-frame local exit (max over the views, no local segment) in plain floats:
+    the same scores bit for bit, the entropy to a few ulps, and near the threshold no answer
+    (numpy decides there)."""
+    rng = np.random.default_rng(7)
+    for _ in range(2000):
+        views, classes = rng.integers(1, 7), rng.integers(2, 12)
+        x = (rng.normal(size=(1, views, classes)) * rng.choice([0.1, 3, 30])).astype(np.float16)
+        x = x.astype(np.float32)
+        expected = aggregate(x, np.ones((1, views), bool), "max")
+        eta = float(entropy_of_logits(expected)[0])
+        agg, got = local_max(x[0].tolist(), threshold=2.0)
+        assert np.array_equal(np.array(agg, np.float32), expected[0])
+        assert got == pytest.approx(eta, rel=0, abs=1e-12)
+        assert local_max(x[0].tolist(), threshold=got) is None
+        assert local_max(x[0].tolist(), threshold=got + 2 * GUARD) is not None
