@@ -7,7 +7,8 @@ exponential backoff (paho's own, started even when the broker is down at start-u
 
 MQTT 5 when the broker speaks it (else 3.1.1, found out at the first connection): then each
 topic a client publishes on is sent once per connection and a two-byte topic alias after that
-(a device's topic is ~30 bytes; its score message is ~16).
+(a device's topic is 32 bytes; its score message 16). Persistent sessions (the edge) stay on
+3.1.1, whose sessions never expire by themselves.
 """
 
 from __future__ import annotations
@@ -186,7 +187,11 @@ class MqttOptions:
     # and queues its QoS 1 messages while it is away (an edge restart loses nothing), and a
     # handler may leave a message unacknowledged (return False) for the next session to get.
     persistent: bool = False
-    mqtt5: bool = True  # False: MQTT 3.1.1 from the start (no topic aliases)
+    # MQTT 5 (topic aliases) or 3.1.1; None: 5 for clean sessions, 3.1.1 for persistent ones.
+    # The publishers on a constrained uplink (devices, a gateway) gain from aliases; a
+    # persistent session over MQTT 5 needs a session-expiry property in its CONNECT, which a
+    # 3.1.1-only broker (amqtt) does not answer at all, so no fallback could follow.
+    mqtt5: bool | None = None
     subscriptions: list[tuple[str, int]] = field(default_factory=list)
     security: MqttSecurity = field(default_factory=MqttSecurity)
 
@@ -235,7 +240,8 @@ class MqttClient:
         self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
         persistent = self.options.persistent
-        if self.options.mqtt5:
+        self.mqtt5 = not persistent if self.options.mqtt5 is None else self.options.mqtt5
+        if self.mqtt5:
             self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
                                        protocol=paho.MQTTv5, manual_ack=persistent)
         else:
@@ -403,7 +409,7 @@ class MqttClient:
     def start(self) -> MqttClient:
         """Connect in the background; paho retries with backoff until the broker answers."""
         args = {}
-        if self.options.mqtt5:
+        if self.mqtt5:
             from paho.mqtt.packettypes import PacketTypes
             from paho.mqtt.properties import Properties
 

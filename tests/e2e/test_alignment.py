@@ -94,8 +94,11 @@ def test_skewed_starts_under_load_pause_and_kill(mosquitto, tiny_bundle, stream_
     without_cam1 = [r for r in results if "cam1" in r["missing"]
                     and r["missing"]["cam1"] != "absent"]
     assert len(without_cam1) >= 10, "the 3 s pause left frames without cam1"
-    assert all(r["partial"] and r["missing"]["cam1"] in ("late", "offline")
-               for r in without_cam1)
+    # (late or offline; no_features when its scores came just before the pause and its
+    # features were pulled while it was stopped)
+    wrong = [(r["frame"], r["partial"], r["missing"]["cam1"]) for r in without_cam1
+             if not r["partial"] or r["missing"]["cam1"] not in ("late", "offline", "no_features")]
+    assert not wrong, f"frames without cam1 not flagged so: {wrong}"
     assert all(paused_from - 5 <= r["frame"] <= resumed_at + 30 for r in without_cam1), \
         "cam1 was missing only around its pause"
 
