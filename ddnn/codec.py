@@ -3,7 +3,11 @@
 * ``binary``: 1 bit per value (sign; ``x > 0`` → 1), for the binarized device features of the
   paper, decoded to ±1;
 * ``int8``: symmetric linear quantization, a float32 scale then one byte per value;
-* ``float16`` / ``float32``: IEEE little-endian values.
+* ``float16`` / ``float32``: IEEE little-endian values;
+* ``bits2`` / ``bits4``: 2 or 4 bits per value, the index of the nearest of 2**k levels evenly
+  spaced over [−1, 1] (values outside are clamped), decoded to that level: the few-bit device
+  features (``ddnn.models``' quantized activation produces exactly these levels). No level is
+  0, so a present view's features never decode to all zeros.
 
 The shape is not part of the payload: the message envelope carries it, and :meth:`decode` checks
 that the byte count is exactly what the shape implies, so a truncated or padded payload is
@@ -20,7 +24,9 @@ import numpy as np
 
 from ddnn.errors import CodecError
 
-CODECS = ("binary", "int8", "float16", "float32")
+CODECS = ("binary", "int8", "float16", "float32", "bits2", "bits4")  # append only: the wire
+# format numbers codecs by their position here
+_LEVEL_BITS = {"bits2": 2, "bits4": 4}  # few-bit codecs: bits per value
 
 # A bound on decoded tensors, so a lying header cannot make a receiver allocate gigabytes.
 MAX_ELEMENTS = 1 << 24
@@ -35,6 +41,22 @@ def _elements(shape: tuple[int, ...]) -> int:
     if n > MAX_ELEMENTS:
         raise CodecError(f"tensor of {n} elements exceeds the limit of {MAX_ELEMENTS}")
     return n
+
+
+def _level_bits(x: np.ndarray, k: int) -> np.ndarray:
+    """Values (n,) → bits (n * k,) of each value's nearest level index, most significant first."""
+    steps = 2**k - 1
+    index = np.clip(np.rint((np.clip(x, -1.0, 1.0) + 1.0) * (steps / 2)), 0, steps)
+    shifts = np.arange(k - 1, -1, -1, dtype=np.uint8)
+    return ((index.astype(np.uint8)[:, None] >> shifts) & 1).astype(np.uint8).ravel()
+
+
+def _levels(bits: np.ndarray, k: int) -> np.ndarray:
+    """Bits (..., k), most significant first → the levels they index, float32 in [−1, 1]."""
+    weights = (1 << np.arange(k - 1, -1, -1)).astype(np.float32)
+    index = bits.astype(np.float32) @ weights
+    # The same float32 arithmetic as the quantizer in ddnn.models.network: identical levels.
+    return index * np.float32(2 / (2**k - 1)) - np.float32(1.0)
 
 
 @dataclass(frozen=True)
@@ -52,6 +74,8 @@ class FeatureCodec:
         n = _elements(tuple(shape))
         if self.kind == "binary":
             return (n + 7) // 8
+        if self.kind in _LEVEL_BITS:
+            return (n * _LEVEL_BITS[self.kind] + 7) // 8
         if self.kind == "int8":
             return _SCALE.size + n
         return n * (2 if self.kind == "float16" else 4)
@@ -64,6 +88,8 @@ class FeatureCodec:
             raise CodecError("cannot encode a tensor with NaN or infinite values")
         if self.kind == "binary":
             return np.packbits((x > 0).ravel()).tobytes()
+        if self.kind in _LEVEL_BITS:
+            return np.packbits(_level_bits(x.ravel(), _LEVEL_BITS[self.kind])).tobytes()
         if self.kind == "int8":
             peak = float(np.abs(x).max()) if x.size else 0.0
             # The scale is stored as float32: keep it a normal number even for subnormal peaks.
@@ -89,6 +115,10 @@ class FeatureCodec:
         if self.kind == "binary":
             bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n)
             return (bits.astype(np.float32) * 2.0 - 1.0).reshape(shape)
+        if self.kind in _LEVEL_BITS:
+            k = _LEVEL_BITS[self.kind]
+            bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n * k)
+            return _levels(bits.reshape(n, k), k).reshape(shape)
         if self.kind == "int8":
             (scale,) = _SCALE.unpack_from(payload)
             if not math.isfinite(scale) or scale <= 0:
@@ -129,6 +159,10 @@ class FeatureCodec:
         if self.kind == "binary":
             bits = np.unpackbits(rows, axis=1, count=n)
             return (bits.astype(np.float32) * 2.0 - 1.0).reshape(b, *shape)
+        if self.kind in _LEVEL_BITS:
+            k = _LEVEL_BITS[self.kind]
+            bits = np.unpackbits(rows, axis=1, count=n * k)
+            return _levels(bits.reshape(b, n, k), k).reshape(b, *shape)
         if self.kind == "int8":
             scales = np.ascontiguousarray(rows[:, :_SCALE.size]).view("<f4")[:, 0]
             if not (np.isfinite(scales) & (scales > 0)).all():

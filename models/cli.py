@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from argparse import SUPPRESS
 
 
 def register(sub, data_sub, formatter) -> None:
@@ -58,29 +59,10 @@ def _register_train(sub, formatter) -> None:
     )
     t.add_argument("--name", default="ddnn", help="model name (lowercase; used in topics and URLs)")
     t.add_argument("--model-version", default="1", help="model version string")
-    t.add_argument(
-        "--scheme", default=d.scheme, help="aggregation scheme: MP-AP, MP-CC, MP, AP, CC, ..."
-    )
+    _register_architecture(t, d)
     t.add_argument("--epochs", type=int, default=d.epochs, help="training epochs")
     t.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per step")
     t.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
-    t.add_argument(
-        "--device-filters",
-        type=int,
-        default=d.device_filters,
-        help="conv filters of each device segment",
-    )
-    t.add_argument(
-        "--float-device",
-        action="store_true",
-        help="float device segment (ReLU, float16 features) instead of binarized",
-    )
-    t.add_argument(
-        "--per-view-devices",
-        action="store_true",
-        help="train one device segment per view (the paper) instead of one shared",
-    )
-    t.add_argument("--edge-filters", type=int, default=d.edge_filters, help="edge conv filters")
     t.add_argument(
         "--tolerance",
         type=float,
@@ -101,15 +83,80 @@ def _register_train(sub, formatter) -> None:
     t.set_defaults(func=_train)
 
 
+def _register_architecture(t, d) -> None:
+    """Architecture flags; left out, each takes the default (or --paper's value)."""
+    from ddnn.models.config import DEVICE_CODECS, EDGE_CODECS
+
+    t.add_argument("--paper", action="store_true",
+                   help="the paper's network (the defaults before docs/training.md's changes): "
+                   "one binarized ConvP block of 4 filters per device, linear device exit, "
+                   "MP-AP, binary edge features; other flags still apply on top")
+    t.add_argument("--scheme", default=SUPPRESS,
+                   help=f"aggregation scheme: AP-CC, MP-CC, MP-AP, MP, AP, CC, ... "
+                   f"(default: {d.scheme})")
+    t.add_argument("--device-filters", type=int, default=SUPPRESS,
+                   help=f"filters of the device block whose features travel "
+                   f"(default: {d.device_filters})")
+    t.add_argument("--device-stem", default=SUPPRESS,
+                   help="float ConvP blocks before it, comma-separated filter counts, '' for "
+                   f"none (default: {','.join(map(str, d.device_stem))})")
+    t.add_argument("--device-codec", default=SUPPRESS, choices=list(DEVICE_CODECS),
+                   help=f"how device features travel (default: {d.device_codec})")
+    t.add_argument("--float-device", action="store_true",
+                   help="float ReLU device features sent as float16 (--device-codec float16)")
+    t.add_argument("--binary-weights", action="store_true",
+                   help="binarized (+-1) device conv weights, as the paper's eBNN devices")
+    t.add_argument("--device-exit-pool", type=int, default=SUPPRESS,
+                   help=f"device exit reads its input pooled to K x K (0: whole map; default: "
+                   f"{d.device_exit_pool})")
+    t.add_argument("--device-scores", default=SUPPRESS, choices=["logits", "logprobs"],
+                   help=f"what devices send for the local exit (default: {d.device_scores})")
+    t.add_argument("--per-view-devices", action="store_true",
+                   help="train one device segment per view (the paper) instead of one shared")
+    t.add_argument("--edge-filters", type=int, default=SUPPRESS,
+                   help=f"edge conv filters (default: {d.edge_filters})")
+    t.add_argument("--edge-codec", default=SUPPRESS, choices=list(EDGE_CODECS),
+                   help=f"how edge features travel to the cloud (default: {d.edge_codec})")
+    t.add_argument("--early-fusion", action="store_true",
+                   help="with a *-CC scheme, one edge block on the concatenated views (the "
+                   "paper) instead of one per view pooled over the views")
+    t.add_argument("--cloud-filters", default=SUPPRESS,
+                   help="filters of each cloud ConvP block, comma-separated (deeper: more; "
+                   f"default: {','.join(map(str, d.cloud_filters))})")
+
+
+def _architecture(args) -> dict:
+    """The DDNNConfig fields the architecture flags ask for (None: not given)."""
+    def ints(text):
+        return None if text is None else tuple(int(f) for f in text.split(",") if f.strip())
+
+    given = vars(args)
+    arch = {
+        "scheme": given.get("scheme"),
+        "device_filters": given.get("device_filters"),
+        "device_stem": ints(given.get("device_stem")),
+        "device_codec": "float16" if args.float_device else given.get("device_codec"),
+        "device_binary": True if args.binary_weights else None,
+        "device_exit_pool": given.get("device_exit_pool"),
+        "device_scores": given.get("device_scores"),
+        "share_device_weights": False if args.per_view_devices else None,
+        "edge_filters": given.get("edge_filters"),
+        "edge_codec": given.get("edge_codec"),
+        "edge_per_view": False if args.early_fusion else None,
+        "cloud_filters": ints(given.get("cloud_filters")),
+    }
+    return {k: v for k, v in arch.items() if v is not None}
+
+
 def _register_training_extras(t, d) -> None:
     t.add_argument("--baseline", action="store_true",
                    help="train the raw-offload reference (a float CNN on the full images of "
                    "every present view) instead: OUT gets baseline.onnx and metrics.json")
     t.add_argument("--test", default=None, help="with --baseline: also report accuracy on this")
-    t.add_argument("--cloud-filters", default=",".join(map(str, d.cloud_filters)),
-                   help="filters of each cloud ConvP block, comma-separated (deeper: more)")
     t.add_argument("--distill", type=float, default=d.distill,
                    help="weight of online distillation from the cloud exit (0: off)")
+    t.add_argument("--distill-device", action="store_true",
+                   help="distillation teaches the device exits too (the paper preset does)")
     t.add_argument("--no-augment", action="store_true",
                    help="no shift, brightness or view-dropout augmentation")
     t.add_argument("--schedule", default=d.schedule, choices=["cosine", "onecycle", "constant"],
@@ -165,20 +212,18 @@ def _train(args) -> int:
     from ddnn.models.build import build_bundle
     from ddnn.models.config import DDNNConfig
 
-    cfg = DDNNConfig(
-        scheme=args.scheme,
+    arch = _architecture(args)
+    if args.distill_device:
+        arch["distill_device"] = True
+    cfg = (DDNNConfig.paper if args.paper else DDNNConfig)(
+        **arch,
         epochs=args.epochs,
         batch_size=args.batch_size,
         lr=args.lr,
-        device_filters=args.device_filters,
-        device_binary=not args.float_device,
-        share_device_weights=not args.per_view_devices,
-        edge_filters=args.edge_filters,
         tolerance=args.tolerance,
         val_fraction=args.val_fraction,
         seed=args.seed,
         threads=args.threads,
-        cloud_filters=tuple(int(f) for f in args.cloud_filters.split(",") if f.strip()),
         distill=args.distill,
         augment=not args.no_augment,
         schedule=args.schedule,

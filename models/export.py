@@ -162,7 +162,7 @@ def build_manifest(
         thresholds=dict(thresholds),
         codec={
             "scores": "float16",
-            "device_features": "binary" if cfg.device_binary else "float16",
+            "device_features": cfg.device_codec,
             "edge_features": cfg.edge_codec,
         },
         training=training,

@@ -1,10 +1,12 @@
 """The DDNN: one network with four kinds of exits, split into device, edge and cloud segments.
 
-Per view, a device segment (the paper's ConvP block: conv → max-pool → batch norm → sign, with
-binarized weights) produces binary features and a device exit. The local exit aggregates the
-device scores over the present views; the edge segment aggregates the device features, runs one
-more ConvP block and its exit; the cloud segment runs the deep blocks and the final exit.
-The same modules are exported one by one to ONNX (``models.export``).
+Per view, a device segment (ConvP blocks: conv → max-pool → batch norm → activation; the last
+one's sign, or few-bit levels, is what travels) produces compact features and a device exit. The
+local exit aggregates the device scores over the present views; the edge segment aggregates the
+device features, runs one more ConvP block (on each view, then pooled over views, by default)
+and its exit; the cloud segment runs the deep blocks and the final exit. ``DDNNConfig.paper()``
+gives the paper's network: one binarized ConvP block with sign activations per device. The same
+modules are exported one by one to ONNX (``models.export``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,31 @@ class BinarySign(nn.Module):
         if not self.training:
             return hard
         soft = torch.clamp(x, -1.0, 1.0)
+        return soft + (hard - soft).detach()
+
+
+class Quantize(nn.Module):
+    """Activation on ``2**bits`` levels evenly spaced over [−1, 1]; ``bits`` 1 is the sign.
+
+    The levels never include 0 (1 bit: ±1; 2 bits: ±1/3, ±1), so a present view's features are
+    never all zeros and a zero-filled slot of a concatenation always means an absent view. The
+    wire codec of the same name (``ddnn.codec``) carries them exactly. Training passes the
+    gradient straight through where |x| ≤ 1.
+    """
+
+    def __init__(self, bits: int):
+        super().__init__()
+        self.bits = bits
+        self.sign = BinarySign() if bits == 1 else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.sign is not None:
+            return self.sign(x)
+        steps = float(2**self.bits - 1)
+        soft = torch.clamp(x, -1.0, 1.0)
+        hard = torch.round((soft + 1.0) * (steps / 2)) * (2 / steps) - 1.0
+        if not self.training:
+            return hard
         return soft + (hard - soft).detach()
 
 
@@ -61,6 +88,17 @@ def _pooled(size: int, blocks: int) -> int:
     return size
 
 
+def _cells(k: int, h: int, w: int) -> tuple[nn.Module, int, int]:
+    """Average pooling of an (h, w) map to at most k x k cells (windows overlap where k does not
+    divide the side, so every pixel counts; a plain AveragePool in ONNX), and the cells."""
+    if not k or (h <= k and w <= k):
+        return nn.Identity(), h, w
+    kh, kw = min(k, h), min(k, w)
+    sh, sw = h // kh, w // kw
+    size = (h - (kh - 1) * sh, w - (kw - 1) * sw)
+    return nn.AvgPool2d(size, stride=(sh, sw)), kh, kw
+
+
 class ExitHead(nn.Module):
     """An exit: features flattened → linear classifier (logits)."""
 
@@ -73,18 +111,41 @@ class ExitHead(nn.Module):
 
 
 class DeviceSegment(nn.Module):
-    """What one end device runs: image (B, 3, H, W) → (scores (B, C), features (B, F, h, w))."""
+    """What one end device runs: image (B, 3, H, W) → (scores (B, C), features (B, F, h, w)).
+
+    Optional float stem blocks (``cfg.device_stem``) come first; the last block's activation is
+    what travels: the sign (binary), a few-bit quantizer, or ReLU (float16), per
+    ``cfg.device_codec``. The device exit reads the last block before that activation through
+    a ReLU (``cfg.device_exit_float``) or the features themselves, average-pooled to
+    ``cfg.device_exit_pool`` squared cells first when that is set (a small head: the device
+    segment must stay under 16 KB).
+    """
 
     def __init__(self, cfg: DDNNConfig, classes: int, height: int, width: int):
         super().__init__()
-        self.block = ConvP(3, cfg.device_filters, cfg.device_binary, cfg.device_binary)
-        h, w = _pooled(height, 1), _pooled(width, 1)
+        stem, c = [], 3
+        for f in cfg.device_stem:
+            stem.append(ConvP(c, f, cfg.device_binary, binary_act=False))
+            c = f
+        self.stem = nn.Sequential(*stem)
+        self.block = ConvP(c, cfg.device_filters, cfg.device_binary, binary_act=False)
+        self.block.act = nn.Identity()
+        self.act = Quantize(cfg.device_bits) if cfg.device_bits else nn.ReLU()
+        self.exit_float = cfg.device_exit_float
+        n = len(stem) + 1
+        h, w = _pooled(height, n), _pooled(width, n)
+        self.pool, h, w = _cells(cfg.device_exit_pool, h, w)
         self.exit = ExitHead(cfg.device_filters * h * w, classes)
+        self.log_probs = cfg.device_scores == "logprobs"
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Centre the [0, 1] pixels: ±1 weights on all-positive inputs mostly measure brightness.
-        features = self.block(image * 2.0 - 1.0)
-        return self.exit(features), features
+        z = self.block(self.stem(image * 2.0 - 1.0))
+        features = self.act(z)
+        scores = self.exit(self.pool(torch.relu(z) if self.exit_float else features))
+        if self.log_probs:
+            scores = torch.log_softmax(scores, dim=-1)
+        return scores, features
 
 
 class LocalHead(nn.Module):
@@ -99,16 +160,42 @@ class LocalHead(nn.Module):
 
 
 class EdgeSegment(nn.Module):
-    """Aggregated device features → (edge scores, edge features for the cloud)."""
+    """Aggregated device features → (edge scores, edge features for the cloud).
 
-    def __init__(self, cfg: DDNNConfig, c_in: int, classes: int, h: int, w: int):
+    ``per_view`` (concatenated device features only): the edge block runs on each view's slot
+    with shared weights and the results are pooled over the present views by their maximum
+    (with ``edge_view_pool`` maxmean, their mean beside it); a slot of zeros is an absent view,
+    since the device codecs never send all zeros. Views are so fused after a layer of their
+    own, not pixel by pixel across unaligned viewpoints.
+    """
+
+    def __init__(self, cfg: DDNNConfig, c_in: int, classes: int, h: int, w: int,
+                 views: int = 1, per_view: bool = False):
         super().__init__()
         binary = cfg.edge_codec == "binary"
-        self.block = ConvP(c_in, cfg.edge_filters, binary_weights=False, binary_act=binary)
-        self.exit = ExitHead(cfg.edge_filters * _pooled(h, 1) * _pooled(w, 1), classes)
+        self.views = views if per_view else 0
+        c_block = c_in // views if per_view else c_in
+        self.block = ConvP(c_block, cfg.edge_filters, binary_weights=False, binary_act=binary)
+        self.mean = per_view and cfg.edge_view_pool == "maxmean"
+        c_out = cfg.edge_filters * (2 if self.mean else 1)
+        self.exit = ExitHead(c_out * _pooled(h, 1) * _pooled(w, 1), classes)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.block(features)
+        if not self.views:
+            out = self.block(features)
+            return self.exit(out), out
+        b, _, h, w = features.shape
+        x = features.reshape(b * self.views, -1, h, w)
+        present = x.abs().flatten(1).amax(dim=1).reshape(b, self.views) > 0
+        y = self.block(x)
+        y = y.reshape(b, self.views, *y.shape[1:])
+        mask = present.reshape(b, self.views, 1, 1, 1)
+        out = torch.where(mask, y, torch.full_like(y, -1e4)).amax(dim=1)
+        out = torch.where(present.any(dim=1).reshape(b, 1, 1, 1), out, torch.zeros_like(out))
+        if self.mean:
+            count = present.sum(dim=1).clamp(min=1).reshape(b, 1, 1, 1)
+            mean = torch.where(mask, y, torch.zeros_like(y)).sum(dim=1) / count
+            out = torch.cat([out, mean], dim=1)
         return self.exit(out), out
 
 
@@ -158,10 +245,13 @@ class DDNN(nn.Module):
                 DeviceSegment(cfg, classes, height, width) for _ in range(views)
             )
         self.local = LocalHead(views, classes) if self.local_op == "concat" else None
-        h, w = _pooled(height, 1), _pooled(width, 1)
+        blocks = len(cfg.device_stem) + 1
+        h, w = _pooled(height, blocks), _pooled(width, blocks)
         c_edge = cfg.device_filters * (views if self.edge_op == "concat" else 1)
-        self.edge = EdgeSegment(cfg, c_edge, classes, h, w)
-        self.cloud = CloudSegment(cfg, cfg.edge_filters, classes, _pooled(h, 1), _pooled(w, 1))
+        per_view = cfg.edge_per_view and self.edge_op == "concat"
+        self.edge = EdgeSegment(cfg, c_edge, classes, h, w, views, per_view)
+        c_cloud = cfg.edge_filters * (2 if per_view and cfg.edge_view_pool == "maxmean" else 1)
+        self.cloud = CloudSegment(cfg, c_cloud, classes, _pooled(h, 1), _pooled(w, 1))
 
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> dict[str, torch.Tensor]:
         """x (B, V, 3, H, W), present (B, V) bool → logits of every exit.

@@ -62,11 +62,12 @@ def _distill(student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Te
 
 def joint_loss(
     out: dict[str, torch.Tensor], y: torch.Tensor, label: torch.Tensor, weights,
-    distill: float = 0.0, temperature: float = 2.0,
+    distill: float = 0.0, temperature: float = 2.0, distill_device: bool = True,
 ) -> torch.Tensor:
     """Weighted sum of the exits' cross-entropies; device exits learn each present view's label.
 
-    With ``distill`` > 0 the cloud exit (detached) also teaches every earlier exit.
+    With ``distill`` > 0 the cloud exit (detached) also teaches the local and edge exits, and
+    the device exits too unless ``distill_device`` is False.
     """
     ce = nn.functional.cross_entropy
     present = y >= 0
@@ -84,7 +85,7 @@ def joint_loss(
         per_view = teacher[:, None].expand(-1, y.shape[1], -1)[present]
         kd = _distill(out["local"].float(), teacher, temperature)
         kd = kd + _distill(out["edge"].float(), teacher, temperature)
-        if present.any():
+        if distill_device and present.any():
             kd = kd + _distill(out["device"][present].float(), per_view, temperature)
         loss = loss + distill * kd
     return loss
@@ -118,7 +119,8 @@ def _ddnn_score(model: nn.Module, ds: MultiViewDataset) -> tuple[float, dict[str
 
 def _ddnn_loss(cfg: DDNNConfig):
     def loss(out, y, label):
-        return joint_loss(out, y, label, cfg.exit_weights, cfg.distill, cfg.distill_temperature)
+        return joint_loss(out, y, label, cfg.exit_weights, cfg.distill, cfg.distill_temperature,
+                          cfg.distill_device)
 
     return loss
 

@@ -20,11 +20,24 @@ from ddnn.models.network import DDNN  # noqa: E402
 from ddnn.models.train import predict  # noqa: E402
 from ddnn.runtime import BundleRuntime  # noqa: E402
 
+VARIANTS = [
+    {"scheme": "MP-CC"}, {"scheme": "AP"}, {"scheme": "CC"}, {"scheme": "MP"},
+    {"device_codec": "bits2"}, {"device_codec": "bits4", "edge_view_pool": "maxmean"},
+    {"early": True}, {"paper": True}, {"paper": True, "scheme": "MP-CC"},
+]
 
-@pytest.mark.parametrize("scheme", ["MP-CC", "AP", "CC", "MP"])
-def test_every_exit_matches_torch(tiny_data, tmp_path, scheme):
+
+def _name(variant: dict) -> str:
+    return "-".join(f"{k}={v}" for k, v in variant.items())
+
+
+@pytest.mark.parametrize("variant", VARIANTS, ids=_name)
+def test_every_exit_matches_torch(tiny_data, tmp_path, variant):
     ds = load_dataset(tiny_data.test)
-    cfg = DDNNConfig(scheme=scheme)
+    kw = dict(variant)
+    if kw.pop("early", False):
+        kw["edge_per_view"] = False
+    cfg = DDNNConfig.paper(**kw) if kw.pop("paper", False) else DDNNConfig(**kw)
     torch.manual_seed(0)
     model = DDNN(cfg, ds.num_views, len(ds.classes), 16, 16).eval()
     specs = export_segments(model, tmp_path, ds.image_shape)
@@ -45,7 +58,7 @@ def test_every_exit_matches_torch(tiny_data, tmp_path, scheme):
 
 
 def test_float_device_variant_exports_and_calibrates(tiny_data, tmp_path):
-    cfg = DDNNConfig(device_binary=False, epochs=1, scheme="AP-CC")
+    cfg = DDNNConfig(device_codec="float16", epochs=1, scheme="AP-CC")
     build_bundle(tiny_data.train, tmp_path / "f", cfg, progress=False, log=lambda *_: None)
     m = load_bundle(tmp_path / "f").manifest
     assert m.codec["device_features"] == "float16" and m.aggregation == {

@@ -87,3 +87,37 @@ def test_bad_inputs_are_typed_errors():
 def test_one_bit_per_value_for_binarized_features():
     # 4 filters × 16 × 16 binary features: 1024 bits = 128 bytes on the wire.
     assert FeatureCodec("binary").payload_size((1, 4, 16, 16)) == 128
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@given(data=st.data())
+def test_few_bit_codecs_carry_their_levels_exactly(bits, data):
+    levels = np.arange(2**bits, dtype=np.float32) * np.float32(2 / (2**bits - 1)) - np.float32(1)
+    x = data.draw(arrays(np.float32, shapes, elements=st.sampled_from(levels.tolist())))
+    codec = FeatureCodec(f"bits{bits}")
+    payload = codec.encode(x)
+    assert len(payload) == codec.payload_size(x.shape) == (x.size * bits + 7) // 8
+    np.testing.assert_array_equal(codec.decode(payload, x.shape), x)
+
+
+@pytest.mark.parametrize("bits", [2, 4])
+@given(x=arrays(np.float32, shapes, elements=finite))
+def test_few_bit_codecs_round_to_the_nearest_level_never_zero(bits, x):
+    out = FeatureCodec(f"bits{bits}").decode(FeatureCodec(f"bits{bits}").encode(x), x.shape)
+    step = 2 / (2**bits - 1)
+    assert np.all(np.abs(out - np.clip(x, -1, 1)) <= step / 2 + 1e-6)
+    assert np.all(out != 0) and np.all(np.abs(out) <= 1)
+
+
+def test_few_bit_codecs_match_the_training_quantizer():
+    torch = pytest.importorskip("torch")
+    from ddnn.models.network import Quantize
+
+    x = torch.randn(4, 16, 4, 4) * 1.5
+    for bits in (2, 4):
+        q = Quantize(bits).eval()(x).numpy()
+        codec = FeatureCodec(f"bits{bits}")
+        assert codec.decode(codec.encode(q), q.shape).tobytes() == q.tobytes()
+        rows = codec.encode_rows(q)
+        assert rows.shape == (4, 16 * 4 * 4 * bits // 8)
+        assert codec.decode_rows(rows, q.shape[1:]).tobytes() == q.tobytes()

@@ -1,0 +1,128 @@
+"""The DDNN network's parts: quantized device features, late fusion at the edge, the device's
+size, the paper preset and the training loss options."""
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ddnn.errors import ConfigError  # noqa: E402
+from ddnn.models.config import DDNNConfig  # noqa: E402
+from ddnn.models.export import export_segments  # noqa: E402
+from ddnn.models.network import DDNN, Quantize, aggregate  # noqa: E402
+from ddnn.models.train import _distill, joint_loss  # noqa: E402
+
+
+def _model(views=4, classes=3, size=32, **kw):
+    torch.manual_seed(0)
+    return DDNN(DDNNConfig(**kw), views, classes, size, size).eval()
+
+
+def _inputs(b=6, views=4, size=32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.rand(b, views, 3, size, size, generator=g)
+    present = torch.rand(b, views, generator=g) > 0.3
+    present[:, 0] = True
+    return torch.where(present[..., None, None, None], x, torch.zeros_like(x)), present
+
+
+@pytest.mark.parametrize("bits", [1, 2, 4])
+def test_quantizer_levels_never_zero_and_gradient_passes_inside(bits):
+    q = Quantize(bits)
+    x = torch.linspace(-2, 2, 101, requires_grad=True)
+    q.train()(x).sum().backward()
+    assert torch.all(x.grad[(x.abs() <= 1).detach()] == 1) and torch.all(x.grad[x.abs() > 1] == 0)
+    out = q.eval()(x.detach())
+    assert len(out.unique()) == 2**bits and not (out == 0).any() and out.abs().max() == 1
+
+
+@pytest.mark.parametrize("codec", ["binary", "bits2", "bits4"])
+def test_device_features_take_the_codec_levels(codec):
+    model = _model(device_codec=codec)
+    _, feats = model.devices[0](torch.rand(3, 3, 32, 32))
+    levels = feats.unique()
+    assert len(levels) <= 2 ** DDNNConfig(device_codec=codec).device_bits
+    assert not (levels == 0).any()
+
+
+def test_late_fusion_ignores_absent_views_and_view_order():
+    """Per-view edge and averaged device log-probabilities: a view's slot does not matter, and
+    what an absent camera's (zeroed) slot would hold never changes an exit."""
+    model = _model()
+    x, present = _inputs()
+    with torch.no_grad():
+        out = model(x, present)
+        perm = torch.tensor([2, 0, 3, 1])
+        shuffled = model(x[:, perm], present[:, perm])
+        noisy = model(torch.where(present[..., None, None, None], x, torch.rand_like(x)), present)
+    for k in ("local", "edge", "cloud"):
+        torch.testing.assert_close(out[k], shuffled[k], atol=1e-4, rtol=1e-4)
+        torch.testing.assert_close(out[k], noisy[k], atol=1e-5, rtol=1e-5)
+
+
+def test_local_exit_is_the_mean_of_device_log_probabilities():
+    model = _model()
+    x, present = _inputs()
+    with torch.no_grad():
+        out = model(x, present)
+    dev = out["device"]
+    torch.testing.assert_close(dev.exp().sum(-1), torch.ones(dev.shape[:2]))
+    torch.testing.assert_close(out["local"], aggregate(dev, present, "avg"))
+
+
+@pytest.mark.parametrize("classes", [3, 10])
+def test_default_device_segment_stays_under_16_kb(classes, tmp_path):
+    model = _model(views=6, classes=classes)
+    spec = export_segments(model, tmp_path, (3, 32, 32))["device-0"]
+    assert spec.size <= 16 * 1024
+    # 1 bit a value: far more than 50x under the view's 8-bit image
+    assert np.prod(spec.output("features").sample_shape) // 8 * 50 <= 3 * 32 * 32
+
+
+@pytest.mark.parametrize("size", [16, 20, 24, 32, 40])
+def test_any_image_size_from_16(size):
+    model = _model(views=2, size=size)
+    x, present = _inputs(views=2, size=size)
+    with torch.no_grad():
+        out = model(x, present)
+    assert out["cloud"].shape == (6, 3) and torch.isfinite(out["cloud"]).all()
+
+
+def test_paper_preset_is_the_previous_architecture():
+    cfg = DDNNConfig.paper()
+    assert (cfg.scheme, cfg.device_filters, cfg.device_stem, cfg.device_binary) == (
+        "MP-AP", 4, (), True)
+    assert (cfg.device_scores, cfg.edge_codec, cfg.edge_per_view) == ("logits", "binary", False)
+    model = DDNN(cfg, 3, 3, 32, 32)
+    weights = 3 * 4 * 9 + 2 * 4 + 4 * 16 * 16 * 3 + 3  # conv, batch norm, linear exit
+    assert sum(p.numel() for p in model.devices[0].parameters()) == weights
+    assert DDNNConfig.paper(scheme="MP-CC").scheme == "MP-CC"
+
+
+def test_bad_architecture_settings_are_refused():
+    with pytest.raises(ConfigError, match="device codec"):
+        DDNNConfig(device_codec="int8")
+    with pytest.raises(ConfigError, match="edge codec"):
+        DDNNConfig(edge_codec="bits2")
+    with pytest.raises(ConfigError, match="maxmean"):
+        DDNNConfig(edge_view_pool="maxmean", edge_codec="binary")
+    with pytest.raises(ConfigError, match="device_scores"):
+        DDNNConfig(device_scores="probs")
+
+
+def test_device_distillation_is_optional():
+    model = _model(views=3)
+    model.train()
+    x, present = _inputs(views=3)
+    y = torch.where(present, torch.tensor(1), torch.tensor(-1))
+    label = torch.ones(len(x), dtype=torch.long)
+    out = model(x, present)
+    w = (1.0, 1.0, 1.0, 1.0)
+    with_dev = joint_loss(out, y, label, w, distill=1.0, distill_device=True)
+    without = joint_loss(out, y, label, w, distill=1.0, distill_device=False)
+    none = joint_loss(out, y, label, w, distill=0.0)
+    assert without < with_dev and none < without
+    # The difference is exactly the device exits' distillation term.
+    teacher = out["cloud"].detach()[:, None].expand(-1, 3, -1)[present]
+    kd = _distill(out["device"][present], teacher, 2.0)
+    torch.testing.assert_close(with_dev - without, kd)
