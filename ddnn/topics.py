@@ -54,13 +54,7 @@ class Topics:
 
     def parse_gateway(self, topic: str) -> tuple[str, str] | None:
         """``(gateway id, kind)`` of a gateway topic of this deployment, else ``None``."""
-        head = f"{self.root}/gateways/"
-        if not topic.startswith(head):
-            return None
-        parts = topic[len(head):].split("/")
-        if len(parts) != 2 or parts[1] not in GATEWAY_KINDS or not is_name(parts[0]):
-            return None
-        return parts[0], parts[1]
+        return self._parse(topic, "gateways", GATEWAY_KINDS)
 
     def requests(self, edge: str) -> str:
         return f"{self.root}/edges/{check_part('edge id', edge)}/requests"
@@ -78,11 +72,14 @@ class Topics:
 
     def parse_device(self, topic: str) -> tuple[str, str] | None:
         """``(device id, kind)`` of a device topic of this deployment, else ``None``."""
-        head = f"{self.root}/devices/"
+        return self._parse(topic, "devices", DEVICE_KINDS)
+
+    def _parse(self, topic: str, level: str, kinds: tuple[str, ...]) -> tuple[str, str] | None:
+        head = f"{self.root}/{level}/"
         if not topic.startswith(head):
             return None
         parts = topic[len(head):].split("/")
-        if len(parts) != 2 or parts[1] not in DEVICE_KINDS or not is_name(parts[0]):
+        if len(parts) != 2 or parts[1] not in kinds or not is_name(parts[0]):
             return None
         return parts[0], parts[1]
 
