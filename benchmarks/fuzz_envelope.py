@@ -63,7 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     import numpy as np
 
     flat = {"binary": lambda n: (n * 8,), "int8": lambda n: (max(n - 4, 0),),
-            "float16": lambda n: (n // 2,), "float32": lambda n: (n // 4,)}
+            "float16": lambda n: (n // 2,), "float32": lambda n: (n // 4,),
+            "bits2": lambda n: (n * 4,), "bits4": lambda n: (n * 2,)}
 
     corpus = seed_corpus(Path(args.corpus))
 

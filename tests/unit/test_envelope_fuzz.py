@@ -27,7 +27,8 @@ FUZZ = settings(max_examples=5000, deadline=None,
 def flat_shape(codec: str, payload: int) -> tuple[int, ...]:
     """A shape whose packed size could be ``payload`` bytes (the receiver's bundle gives it)."""
     return {"binary": (payload * 8,), "int8": (max(payload - 4, 0),),
-            "float16": (payload // 2,), "float32": (payload // 4,)}[codec]
+            "float16": (payload // 2,), "float32": (payload // 4,),
+            "bits2": (payload * 4,), "bits4": (payload * 2,)}[codec]
 
 
 def check(data: bytes) -> None:
