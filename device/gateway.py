@@ -179,7 +179,9 @@ class GatewayService:
                 raise DecodeError(f"message of {len(payload)} bytes cannot go in a batch")
         except DecodeError as e:
             self._count("dropped")  # the edge would drop it too: the uplink is dear
-            log.warning("dropping a message of %s: %s", device, e)
+            if self.forwarded["dropped"] % 1000 == 1:  # the first, then one in a thousand
+                log.warning("dropping a message of %s (%d so far): %s", device,
+                            self.forwarded["dropped"], e)
             return None
         self.coalescer.add((kind, frame), device, payload, delivery)
         return False
