@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+import time
 
 import pytest
 
@@ -19,12 +20,20 @@ pytestmark = pytest.mark.filterwarnings(
 def _listen(url: str, got: list, name: str) -> MqttClient:
     lock = threading.Lock()
 
+    live = threading.Event()
+
     def on(topic: str, payload: bytes) -> None:
+        if topic == "alias/probe":
+            live.set()
+            return
         with lock:
             got.append((topic, payload))
     client = MqttClient(url, name, MqttOptions(subscriptions=[("alias/#", 1)]),
                         on_message=on).start()
     assert client.wait_connected(10)
+    # The subscription is live once a message of its own comes back through the broker.
+    wait_for(lambda: client.publish("alias/probe", b"", 1) and live.wait(0.05),
+             what="the subscription live")
     return client
 
 
@@ -47,8 +56,12 @@ def test_messages_sent_again_after_a_reconnection_get_their_topic_back(mosquitto
             sub = _listen(again.url, got, "alias-sub2")
             wait_for(lambda: pub.connects >= 2 and pub.pending() == 0, timeout=30,
                      what="the stored messages acknowledged by the new broker")
-            pub.publish("alias/a", b"later", 1)
-            wait_for(lambda: (("alias/a", b"later")) in got, what="a message after it")
+
+            def later_arrives() -> bool:  # (until the new subscription is live at the broker)
+                pub.publish("alias/a", b"later", 1)
+                time.sleep(0.05)
+                return ("alias/a", b"later") in got
+            wait_for(later_arrives, what="a message after it")
             assert pub.connects == 2, "the broker never closed the connection for a bad alias"
     finally:
         pub.stop()
