@@ -40,7 +40,6 @@ from ddnn.plumbing.mqtt import (
     MqttOptions,
     security_of,
     status_fields,
-    status_payload,
 )
 from ddnn.plumbing.options import Option, boolean, id_list
 from ddnn.plumbing.signals import stop_on_signals
@@ -260,10 +259,7 @@ class GatewayService:
         if self.statuses.get(device) == fields:
             return  # nothing new for the edge (retained statuses come again on reconnection)
         self.statuses[device] = fields
-        self.up.status_info = {**self.up.status_info, "devices": dict(self.statuses)}
-        if self.up.connected.is_set():
-            self.up.publish(self.up.status_topic, status_payload("online", **self.up.status_info),
-                            QOS_STATUS, retain=True)
+        self.up.update_status(devices=dict(self.statuses))
 
     # --- down: edge -> devices ----------------------------------------------------------------
 

@@ -25,7 +25,6 @@ from ddnn.plumbing.mqtt import (
     MqttClient,
     MqttOptions,
     status_fields,
-    status_payload,
 )
 from ddnn.plumbing.retry import RETRY_STATUSES, RetryPolicy
 from ddnn.topics import Topics
@@ -121,12 +120,7 @@ class MqttTransport:
 
     def update_status(self, **info) -> None:
         """Change fields of the retained status (the bundle version after an update)."""
-        # A new dict, never an update in place: paho's thread reads it on every reconnection.
-        fields = {**self.client.status_info, **info}
-        self.client.status_info = fields
-        if self.connected and self.client.status_topic:
-            self.client.publish(self.client.status_topic, status_payload("online", **fields),
-                                QOS_STATUS, retain=True)
+        self.client.update_status(**info)
 
     @property
     def connected(self) -> bool:

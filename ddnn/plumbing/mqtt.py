@@ -441,6 +441,14 @@ class MqttClient:
             log.warning("publish to %s failed: %s", topic, self._paho.error_string(info.rc))
         return info
 
+    def update_status(self, **info: Any) -> None:
+        """Change fields of the retained online status, and publish it now when connected."""
+        # A new dict, never an update in place: paho's thread reads it on every reconnection.
+        self.status_info = {**self.status_info, **info}
+        if self.status_topic and self.connected.is_set():
+            self.publish(self.status_topic, status_payload("online", **self.status_info),
+                         QOS_STATUS, retain=True)
+
     def alive(self) -> bool:
         """paho's network thread runs (it ends only on :meth:`stop` or a refusal for good)."""
         thread = getattr(self._client, "_thread", None)  # paho has no public accessor
