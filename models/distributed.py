@@ -55,7 +55,7 @@ class Distributed:
         return cls(rank, world, device, amp, cfg.comm_hook, scaler)
 
     def steps_per_epoch(self, samples: int, batch_size: int) -> int:
-        return math.ceil(math.ceil(samples / self.world) / self._local_batch(batch_size))
+        return len(_starts(math.ceil(samples / self.world), self._local_batch(batch_size)))
 
     def _local_batch(self, batch_size: int) -> int:
         return max(1, math.ceil(batch_size / self.world))
@@ -66,9 +66,9 @@ class Distributed:
                                      shuffle=True, seed=seed)
         sampler.set_epoch(epoch)
         order = np.fromiter(iter(sampler), dtype=np.int64)
-        step = self._local_batch(batch_size)
-        for i in range(0, len(order), step):
-            yield order[i : i + step]
+        starts = _starts(len(order), self._local_batch(batch_size))
+        for i, j in zip(starts, [*starts[1:], len(order)], strict=True):
+            yield order[i:j]
 
     def wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         """DDP around ``model`` when there are several processes (the model itself otherwise)."""
@@ -119,3 +119,12 @@ class Distributed:
     def close(self) -> None:
         if self.world > 1 and tdist.is_initialized():
             tdist.destroy_process_group()
+
+
+def _starts(n: int, step: int) -> list[int]:
+    """Where each batch of ``n`` samples begins. A last batch of one sample joins the one
+    before it: batch norm cannot train on a single sample once a block's map is 1 x 1."""
+    starts = list(range(0, n, step))
+    if len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    return starts

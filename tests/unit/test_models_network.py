@@ -126,3 +126,16 @@ def test_device_distillation_is_optional():
     teacher = out["cloud"].detach()[:, None].expand(-1, 3, -1)[present]
     kd = _distill(out["device"][present], teacher, 2.0)
     torch.testing.assert_close(with_dev - without, kd)
+
+
+@pytest.mark.parametrize("samples", [1, 2, 63, 64, 65, 129, 193])
+def test_training_batches_cover_every_sample_once_and_never_hold_one_alone(samples):
+    # A lone sample in the last batch broke training (batch norm on a 1 x 1 map) whenever the
+    # training split was one more than a multiple of the batch size (48 x 48 images, 2 views).
+    from ddnn.models.distributed import Distributed
+
+    dist = Distributed.from_env(DDNNConfig(device="cpu"))
+    batches = list(dist.batches(samples, 64, seed=0, epoch=3))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(samples))
+    assert len(batches) == dist.steps_per_epoch(samples, 64)
+    assert samples == 1 or min(len(b) for b in batches) > 1
