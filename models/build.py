@@ -21,6 +21,7 @@ from ddnn.models.export import (
     export_segments,
     onnx_exits,
     publish,
+    round_float16,
     staging_dir,
     write_manifest,
 )
@@ -116,6 +117,8 @@ def build_bundle(
 def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data, val_data,
                    name, version, world) -> dict:
     model = result.model.cpu()
+    for device in model.devices:
+        round_float16(device)  # as the device files store them (export_segments)
     torch_val = predict(model, val_ds)
 
     staging = staging_dir(out)

@@ -33,9 +33,10 @@ class DDNNConfig:
     # probabilities: a product of the views' posteriors), concatenation of the device features
     # (each view keeps its slot; the edge runs on each, see edge_per_view)
     device_filters: int = 16  # filters of the device block whose output travels (its features)
-    device_stem: tuple[int, ...] = (8, 8)  # float ConvP blocks (ReLU) before that block, each
-    # halving the resolution: a deeper device classifies its view far better, and sends a
-    # smaller map (16 x 4 x 4 bits = 32 bytes at 32 x 32)
+    device_stem: tuple[int, ...] = (8, 16)  # float ConvP blocks (ReLU) before that block,
+    # each halving the resolution: a deeper device classifies its view far better, and sends a
+    # smaller map (16 x 4 x 4 bits = 32 bytes at 32 x 32); (8, 16) fits 16 KB with the device
+    # weights stored as float16 (models.export.store_float16)
     device_binary: bool = False  # binarized (±1) conv weights on the device (eBNN, the paper's);
     # costs about 2 points here and saves nothing on the wire
     device_codec: str = "binary"  # how device features travel, which fixes the last device

@@ -62,6 +62,44 @@ def _export(
         )
 
 
+def round_float16(module: nn.Module) -> None:
+    """Round a module's float weights and statistics to float16 values, in place: what
+    :func:`store_float16` keeps of them, so torch and the file compute the same."""
+    with torch.no_grad():
+        for t in [*module.parameters(), *module.buffers()]:
+            if t.is_floating_point():
+                t.copy_(t.half().float())
+
+
+def store_float16(path: Path) -> None:
+    """Rewrite an ONNX file with its float32 weights stored as float16, each read through a
+    ``Cast`` back to float32: half the bytes on the board and over the air, the same float32
+    arithmetic (ONNX Runtime folds the casts into float32 weights when it loads the file).
+    Exact for weights already rounded by :func:`round_float16`."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    model = onnx.load(str(path))
+    graph = model.graph
+    inputs = {i.name for i in graph.input}
+    kept, casts = [], []
+    for init in graph.initializer:
+        if init.data_type != TensorProto.FLOAT or init.name in inputs:
+            kept.append(init)
+            continue
+        half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16),
+                                       f"{init.name}.f16")
+        kept.append(half)
+        casts.append(helper.make_node("Cast", [half.name], [init.name], to=TensorProto.FLOAT))
+    del graph.initializer[:]
+    graph.initializer.extend(kept)
+    nodes = [*casts, *graph.node]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+
+
 def _spec(
     path: Path, inputs: dict[str, torch.Tensor], outputs: dict[str, torch.Tensor]
 ) -> SegmentSpec:
@@ -104,15 +142,21 @@ def check_parity(
 def export_segments(
     model: DDNN, out: Path, input_shape: tuple[int, int, int]
 ) -> dict[str, SegmentSpec]:
-    """Write every segment's ONNX file into ``out``; return their specs by role."""
+    """Write every segment's ONNX file into ``out``; return their specs by role.
+
+    The device segments' weights are rounded to float16 in place first: their files store them
+    so (:func:`store_float16`), which keeps a deeper device under the 16 KB of a small board.
+    """
     model.eval()
     specs: dict[str, SegmentSpec] = {}
     x = torch.rand(2, *input_shape)
     with torch.no_grad():
         for i, dev in enumerate(model.devices):
+            round_float16(dev)
             scores, feats = dev(x)
             path = out / f"device-{i}.onnx"
             _export(dev, {"image": x}, ["scores", "features"], path)
+            store_float16(path)
             specs[f"device-{i}"] = _spec(path, {"image": x}, {"scores": scores, "features": feats})
         present = torch.ones(2, model.views, dtype=torch.bool)
         dev_scores = torch.stack([dev(x)[0] for dev in model.devices], 1)

@@ -139,3 +139,24 @@ def test_training_batches_cover_every_sample_once_and_never_hold_one_alone(sampl
     assert sorted(np.concatenate(batches).tolist()) == list(range(samples))
     assert len(batches) == dist.steps_per_epoch(samples, 64)
     assert samples == 1 or min(len(b) for b in batches) > 1
+
+
+def test_device_file_stores_float16_weights_and_computes_as_torch(tmp_path):
+    onnx = pytest.importorskip("onnx")
+    ort = pytest.importorskip("onnxruntime")
+    model = _model(views=2, classes=10)
+    before = {k: v.clone() for k, v in model.devices[0].state_dict().items()}
+    export_segments(model, tmp_path, (3, 32, 32))
+    stored = onnx.load(str(tmp_path / "device-0.onnx")).graph.initializer
+    assert stored and all(t.data_type == onnx.TensorProto.FLOAT16 for t in stored
+                          if len(t.dims) > 1)
+    # The weights were rounded in place to what the file holds, so torch and ONNX agree.
+    after = model.devices[0].state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+    x = torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
+    scores, features = ort.InferenceSession(str(tmp_path / "device-0.onnx")).run(
+        None, {"image": x.numpy()})
+    with torch.no_grad():
+        t_scores, t_features = model.devices[0](x)
+    np.testing.assert_allclose(scores, t_scores.numpy(), atol=1e-5)
+    np.testing.assert_array_equal(features, t_features.numpy())
