@@ -13,6 +13,11 @@ the same run on the same machine, so compare ratios and medians, not absolute nu
 machines. The machine these were taken on has 2 cores and no GPU, and was shared with other work
 while they ran: treat single figures as noisy. Reproduce one with `ddnn bench --only NAME`
 (`--quick` for a smoke run); the default generated dataset and bundle are cached in `runs/bench`.
+
+Which bundle: `training`, `ablation`, `paper_tables`, `device_footprint` and `raw_vs_hierarchy`
+were last run with today's defaults (1500 training samples); the others were last run with the
+paper preset's bundle (`ddnn train --paper`, 3000 training samples, 57% local exits), the
+defaults before docs/training.md's "Closing the gap", and have not been re-run since.
 """
 
 
