@@ -87,8 +87,10 @@ def store_float16(path: Path) -> None:
         if init.data_type != TensorProto.FLOAT or init.name in inputs:
             kept.append(init)
             continue
-        half = numpy_helper.from_array(numpy_helper.to_array(init).astype(np.float16),
-                                       f"{init.name}.f16")
+        values = numpy_helper.to_array(init)
+        if np.abs(values).max(initial=0.0) > np.finfo(np.float16).max:
+            raise BundleError(f"{path.name}: {init.name} holds values beyond float16's range")
+        half = numpy_helper.from_array(values.astype(np.float16), f"{init.name}.f16")
         kept.append(half)
         casts.append(helper.make_node("Cast", [half.name], [init.name], to=TensorProto.FLOAT))
     del graph.initializer[:]
