@@ -21,7 +21,6 @@ from ddnn.models.export import (
     export_segments,
     onnx_exits,
     publish,
-    round_float16,
     staging_dir,
     write_manifest,
 )
@@ -117,13 +116,11 @@ def build_bundle(
 def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data, val_data,
                    name, version, world) -> dict:
     model = result.model.cpu()
-    for device in model.devices:
-        round_float16(device)  # as the device files store them (export_segments)
-    torch_val = predict(model, val_ds)
-
     staging = staging_dir(out)
     try:
         specs = export_segments(model, staging, train_ds.image_shape)
+        # After the export: it rounds the device weights to the float16 their files store.
+        torch_val = predict(model, val_ds)
         training = _training_summary(data, val_data, cfg, train_ds, val_ds, result, torch_val,
                                      stop_samples, world)
 

@@ -177,8 +177,8 @@ class EdgeSegment(nn.Module):
         c_block = c_in // views if per_view else c_in
         self.block = ConvP(c_block, cfg.edge_filters, binary_weights=False, binary_act=binary)
         self.mean = per_view and cfg.edge_view_pool == "maxmean"
-        c_out = cfg.edge_filters * (2 if self.mean else 1)
-        self.exit = ExitHead(c_out * _pooled(h, 1) * _pooled(w, 1), classes)
+        self.out_channels = cfg.edge_filters * (2 if self.mean else 1)  # the cloud's input
+        self.exit = ExitHead(self.out_channels * _pooled(h, 1) * _pooled(w, 1), classes)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.views:
@@ -250,8 +250,8 @@ class DDNN(nn.Module):
         c_edge = cfg.device_filters * (views if self.edge_op == "concat" else 1)
         per_view = cfg.edge_per_view and self.edge_op == "concat"
         self.edge = EdgeSegment(cfg, c_edge, classes, h, w, views, per_view)
-        c_cloud = cfg.edge_filters * (2 if per_view and cfg.edge_view_pool == "maxmean" else 1)
-        self.cloud = CloudSegment(cfg, c_cloud, classes, _pooled(h, 1), _pooled(w, 1))
+        self.cloud = CloudSegment(cfg, self.edge.out_channels, classes, _pooled(h, 1),
+                                  _pooled(w, 1))
 
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> dict[str, torch.Tensor]:
         """x (B, V, 3, H, W), present (B, V) bool → logits of every exit.

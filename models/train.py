@@ -82,10 +82,10 @@ def joint_loss(
     )
     if distill > 0:
         teacher = out["cloud"].detach().float()
-        per_view = teacher[:, None].expand(-1, y.shape[1], -1)[present]
         kd = _distill(out["local"].float(), teacher, temperature)
         kd = kd + _distill(out["edge"].float(), teacher, temperature)
         if distill_device and present.any():
+            per_view = teacher[:, None].expand(-1, y.shape[1], -1)[present]
             kd = kd + _distill(out["device"][present].float(), per_view, temperature)
         loss = loss + distill * kd
     return loss
