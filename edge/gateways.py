@@ -14,7 +14,7 @@ from collections.abc import Callable, Mapping
 
 from ddnn.batch import unpack_batch
 from ddnn.edge.ingest import Ingest
-from ddnn.envelope import DecodeError, decode
+from ddnn.envelope import DecodeError
 from ddnn.plumbing.mqtt import status_fields
 from ddnn.topics import Topics
 
@@ -71,7 +71,7 @@ class GatewayIngest:
         except DecodeError as e:
             self._refuse("malformed", f"batch of gateway {gateway}: {e}")
             return None
-        if self.ingest.draining and not all(self._under_way(e) for _, e in entries):
+        if self.ingest.draining and not all(self.ingest.handled_here(e) for _, e in entries):
             self.ingest.declined += 1
             return False
         for device, envelope in entries:
@@ -79,12 +79,6 @@ class GatewayIngest:
                 self._refuse("unknown_device", f"gateway {gateway} cannot speak for {device!r}")
                 continue
             self.ingest.accept(envelope, device)
-
-    def _under_way(self, envelope: bytes) -> bool:
-        try:
-            return self.ingest.assembler.knows(decode(envelope).frame)
-        except DecodeError:
-            return True  # dropped and counted like any malformed message
 
     def _refuse(self, reason: str, detail: str) -> None:
         self._on_drop(reason, None, None)

@@ -169,14 +169,15 @@ class Ingest:
         device, kind = route
         if kind == "status":
             self.on_status(device, payload)
-        elif self.draining and not self._handled_here(payload):
+        elif self.draining and not self.handled_here(payload):
             self.declined += 1
             return False
         else:
             self._accept(payload, device)
         return None
 
-    def _handled_here(self, payload: bytes) -> bool:
+    def handled_here(self, payload: bytes) -> bool:
+        """Whether a draining edge still takes this message: its frame is under way here."""
         try:
             frame = env.decode(payload).frame
         except DecodeError:

@@ -86,15 +86,15 @@ class ExitPipeline:
     """The exits of one bundle version under one exit policy."""
 
     def __init__(self, runtime: BundleRuntime, policy: ExitPolicy, *,
-                 on_segment: Callable[[str, float], None] | None = None, plain: bool = True):
+                 on_segment: Callable[[str, float], None] | None = None):
         self.runtime, self.policy = runtime, policy
         m = self.manifest = runtime.manifest
         self._feature_shape = tuple(m.devices[0].output("features").sample_shape)
         self._absent = bytes(4 * m.num_classes)  # an absent view's row of scores: zeros
         self._on_segment = on_segment or (lambda step, seconds: None)
         # One frame's local exit in plain floats where that decides exactly (local_max); then
-        # batching frames buys nothing (``plain``: False forces numpy, for tests).
-        self.plain_local = (plain and m.local is None and m.aggregation["local"] == "max"
+        # batching frames buys nothing (setting ``plain_local`` False forces numpy, for tests).
+        self.plain_local = (m.local is None and m.aggregation["local"] == "max"
                             and m.num_classes >= 2)
 
     @property

@@ -9,6 +9,7 @@ import numpy as np
 from ddnn import envelope as env
 from ddnn.batch import pack_batch
 from ddnn.edge.gateways import GatewayIngest
+from ddnn.edge.ingest import Ingest
 from ddnn.envelope import MessageType
 from ddnn.topics import Topics
 
@@ -21,6 +22,8 @@ class FakeIngest:
     def __init__(self, known=()):
         self.accepted, self.statuses, self.draining, self.declined = [], [], False, 0
         self.assembler = type("A", (), {"knows": lambda _, f: f in known})()
+
+    handled_here = Ingest.handled_here  # the real rule, on the fake assembler above
 
     def accept(self, payload, device):
         self.accepted.append((device, env.decode(payload).frame))
