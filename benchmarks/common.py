@@ -9,6 +9,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 # The default generated set of the docs: MVMC's shape (6 cameras, 3 classes, 32×32).
 TRAIN_SAMPLES, TEST_SAMPLES = 1500, 1000  # 1500: the issue's training-time aim (4 min)
 QUICK_TRAIN, QUICK_TEST = 600, 200
@@ -89,3 +91,8 @@ def machine() -> dict:
         "cpus": os.cpu_count(),
         "platform": platform.platform(terse=True),
     }
+
+
+def percentile(xs: list[float], q: float) -> float | None:
+    """The q-th percentile of ``xs``, None for no samples."""
+    return float(np.percentile(xs, q)) if xs else None

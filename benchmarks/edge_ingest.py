@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ddnn import envelope as env
-from ddnn.benchmarks.common import pyplot, write_json
+from ddnn.benchmarks.common import percentile, pyplot, write_json
 from ddnn.benchmarks.hierarchy_latency import low_latency_broker
 from ddnn.bundle import load_bundle
 from ddnn.edge.service import EdgeService
@@ -153,7 +153,7 @@ def raw_rate(broker: str, bundle: Path, frames: int, views: int, deployment: str
     sub.stop()
     return (count[0] - 1) / max(count[2] - count[1], 1e-9), {
         "offered_msgs_per_s": rate or None, "cpu_us_per_msg": (cpu[1] - cpu[0]) / n_expected * 1e6,
-        "capture_to_receipt_ms": {"p50": _pct(delays, 50), "p99": _pct(delays, 99)}}
+        "capture_to_receipt_ms": {"p50": percentile(delays, 50), "p99": percentile(delays, 99)}}
 
 
 class _Clock(ResultSink):
@@ -180,10 +180,6 @@ class _Clock(ResultSink):
 
     def after_last_view_ms(self) -> list[float]:
         return [(t - self.last[f]) * 1e3 for f, t in self.out.items() if f in self.last]
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
 
 
 def edge_rate(broker: str, bundle: Path, frames: int, views: int, deployment: str,
@@ -222,10 +218,10 @@ def edge_rate(broker: str, bundle: Path, frames: int, views: int, deployment: st
              "cpu_us_per_msg": (cpu_end - cpu[0]) / (frames * views) * 1e6,
              "dropped": {r: m.dropped.value(reason=r) for r in ("malformed", "late", "duplicate")},
              "local_exits": m.frames.value(exit="local", degraded="false"),
-             "last_view_to_result_ms": {"p50": _pct(after_last, 50),
-                                        "p99": _pct(after_last, 99)},
-             "capture_to_result_ms": {"p50": _pct(clock.from_capture, 50),
-                                      "p99": _pct(clock.from_capture, 99)}}
+             "last_view_to_result_ms": {"p50": percentile(after_last, 50),
+                                        "p99": percentile(after_last, 99)},
+             "capture_to_result_ms": {"p50": percentile(clock.from_capture, 50),
+                                      "p99": percentile(clock.from_capture, 99)}}
     return (agg.answered * views - 1) / max(end - first[0], 1e-9), stats
 
 

@@ -34,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from ddnn import envelope as env
-from ddnn.benchmarks.common import pyplot, stop_process, write_json
+from ddnn.benchmarks.common import percentile, pyplot, stop_process, write_json
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.exits import entropy_of_logits
@@ -71,10 +71,6 @@ def low_latency_broker() -> BrokerProcess:
                             stderr=subprocess.DEVNULL, start_new_session=True)
     wait_for_port("127.0.0.1", port, 10, proc)
     return BrokerProcess("mosquitto", "127.0.0.1", port, proc, workdir)
-
-
-def _pct(xs: list[float], q: float) -> float | None:
-    return float(np.percentile(xs, q)) if xs else None
 
 
 def _median_time(fn, repeats: int) -> float:
@@ -312,8 +308,6 @@ def _hierarchy(bundle: Path, data: Path, frames: int, fps: float, th: dict, brok
             metrics = r.read().decode()
     finally:
         watcher.client.stop()
-    for p in reversed(procs[-m.views - 1:]):  # devices, then the edge (it drains on SIGTERM)
-        stop_process(p)
     return [r for r, _ in watcher.results.values()], watcher, metrics
 
 
@@ -346,7 +340,7 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
         rows, watcher, metrics = _hierarchy(bundle, data, frames, fps, th, broker.url,
                                             cloud_url, work, procs)
     finally:
-        for p in reversed(procs):
+        for p in reversed(procs):  # devices, then the edge (it drains on SIGTERM), the cloud
             stop_process(p)
         broker.stop()
     stages = histogram_quantiles(metrics, "ddnn_edge_stage_seconds", "stage")
@@ -365,8 +359,8 @@ def _report(out_dir: Path, ref: str, views: int, frames: int, fps: float, th: di
            for t in TIERS}
     per_tier = {}
     for t in TIERS:
-        p50 = _pct(lat[t], 50)
-        per_tier[t] = {"frames": len(lat[t]), "p50_ms": p50, "p99_ms": _pct(lat[t], 99),
+        p50 = percentile(lat[t], 50)
+        per_tier[t] = {"frames": len(lat[t]), "p50_ms": p50, "p99_ms": percentile(lat[t], 99),
                        "floor_ms": floor["floor_ms"][t],
                        "p50_over_floor": p50 / floor["floor_ms"][t] if p50 else None}
     local = per_tier["local"]["p50_over_floor"]
