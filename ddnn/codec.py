@@ -26,7 +26,7 @@ from ddnn.errors import CodecError
 
 CODECS = ("binary", "int8", "float16", "float32", "bits2", "bits4")  # append only: the wire
 # format numbers codecs by their position here
-_LEVEL_BITS = {"bits2": 2, "bits4": 4}  # few-bit codecs: bits per value
+LEVEL_BITS = {"bits2": 2, "bits4": 4}  # few-bit codecs: bits per value
 
 # A bound on decoded tensors, so a lying header cannot make a receiver allocate gigabytes.
 MAX_ELEMENTS = 1 << 24
@@ -74,8 +74,8 @@ class FeatureCodec:
         n = _elements(tuple(shape))
         if self.kind == "binary":
             return (n + 7) // 8
-        if self.kind in _LEVEL_BITS:
-            return (n * _LEVEL_BITS[self.kind] + 7) // 8
+        if self.kind in LEVEL_BITS:
+            return (n * LEVEL_BITS[self.kind] + 7) // 8
         if self.kind == "int8":
             return _SCALE.size + n
         return n * (2 if self.kind == "float16" else 4)
@@ -88,8 +88,8 @@ class FeatureCodec:
             raise CodecError("cannot encode a tensor with NaN or infinite values")
         if self.kind == "binary":
             return np.packbits((x > 0).ravel()).tobytes()
-        if self.kind in _LEVEL_BITS:
-            return np.packbits(_level_bits(x.ravel(), _LEVEL_BITS[self.kind])).tobytes()
+        if self.kind in LEVEL_BITS:
+            return np.packbits(_level_bits(x.ravel(), LEVEL_BITS[self.kind])).tobytes()
         if self.kind == "int8":
             peak = float(np.abs(x).max()) if x.size else 0.0
             # The scale is stored as float32: keep it a normal number even for subnormal peaks.
@@ -115,8 +115,8 @@ class FeatureCodec:
         if self.kind == "binary":
             bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n)
             return (bits.astype(np.float32) * 2.0 - 1.0).reshape(shape)
-        if self.kind in _LEVEL_BITS:
-            k = _LEVEL_BITS[self.kind]
+        if self.kind in LEVEL_BITS:
+            k = LEVEL_BITS[self.kind]
             bits = np.unpackbits(np.frombuffer(payload, dtype=np.uint8), count=n * k)
             return _levels(bits.reshape(n, k), k).reshape(shape)
         if self.kind == "int8":
@@ -159,8 +159,8 @@ class FeatureCodec:
         if self.kind == "binary":
             bits = np.unpackbits(rows, axis=1, count=n)
             return (bits.astype(np.float32) * 2.0 - 1.0).reshape(b, *shape)
-        if self.kind in _LEVEL_BITS:
-            k = _LEVEL_BITS[self.kind]
+        if self.kind in LEVEL_BITS:
+            k = LEVEL_BITS[self.kind]
             bits = np.unpackbits(rows, axis=1, count=n * k)
             return _levels(bits.reshape(b, n, k), k).reshape(b, *shape)
         if self.kind == "int8":

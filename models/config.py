@@ -5,11 +5,12 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from ddnn.aggregation import parse_scheme
+from ddnn.codec import LEVEL_BITS
 from ddnn.errors import ConfigError
 
 SCHEDULES = ("cosine", "onecycle", "constant")
 COMM_HOOKS = ("none", "fp16", "powersgd")
-DEVICE_CODECS = {"binary": 1, "bits2": 2, "bits4": 4, "float16": 0}  # codec: bits per value
+DEVICE_CODECS = {"binary": 1, **LEVEL_BITS, "float16": 0}  # codec: bits per value (0: ReLU)
 EDGE_CODECS = ("int8", "float16", "float32", "binary")  # binary: sign features, else ReLU
 VIEW_POOLS = ("max", "maxmean")
 PAPER = {  # DDNNConfig.paper(): the architecture before docs/training.md's "Closing the gap"
