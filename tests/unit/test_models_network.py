@@ -160,3 +160,14 @@ def test_device_file_stores_float16_weights_and_computes_as_torch(tmp_path):
         t_scores, t_features = model.devices[0](x)
     np.testing.assert_allclose(scores, t_scores.numpy(), atol=1e-5)
     np.testing.assert_array_equal(features, t_features.numpy())
+
+
+def test_a_device_weight_beyond_float16_is_refused_by_name(tmp_path):
+    pytest.importorskip("onnx")
+    from ddnn.errors import BundleError
+
+    model = _model(views=2)
+    with torch.no_grad():
+        model.devices[0].block.conv.weight[0, 0, 0, 0] = 1e6  # float16 tops out at 65504
+    with pytest.raises(BundleError, match="block.conv.weight.*float16"):
+        export_segments(model, tmp_path, (3, 32, 32))
