@@ -145,7 +145,7 @@ def raw_rate(broker: str, bundle: Path, frames: int, views: int, deployment: str
 
     opts = MqttOptions(subscriptions=[(Topics(deployment).all_devices("scores"), 1)])
     sub = MqttClient(broker, "ingest-raw", opts, on_message=on_message).start()
-    sub.wait_connected(10)
+    sub.wait_subscribed(10)
     time.sleep(0.3)  # let the subscription reach the broker before publishing
     pub = _Publishers(broker, bundle, frames, 0, deployment, rate)
     done.wait(120)
@@ -205,7 +205,7 @@ def edge_rate(broker: str, bundle: Path, frames: int, views: int, deployment: st
 
     agg.ingest.on_message = timed  # the time of each device message
     service.start()
-    service.mqtt.wait_connected(10)
+    service.mqtt.wait_subscribed(10)
     time.sleep(0.3)
     pub = _Publishers(broker, bundle, frames, 0, deployment, rate)
     agg.done.wait(120)

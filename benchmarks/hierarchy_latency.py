@@ -104,7 +104,7 @@ def broker_trip(url: str, payload_size: int, n: int) -> float:
     sub = MqttClient(url, "bench-sub", MqttOptions(subscriptions=[("bench/ping", 1)]),
                      on_message=on_message).start()
     pub = MqttClient(url, "bench-pub", MqttOptions()).start()
-    sub.wait_connected(10)
+    sub.wait_subscribed(10)
     pub.wait_connected(10)
     time.sleep(0.2)  # let the subscription reach the broker (no SUBACK hook in the wrapper)
     trips = []

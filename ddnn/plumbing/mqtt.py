@@ -229,6 +229,10 @@ class MqttClient:
         self.on_refused = on_refused  # called once, from paho's thread, on a refusal for good
         self.refused: BrokerRefusedError | None = None
         self.connected = threading.Event()
+        # Set once the broker acknowledged every subscription of the current connection: a
+        # message published before that may never reach this client.
+        self.subscribed = threading.Event()
+        self._unacked_subscriptions: set[int] = set()
         self.connects = 0  # successful connections, reconnections included
         # When the broker was lost (monotonic), or the client made; None while connected.
         self.disconnected_since: float | None = time.monotonic()
@@ -275,6 +279,7 @@ class MqttClient:
         c.on_disconnect = self._handle_disconnect
         c.on_message = self._handle_message
         c.on_connect_fail = self._handle_connect_fail
+        c.on_subscribe = self._handle_subscribe
         if self.url.tls:  # with on_log set, paho formats a log line for every packet
             c.on_log = self._handle_log
         if on_published is not None:
@@ -336,8 +341,10 @@ class MqttClient:
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             # paho leaves Nagle on: small messages would wait for delayed ACKs (~40 ms).
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for topic, qos in self.options.subscriptions:
-            client.subscribe(topic, qos)
+        mids = {client.subscribe(topic, qos)[1] for topic, qos in self.options.subscriptions}
+        self._unacked_subscriptions = mids
+        if not mids:
+            self.subscribed.set()
         if self.status_topic:
             client.publish(self.status_topic, status_payload("online", **self.status_info),
                            QOS_STATUS, retain=True)
@@ -358,6 +365,7 @@ class MqttClient:
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was = self.connected.is_set()
         self.connected.clear()
+        self.subscribed.clear()
         # Until the next CONNACK no alias is known: paho may send on the new socket before it.
         self._aliases.disconnected()
         if was:
@@ -371,6 +379,11 @@ class MqttClient:
             log.warning("lost the broker %s (%s); reconnecting with backoff", self.url, reason_code)
         if self._on_disconnect_cb:
             self._on_disconnect_cb()
+
+    def _handle_subscribe(self, client, userdata, mid, reason_codes, properties) -> None:
+        self._unacked_subscriptions.discard(mid)
+        if not self._unacked_subscriptions and self.connected.is_set():
+            self.subscribed.set()
 
     def _handle_publish(self, client, userdata, mid, reason_code, properties) -> None:
         # Called by paho with its message lock held: the hooks must only record the mid.
@@ -432,6 +445,13 @@ class MqttClient:
                 return False
         return True
 
+    def wait_subscribed(self, timeout: float) -> bool:
+        """True once connected and every subscription acknowledged by the broker (SUBACK)."""
+        deadline = time.monotonic() + timeout
+        if not self.wait_connected(timeout):
+            return False
+        return self.subscribed.wait(max(deadline - time.monotonic(), 0))
+
     def publish(self, topic: str, payload: bytes, qos: int = 1, retain: bool = False):
         """Queue a message; paho sends it now or after the next reconnection (QoS ≥ 1)."""
         with self._aliases.lock:  # the alias is set up on the wire before it is used
@@ -476,6 +496,7 @@ class MqttClient:
         self._client.disconnect()
         self._client.loop_stop()
         self.connected.clear()
+        self.subscribed.clear()
 
 
 _UNSUPPORTED_PROTOCOL = 132  # CONNACK reason code (paho maps 3.1.1's 1 onto it)

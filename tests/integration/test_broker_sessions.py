@@ -61,3 +61,19 @@ def test_a_persistent_session_gets_what_was_published_while_away(broker):
         publisher.stop()
     with lock:
         assert got[1:] == [str(i).encode() for i in range(10)]
+
+
+def test_wait_subscribed_means_the_first_message_arrives(broker):
+    """After ``wait_subscribed`` one publish is enough: no probe loop, no lost message."""
+    got: list[bytes] = []
+    sub = MqttClient(broker.url, "sessions-suback", MqttOptions(subscriptions=[(TOPIC, 1)]),
+                     on_message=lambda topic, payload: got.append(payload)).start()
+    publisher = MqttClient(broker.url, "sessions-suback-pub").start()
+    try:
+        assert sub.wait_subscribed(10) and publisher.wait_connected(10)
+        publisher.publish(TOPIC, b"first", 1).wait_for_publish(5)
+        wait_for(lambda: got == [b"first"], 10, "the first message")
+    finally:
+        publisher.stop()
+        sub.stop()
+    assert not sub.subscribed.is_set(), "a stopped client no longer counts as subscribed"

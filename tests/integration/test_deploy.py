@@ -494,7 +494,7 @@ def test_the_sample_bridge_carries_results_up_and_bundles_down(pki, tmp_path):
                                                      security=security or MqttSecurity()),
                                on_message=lambda t, p: sink.append((t, p))).start()
                 clients.append(c)
-                assert c.wait_connected(10)
+                assert c.wait_subscribed(10)
                 return c
 
             def identity(cid: str) -> MqttSecurity:

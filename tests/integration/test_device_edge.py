@@ -57,7 +57,7 @@ class Edge:
             s, runtime=self.runtime, cloud_retry=RetryPolicy(initial=0.05, maximum=0.2)).start()
         self.agg = self.service.aggregator
         if broker:
-            assert self.service.mqtt.wait_connected(10)
+            assert self.service.mqtt.wait_subscribed(10)  # SUBACKs: no message lost
 
     def stop(self) -> None:
         self.service.stop()

@@ -193,7 +193,7 @@ def clients():
         made.append(c)
         c.start()
         if wait:
-            assert c.wait_connected(10)
+            assert c.wait_subscribed(10)
         return c
 
     yield make
@@ -321,7 +321,7 @@ def test_hierarchy_runs_under_tls_passwords_and_the_acl(broker, pki, tiny_bundle
     services = []
     stack = contextlib.ExitStack()
     try:
-        assert edge.mqtt.wait_connected(10)
+        assert edge.mqtt.wait_subscribed(10)
         for view, cid in enumerate(ids):
             settings = DeviceSettings(
                 bundle=tiny_bundle, view=view, device_id=cid, deployment=DEPLOYMENT,
