@@ -12,7 +12,6 @@ worker thread; the swap of the served set happens on the event loop, so no locks
 from __future__ import annotations
 
 import asyncio
-import functools
 import logging
 import os
 import stat
@@ -26,6 +25,7 @@ from ddnn.errors import BundleError, DdnnError
 from ddnn.oip import ModelNotFoundError
 from ddnn.runtime import BundleRuntime
 from ddnn.signing import SIGNATURE
+from ddnn.versions import version_key
 
 log = logging.getLogger(__name__)
 
@@ -34,13 +34,8 @@ Signature = tuple[tuple[str, int, int], ...]
 Identity = tuple[int, int, int, int]
 
 
-def version_order(a: str, b: str) -> int:
-    """Compare versions: numerically when both are integers, else as strings."""
-    x, y = (int(a), int(b)) if a.isdigit() and b.isdigit() else (a, b)
-    return (x > y) - (x < y)
-
-
-latest_key = functools.cmp_to_key(version_order)
+# The project's one version order (ddnn/versions.py): "1.10" after "1.9".
+latest_key = version_key
 
 
 def identity(st: os.stat_result) -> Identity | None:

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import json
 import logging
-import re
 import shutil
 import threading
 import time
@@ -48,10 +47,10 @@ from ddnn.plumbing.download import Origin, Unreachable, fetch_bundle
 from ddnn.plumbing.options import Option, boolean, path
 from ddnn.plumbing.probation import UpdateGuard, VersionProbe, write_json
 from ddnn.plumbing.retry import RetryPolicy
+from ddnn.versions import is_newer, parse_version
 
 log = logging.getLogger(__name__)
 
-_VERSION = re.compile(r"[0-9]+(\.[0-9]+)*")
 # Fetching an announced version again while the cloud cannot serve it: 1 s doubling to 60 s.
 OTA_RETRY = RetryPolicy(initial=1.0, maximum=60.0)
 
@@ -108,23 +107,6 @@ class Announcement:
 def bundle_url(cloud: str, name: str, version: str) -> str:
     """Where the cloud serves a bundle version's files (``cloud/bundles.py``)."""
     return f"{cloud.rstrip('/')}/v1/bundles/{name}/{version}"
-
-
-def parse_version(version: str) -> tuple[int, ...] | None:
-    """``"12"`` -> ``(12,)``, ``"1.10.2"`` -> ``(1, 10, 2)``; None for anything else."""
-    if not _VERSION.fullmatch(version):
-        return None
-    return tuple(int(p) for p in version.split("."))
-
-
-def is_newer(new: str, running: str) -> bool:
-    """True when version ``new`` is strictly newer than ``running``; versions that are not
-    integers or dotted integers cannot be ordered, so they are never newer (``1.0`` == ``1``)."""
-    a, b = parse_version(new), parse_version(running)
-    if a is None or b is None:
-        return False
-    n = max(len(a), len(b))
-    return a + (0,) * (n - len(a)) > b + (0,) * (n - len(b))
 
 
 def compatible(running: Manifest, new: Manifest) -> None:

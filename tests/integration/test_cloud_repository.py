@@ -12,7 +12,7 @@ import pytest
 
 from ddnn import oip
 from ddnn.bundle import sha256_file
-from ddnn.cloud.repository import latest_key, version_order
+from ddnn.cloud.repository import latest_key
 from ddnn.errors import ConfigError
 from tests.integration.conftest import wait_for
 
@@ -47,10 +47,11 @@ def unavailable(url: str) -> dict[str, str]:
             if e["state"] == "UNAVAILABLE" and e["name"] == "tiny-cloud"}
 
 
-def test_versions_compare_numerically_when_both_are_integers():
-    assert version_order("10", "9") > 0 and version_order("1.10", "1.2") < 0
+def test_the_latest_version_follows_the_one_version_order():
     assert max(["2", "10", "9"], key=latest_key) == "10"
-    assert max(["a", "b2", "b10"], key=latest_key) == "b2"
+    assert max(["1.9", "1.10", "1.2"], key=latest_key) == "1.10"
+    assert max(["a", "b2", "b10"], key=latest_key) == "b2"  # not numeric: as strings
+    assert max(["beta", "1"], key=latest_key) == "1"  # numeric versions come after the rest
 
 
 def test_hot_reload_and_failed_reloads(cloud_server, tiny_bundle, tmp_path):

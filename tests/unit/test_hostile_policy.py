@@ -8,7 +8,8 @@ import pytest
 
 from ddnn import oip
 from ddnn.errors import BundleError
-from ddnn.plumbing.ota import Announcement, Origin, is_newer, parse_version
+from ddnn.plumbing.ota import Announcement, Origin
+from ddnn.versions import is_newer, parse_version
 
 
 @pytest.mark.parametrize(("new", "running", "newer"), [
