@@ -4,8 +4,15 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The CPU build of torch, pinned: an unpinned torch pulls several GB of CUDA packages.
-TORCH  ?= torch==2.13.0
+# torch, pinned. On PyPI an ordinary Linux machine gets the CUDA build (several GB), so by
+# default torch comes from PyTorch's CPU index when that answers within a few seconds, and from
+# the configured index (PyPI) otherwise: a machine that cannot reach download.pytorch.org, such
+# as one with a local CPU wheel, is not stalled. TORCH_INDEX overrides: a URL (GPUs:
+# https://download.pytorch.org/whl/cu128), `pypi` for the configured index only (what CI sets:
+# its mirror serves the CPU build), or `auto` (the default).
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?= auto
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 EXTRAS ?= device,edge,cloud,train,demo,dev
 
 .PHONY: setup venv broker demo test lint bench clean
@@ -20,7 +27,15 @@ $(BIN)/.installed: pyproject.toml
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv \
 		>/dev/null && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	@index="$(TORCH_INDEX)"; \
+	if [ "$$index" = auto ]; then \
+		if $(BIN)/python -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" \
+			2>/dev/null; then index="$(TORCH_CPU_INDEX)"; else index=pypi; fi; fi; \
+	if [ "$$index" = pypi ]; then echo "torch: $(TORCH) from the configured index"; \
+		$(BIN)/python -m pip install -q "$(TORCH)"; \
+	else echo "torch: $(TORCH) from $$index"; \
+		$(BIN)/python -m pip install -q "$(TORCH)" --index-url "$$index" \
+			--extra-index-url https://pypi.org/simple; fi
 	# Editable: the tier folders map into the one `ddnn` package (pyproject's package-dir).
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
