@@ -15,9 +15,9 @@ TORCH_INDEX ?= auto
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 EXTRAS ?= device,edge,cloud,train,demo,dev
 
-.PHONY: setup venv broker demo test lint bench clean
+.PHONY: setup venv system broker demo test lint bench clean
 
-setup: venv broker
+setup: venv system
 
 venv: $(BIN)/.installed
 
@@ -40,15 +40,26 @@ $(BIN)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
-# Mosquitto for the integration tests and the demo; the demo falls back to the embedded
-# pure-Python broker (amqtt) when Mosquitto cannot be installed.
-broker:
-	@if command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; then :; \
+# Debian packages the tests and the demo use, installed when root and missing:
+#   mosquitto   the broker of the integration tests and the demo (the demo falls back to the
+#               embedded pure-Python broker, amqtt, without it)
+#   prometheus  promtool and a real Prometheus for the monitoring tests (deploy/prometheus)
+# Without root the tests that need them are skipped (CI, which is root, fails instead).
+SYSTEM_PACKAGES ?= mosquitto:/usr/sbin/mosquitto prometheus:/usr/bin/promtool
+
+system:
+	@missing=""; for entry in $(SYSTEM_PACKAGES); do \
+		pkg=$${entry%%:*}; exe=$${entry#*:}; [ -x "$$exe" ] || missing="$$missing $$pkg"; done; \
+	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing mosquitto"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null) \
-		|| echo "warning: could not install mosquitto; broker tests will be skipped"; \
-	else echo "warning: mosquitto is not installed and I am not root; broker tests will be skipped"; fi
+		echo "installing$$missing"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends $$missing >/dev/null) \
+		|| echo "warning: could not install$$missing; the tests that need them will be skipped"; \
+	else echo "warning:$$missing not installed and I am not root; the tests that need them will be skipped"; fi
+
+# (the old name of `system`)
+broker: system
 
 demo: setup
 	$(BIN)/ddnn demo

@@ -107,6 +107,8 @@ class EdgeAggregator:
         s = self.settings
         policy = runtime.manifest.policy.with_overrides(local=s.local_threshold,
                                                         edge=s.edge_threshold)
+        for exit_name, threshold in policy.thresholds.items():
+            self.metrics.thresholds.set(threshold, exit=exit_name)
         # Compute times are observed once the frame's result is out (_observe_segments).
         return ExitPipeline(runtime, policy, on_segment=lambda step, seconds:
                             self._segments.append((step, seconds)))

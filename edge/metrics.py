@@ -59,6 +59,9 @@ class EdgeMetrics:
         self.broker_up = r.gauge("ddnn_edge_broker_connected", "1 while connected to the broker")
         self.bundle = r.gauge("ddnn_edge_bundle_info", "1 for the bundle version the edge runs",
                               ("model", "version"))
+        self.thresholds = r.gauge("ddnn_edge_exit_threshold",
+                                  "Normalized-entropy threshold of each early exit in force "
+                                  "(a frame exits where its entropy is under it)", ("exit",))
         self.callback = r.counter("ddnn_edge_results_callback_total",
                                   "Results for the HTTP callback, by outcome", ("outcome",))
         self.bundle_updates = r.counter("ddnn_edge_bundle_updates_total",
