@@ -134,26 +134,31 @@ def load_dataset(
 
 
 def load_view(
-    path: str | Path, view: int, num_classes: int | None = None
+    path: str | Path, view: int, num_classes: int | None = None, start: int = 0,
+    limit: int | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """One view of a dataset: its images float32 ``(N, 3, H, W)``, all zero where the view is
-    absent, and a boolean ``(N,)`` of where it is present.
+    absent, and a boolean ``(N,)`` of where it is present; of the samples from ``start`` on
+    (``limit`` of them at most) when given.
 
-    The file is validated as :func:`load_dataset` validates it, but only this view's images are
-    kept (a ``.npz`` file's ``X`` is read a few samples at a time, a directory's stays mapped):
-    a device replaying one camera of V holds 1/V of the images, never the whole array.
+    The file is validated as :func:`load_dataset` validates it, but only these images are kept
+    (a ``.npz`` file's ``X`` is read a few samples at a time, a directory's stays mapped): a
+    device replaying one camera of V holds 1/V of the images at most, never the whole array.
     """
     path = Path(path)
     if path.is_dir():
         ds = _load_directory(path, num_classes)
         _check_view(path, view, ds.num_views)
-        images = np.concatenate([ds.images((slice(i, i + _CHUNK), view))
-                                 for i in range(0, ds.num_samples, _CHUNK)])
-        present = ds.present[:, view]
+        rows = range(ds.num_samples)[start : None if limit is None else start + limit]
+        images = np.empty((len(rows), *ds.image_shape), np.float32)
+        for i in range(rows.start, rows.stop, _CHUNK):
+            j = min(i + _CHUNK, rows.stop)
+            images[i - rows.start : j - rows.start] = ds.images((slice(i, j), view))
+        present = ds.present[rows.start : rows.stop, view]
     else:
-        arrays, images, blank = _read_npz(path, view)
+        arrays, images, blank = _read_npz(path, view, start, limit)
         y, _, _ = _npz_labels(path, arrays, blank, num_classes)
-        present = y[:, view] >= 0
+        present = y[start:, view][: len(images)] >= 0
     images[~present] = 0.0  # absent by label: exactly zero, as the device's absence test wants
     return images, present
 
@@ -163,9 +168,10 @@ def _check_view(path: Path, view: int, views: int) -> None:
         raise _fail(path, f"has views 0..{views - 1}, not {view}")
 
 
-def _read_npz(path: Path, view: int | None = None) -> tuple[dict, np.ndarray, np.ndarray]:
-    """A ``.npz`` file's arrays but X; X checked and kept whole, or only ``view`` of it; and
-    the (N, V) mask of all-zero images."""
+def _read_npz(path: Path, view: int | None = None, start: int = 0, limit: int | None = None
+              ) -> tuple[dict, np.ndarray, np.ndarray]:
+    """A ``.npz`` file's arrays but X; X checked and kept whole, or only ``view`` of it (of the
+    samples from ``start``, ``limit`` at most); and the (N, V) mask of all-zero images."""
     if not path.is_file():
         raise DatasetError(f"{path}: no such dataset file")
     try:
@@ -178,7 +184,7 @@ def _read_npz(path: Path, view: int | None = None) -> tuple[dict, np.ndarray, np
                     raise _fail(path, f"missing array {key!r} (has {sorted(f.files)})")
             arrays = {k: f[k] for k in f.files if k != "X"}
             with f.zip.open("X.npy") as fp:
-                X, blank = _read_images(path, fp, view)
+                X, blank = _read_images(path, fp, view, start, limit)
     except DatasetError:
         raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
@@ -186,9 +192,11 @@ def _read_npz(path: Path, view: int | None = None) -> tuple[dict, np.ndarray, np
     return arrays, X, blank
 
 
-def _read_images(path: Path, fp, view: int | None) -> tuple[np.ndarray, np.ndarray]:
+def _read_images(path: Path, fp, view: int | None, start: int = 0, limit: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
     """X from its ``.npy`` stream, a chunk of samples at a time: checked, converted to float32,
-    every view or one kept; with the (N, V) mask of all-zero images."""
+    every view or one kept (of the samples ``start`` to ``start + limit``); with the (N, V)
+    mask of all-zero images."""
     version = np.lib.format.read_magic(fp)
     if version not in ((1, 0), (2, 0)):
         raise _fail(path, f"X.npy has an unsupported .npy format version {version}")
@@ -206,7 +214,9 @@ def _read_images(path: Path, fp, view: int | None) -> tuple[np.ndarray, np.ndarr
         raise _fail(path, f"X must be floating point in [0, 1], got dtype {dtype}")
     if view is not None:
         _check_view(path, view, v)
-    kept = np.empty((n, v, 3, h, w) if view is None else (n, 3, h, w), np.float32)
+    keep = range(n)[start : None if limit is None else start + limit]
+    kept = np.empty((len(keep), v, 3, h, w) if view is None else (len(keep), 3, h, w),
+                    np.float32)
     blank = np.empty((n, v), dtype=bool)
     sample = v * 3 * h * w * dtype.itemsize
     # A Fortran-ordered X (a transposed array saved as it was) cannot be cut by samples.
@@ -222,7 +232,10 @@ def _read_images(path: Path, fp, view: int | None) -> tuple[np.ndarray, np.ndarr
             raise _fail(path, "X values must be finite and lie in [0, 1]")
         # An all-zero image is an absent view, whatever its label says (MVMC uses 3 there).
         blank[i : i + k] = ~chunk.reshape(k, v, -1).any(axis=2)
-        kept[i : i + k] = chunk if view is None else chunk[:, view]
+        lo, hi = max(i, keep.start), min(i + k, keep.stop)
+        if lo < hi:
+            part = chunk[lo - i : hi - i]
+            kept[lo - keep.start : hi - keep.start] = part if view is None else part[:, view]
     return kept, blank
 
 

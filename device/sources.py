@@ -39,18 +39,17 @@ class NpzReplay:
         from ddnn.dataset import load_view
 
         self.path = Path(path)
-        # This view alone, read a few samples at a time: never the whole file in memory. Views
-        # absent by label are exactly zero, so the device's absence test agrees with the file.
-        self._images, _ = load_view(path, view, num_classes=num_classes)
-        end = len(self._images) if limit is None else min(len(self._images), start + limit)
-        self._range = range(start, end)
+        # The frames to replay of this view alone, read a few samples at a time: never the
+        # whole file in memory. Views absent by label are exactly zero, so the device's absence
+        # test agrees with the file.
+        self._images, _ = load_view(path, view, num_classes, start, limit)
+        self._range = range(start, start + len(self._images))
 
     def __len__(self) -> int:
         return len(self._range)
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        for i in self._range:
-            yield i, self._images[i]
+        yield from zip(self._range, self._images, strict=True)
 
 
 class SourceError(DdnnError):

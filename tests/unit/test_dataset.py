@@ -119,6 +119,11 @@ def test_one_view_is_the_view_of_the_whole_file(tmp_path, order):
         np.testing.assert_array_equal(images, expected)
         np.testing.assert_array_equal(present, seen)
     assert not load_view(path, 2)[1][1] and not load_view(path, 0)[1][3]
+    images, present = load_view(path, 1, start=2, limit=3)  # a replay's --start and --limit
+    expected, seen = _view_of(whole, 1)
+    np.testing.assert_array_equal(images, expected[2:5])
+    np.testing.assert_array_equal(present, seen[2:5])
+    assert len(load_view(path, 1, start=5)[0]) == 2 and len(load_view(path, 1, start=9)[0]) == 0
 
 
 def test_one_view_of_a_directory_is_read_from_its_mapped_images(tmp_path):
@@ -133,6 +138,9 @@ def test_one_view_of_a_directory_is_read_from_its_mapped_images(tmp_path):
     np.testing.assert_array_equal(images, expected)
     np.testing.assert_array_equal(present, seen)
     assert not present[2]
+    images, present = load_view(tmp_path, 1, start=1, limit=2)
+    np.testing.assert_array_equal(images, expected[1:3])
+    np.testing.assert_array_equal(present, seen[1:3])
 
 
 def test_one_view_of_a_bad_file_names_the_problem(tmp_path):
