@@ -1,19 +1,21 @@
 """Device footprint: segment size, per-frame latency on one thread, agent memory, no torch.
 
 Baselines in the same run: the raw 8-bit image a device would otherwise send; the floor of the
-agent's memory, a process that only imports numpy, ONNX Runtime and paho (``imports``) and one
-that also runs the device segment once in its one-thread session (``session``); and a bare
-Python process that imports torch (what the agent would cost with torch). The agent replays a
-view of the test file. Memory is measured on this machine and, when ``make test-arm64`` has built
-the emulated arm64 userland (benchmarks/arm64.py, root only), on aarch64 too, with the same
-wheel of this working tree. Under qemu a process's resident memory also holds the emulator (its
-translated-code cache and heap): ``guest`` is what the program itself maps, what a board would
-hold, read from the process's smaps. Per-frame times under emulation say nothing about a board
-and are not taken there.
+agent's memory, a process that only imports numpy, ONNX Runtime and paho (``floor_imports``) and
+one that also runs the device segment once in its one-thread session (``floor_session``); a bare
+Python process that imports torch (what the agent would cost with torch); and, with
+``DDNN_FOOTPRINT_BASELINE=REV``, the agent of that git revision (before a change, after it).
+The agent replays view 0 of the test file from a wheel installed with the device extra alone
+in a fresh venv: on this machine and, when ``make test-arm64`` has built the emulated arm64
+userland (benchmarks/arm64.py; root only), on aarch64 too. Under qemu a process's resident
+memory also holds the emulator (its translated-code cache and heap): ``peak_guest_mib`` is what
+the program itself maps, what a board would hold, read from the process's smaps. Per-frame
+times under emulation say nothing about a board and are not taken there.
 """
 
 from __future__ import annotations
 
+import os
 import platform
 import re
 import shutil
@@ -45,6 +47,10 @@ rt.device(0, numpy.zeros((1, *rt.manifest.input_shape), numpy.float32))"""
 # Held until told to stop, so that its memory is read at a known point.
 HOLD = "\nprint('ready', flush=True)\nsys.stdin.read()"
 QEMU_OWN = ("[heap]", "[stack]", "[vdso]", "[vvar]", "[vsyscall]")
+REPO = Path(__file__).resolve().parents[1]
+# Where the measured processes start: in the repository, `python -m ddnn` would import the
+# source folder ddnn/ instead of the wheel under test.
+AWAY = tempfile.gettempdir()
 HOST_SPACE = 0x7F00_0000_0000  # qemu-user maps its own memory up here, the guest's far below
 
 
@@ -121,7 +127,7 @@ def floor(python: Sequence[str], code: str, args: Sequence[str] = (), emulated: 
     """Memory of ``python -c code args`` once it says it is ready."""
     with tempfile.TemporaryFile("w+") as errors:
         proc = subprocess.Popen([*python, "-c", code + HOLD, *args], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE, stderr=errors, text=True)
+                                stdout=subprocess.PIPE, stderr=errors, text=True, cwd=AWAY)
         try:
             if proc.stdout.readline().strip() != "ready":
                 proc.wait()
@@ -139,10 +145,10 @@ def agent(python: Sequence[str], bundle: Path, data: Path, broker: str, frames: 
           emulated: bool = False) -> dict:
     """Peak memory of ``ddnn device`` replaying ``frames`` frames of view 0 of ``data``."""
     proc = subprocess.Popen(
-        [*python, "-m", "ddnn", "device", "--bundle", str(bundle), "--broker", broker,
-         "--view", "0", "--data", str(data), "--fps", "200", "--limit", str(frames),
+        [*python, "-m", "ddnn", "device", "--bundle", str(bundle.resolve()), "--broker", broker,
+         "--view", "0", "--data", str(data.resolve()), "--fps", "200", "--limit", str(frames),
          "--grace", "0.5", "--threads", "1", "--wait-peers", "0"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=AWAY,
     )
     watch = MemoryWatch(proc, emulated).start()
     code = proc.wait()
@@ -157,14 +163,50 @@ def memory(python: Sequence[str], bundle: Path, data: Path, broker: str, frames:
     """The agent's memory beside its two floors, with one interpreter."""
     key = "peak_guest_mib" if emulated else "peak_rss_mib"
     out = {"floor_imports": floor(python, FLOOR_IMPORTS, emulated=emulated),
-           "floor_session": floor(python, FLOOR_SESSION, [str(bundle)], emulated),
+           "floor_session": floor(python, FLOOR_SESSION, [str(bundle.resolve())], emulated),
            "agent": agent(python, bundle, data, broker, frames, emulated)}
     out["agent_over_floor_mib"] = round(out["agent"][key] - out["floor_session"][key], 1)
     return out
 
 
-def arm64_memory(bundle: Path, data: Path, broker: str, frames: int) -> dict:
-    """:func:`memory` in the emulated arm64 userland, with a wheel of this working tree."""
+def wheels(work: Path) -> dict[str, Path]:
+    """A wheel of this working tree and, with ``DDNN_FOOTPRINT_BASELINE=REV``, one of that git
+    revision: the agent before and after a change, measured in the same run."""
+    builds = {"this_tree": REPO}
+    rev = os.environ.get("DDNN_FOOTPRINT_BASELINE")
+    if rev:
+        src = work / "baseline-src"
+        src.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        builds[f"baseline_{rev}"] = src
+    out = {}
+    for name, src in builds.items():
+        dest = work / "wheels" / name
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w",
+                        str(dest)], check=True)
+        out[name] = next(dest.glob("ddnn-*.whl"))
+    return out
+
+
+def host_memory(wheels: dict[str, Path], bundle: Path, data: Path, broker: str, frames: int
+                ) -> dict:
+    """:func:`memory` on this machine, each wheel in a fresh venv with the device extra alone
+    (as on a board: no torch, no other tier's packages)."""
+    out = {}
+    for name, wheel in wheels.items():
+        venv = wheel.parent / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q",
+                        f"{wheel}[device]"], check=True)
+        out[name] = memory([str(venv / "bin/python")], bundle, data, broker, frames)
+    return out
+
+
+def arm64_memory(wheels: dict[str, Path], bundle: Path, data: Path, broker: str, frames: int
+                 ) -> dict:
+    """:func:`memory` in the emulated arm64 userland, each wheel installed there in turn."""
     from ddnn.benchmarks.arm64 import VENV, Userland
 
     userland = Userland()
@@ -174,15 +216,16 @@ def arm64_memory(bundle: Path, data: Path, broker: str, frames: int) -> dict:
     if why:
         return {"skipped": why}
     with tempfile.TemporaryDirectory(prefix="ddnn-footprint-") as tmp:
-        work = Path(tmp)
-        root = Path(__file__).resolve().parents[1]
-        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(root),
-                        "-w", str(work)], check=True)
-        userland.install(next(work.glob("ddnn-*.whl")))
+        work = Path(tmp)  # under /tmp: bound into the userland's own /tmp, nothing left there
         shutil.copytree(bundle, work / "bundle")
         shutil.copy2(data, work / "data.npz")
         python = userland.command([f"{VENV}/bin/python"], binds=[work])
-        return memory(python, work / "bundle", work / "data.npz", broker, frames, emulated=True)
+        out = {}
+        for name, wheel in wheels.items():
+            userland.install(wheel)
+            out[name] = memory(python, work / "bundle", work / "data.npz", broker, frames,
+                               emulated=True)
+        return out
 
 
 def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
@@ -200,22 +243,23 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
     del ds, frames
 
     n = 50 if quick else 300
-    with start_broker() as broker:
-        host = memory([sys.executable], bundle, data, broker.url, n)
-        arm64 = arm64_memory(bundle, data, broker.url, n)
+    with tempfile.TemporaryDirectory(prefix="ddnn-footprint-") as tmp, start_broker() as broker:
+        built = wheels(Path(tmp))
+        host = host_memory(built, bundle, data, broker.url, n)
+        arm64 = arm64_memory(built, bundle, data, broker.url, n)
     torch_proc = subprocess.Popen([sys.executable, "-c", "import torch, time; time.sleep(1)"])
     torch_watch = MemoryWatch(torch_proc).start()
     torch_proc.wait()
     torch_rss = torch_watch.stop()["peak_rss_mib"]
 
     seg = m.devices[0]
-    agent_rss = host["agent"]["peak_rss_mib"]
+    agent_rss = host["this_tree"]["agent"]["peak_rss_mib"]
     result = {
         "segment_file_bytes": (bundle / seg.file).stat().st_size,
         "per_frame_ms_one_thread": {"p50": statistics.median(times),
                                     "p99": float(np.percentile(times, 99))},
         "agent_peak_rss_mib": agent_rss,
-        "agent_imported_torch": host["agent"]["imported_torch"],
+        "agent_imported_torch": host["this_tree"]["agent"]["imported_torch"],
         "memory": {platform.machine(): host, "aarch64_emulated": arm64},
         "baseline_python_with_torch_rss_mib": torch_rss,
         "raw_frame_bytes": int(np.prod(m.input_shape)),
