@@ -15,7 +15,7 @@ TORCH_INDEX ?= auto
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 EXTRAS ?= device,edge,cloud,train,demo,dev
 
-.PHONY: setup venv system broker demo test lint bench clean
+.PHONY: setup venv system broker demo test test-arm64 lint bench clean
 
 setup: venv system
 
@@ -73,6 +73,13 @@ lint: venv
 
 test: setup lint
 	$(BIN)/python -m pytest
+
+# The device agent on the boards' architecture (aarch64), in an arm64 Debian userland run
+# through qemu-user: the device's tests and a live replay against this machine's broker and edge.
+# Needs root; made once and cached in $(DDNN_ARM64_CACHE) (default /var/cache/ddnn-arm64);
+# skips with the reason where it cannot run. See tests/arm64/run.py and docs/raspberry-pi.md.
+test-arm64: setup
+	$(BIN)/python -m tests.arm64.run
 
 bench: setup
 	$(BIN)/ddnn bench

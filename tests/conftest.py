@@ -24,12 +24,10 @@ class TinyData:
     size: int = 16
 
 
-@pytest.fixture(scope="session")
-def tiny_data(tmp_path_factory) -> TinyData:
-    """A generated train and test file in the dataset contract's layout."""
+def make_tiny_data(root: Path) -> TinyData:
+    """Generate ``tiny_data``'s files under ``root`` (numpy only)."""
     from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
-    root = tmp_path_factory.mktemp("data")
     cfg = SceneConfig(views=3, classes=3, size=16)
     data = TinyData(root / "train.npz", root / "test.npz")
     save_dataset(data.train, synthesize(360, cfg, seed=1))
@@ -37,21 +35,37 @@ def tiny_data(tmp_path_factory) -> TinyData:
     return data
 
 
-@pytest.fixture(scope="session")
-def tiny_bundle(tiny_data, tmp_path_factory) -> Path:
-    """A bundle trained for a few epochs on ``tiny_data`` (read-only: copy it to modify it)."""
+def train_tiny_bundle(data: TinyData, out: Path) -> Path:
+    """Train ``tiny_bundle`` on ``data`` into ``out`` (torch)."""
     from ddnn.models.build import build_bundle
     from ddnn.models.config import DDNNConfig
 
-    out = tmp_path_factory.mktemp("bundles") / "tiny"
     # The paper's network, pinned: the tier tests know its tensor shapes and codecs (device
     # features (4, 8, 8) binary, edge features (16, 4, 4) binary) whatever the model defaults;
     # tests/integration/test_export_parity.py and tests/unit/test_models_network.py cover those.
     cfg = DDNNConfig.paper(epochs=4, batch_size=32, seed=0)
-    build_bundle(
-        tiny_data.train, out, cfg, name="tiny", version="1", progress=False, log=lambda *_: None
-    )
+    build_bundle(data.train, out, cfg, name="tiny", version="1", progress=False,
+                 log=lambda *_: None)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_data(tmp_path_factory) -> TinyData:
+    """A generated train and test file in the dataset contract's layout."""
+    return make_tiny_data(tmp_path_factory.mktemp("data"))
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tiny_data, tmp_path_factory) -> Path:
+    """A bundle trained for a few epochs on ``tiny_data`` (read-only: copy it to modify it).
+
+    ``DDNN_TEST_TINY_BUNDLE`` names one trained elsewhere by :func:`train_tiny_bundle`: the
+    arm64 userland of tests/arm64 runs the device's tests without torch.
+    """
+    prebuilt = os.environ.get("DDNN_TEST_TINY_BUNDLE")
+    if prebuilt:
+        return Path(prebuilt)
+    return train_tiny_bundle(tiny_data, tmp_path_factory.mktemp("bundles") / "tiny")
 
 
 def one_epoch_bundle(root: Path, views: int) -> Path:
