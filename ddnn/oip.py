@@ -39,6 +39,12 @@ MAX_DIM = MAX_ELEMENTS
 # Arrays a JSON body may hold beyond those its tensors' nesting needs (the inputs and outputs
 # lists, each tensor's shape, a few in parameters).
 JSON_ARRAY_SLACK = 4 * MAX_TENSORS + 64
+# What a JSON part may make json.loads build, checked before it runs (it holds the interpreter
+# lock throughout, and a Python object costs 30-70 bytes where its JSON took 2-3): elements (each
+# value, array and object: the count of ',' '[' '{') and bytes. At the bound a parse takes tens of
+# milliseconds and tens of MiB; larger tensors go binary (the extension), which costs neither.
+MAX_JSON_ELEMENTS = 1 << 19
+MAX_JSON_BYTES = 16 << 20
 # The fewest bytes one value takes in a JSON tensor ("0,"): bounds a batch by the body's size.
 _MIN_VALUE_BYTES = 2
 
@@ -101,7 +107,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _json_length(body: bytes, headers: Mapping[str, str]) -> int:
+def _json_length(body: bytes | bytearray, headers: Mapping[str, str]) -> int:
     raw = _header(headers, HEADER_LENGTH)
     if raw is None:
         return len(body)
@@ -120,7 +126,7 @@ def _json_length(body: bytes, headers: Mapping[str, str]) -> int:
 def _parse_json(data: bytes, what: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of 4300+ digits
         raise OipError(f"{what} is not valid JSON: {e}") from None
     except RecursionError:
         raise OipError(f"{what} is nested too deeply") from None
@@ -271,18 +277,26 @@ def json_array_limit(tensors: Iterable[tuple[str, tuple[int, ...]]], json_bytes:
     return arrays
 
 
-def _check_arrays(data: bytes, limit: int) -> None:
-    """Count the JSON's arrays before parsing it: ``bytes.count`` runs at memory speed, while
-    ``json.loads`` of millions of empty lists takes seconds and gigabytes. Brackets inside
-    strings count too, which only makes the bound stricter for odd bodies."""
+def check_json_size(data: bytes | bytearray, what: str, max_arrays: int | None = None) -> None:
+    """Bound what parsing the JSON ``data`` can cost, before it is parsed: its bytes and elements
+    (413), and, given ``max_arrays``, its arrays (400). ``bytes.count`` runs at memory speed,
+    while ``json.loads`` of ten million empty lists takes seconds and most of a GiB. Characters
+    inside strings count too, which only makes the bounds stricter for odd bodies."""
+    if len(data) > MAX_JSON_BYTES:
+        raise PayloadTooLargeError(f"{what}: a JSON part of {len(data)} bytes exceeds the limit "
+                                   f"of {MAX_JSON_BYTES}; send large tensors binary")
     arrays = data.count(b"[")
-    if arrays > limit:
-        raise OipError(f"the JSON holds {arrays} arrays; tensors of this model's shapes need at "
-                       f"most {limit} for a body of {len(data)} bytes (send 'data' flat, or "
-                       "binary tensors)")
+    elements = arrays + data.count(b"{") + data.count(b",")
+    if elements > MAX_JSON_ELEMENTS:
+        raise PayloadTooLargeError(f"{what}: the JSON holds about {elements} elements, more than "
+                                   f"the limit of {MAX_JSON_ELEMENTS}; send large tensors binary")
+    if max_arrays is not None and arrays > max_arrays:
+        raise OipError(f"{what}: the JSON holds {arrays} arrays; tensors of this model's shapes "
+                       f"need at most {max_arrays} for a body of {len(data)} bytes (send 'data' "
+                       "flat, or binary tensors)")
 
 
-def _split(body: bytes, headers: Mapping[str, str], what: str,
+def _split(body: bytes | bytearray, headers: Mapping[str, str], what: str,
            max_json_arrays: int | Callable[[int], int] | None = None
            ) -> tuple[dict[str, Any], memoryview]:
     if len(body) > MAX_BODY:
@@ -291,9 +305,8 @@ def _split(body: bytes, headers: Mapping[str, str], what: str,
         raise OipError(f"{what} is empty")
     n = _json_length(body, headers)
     head = body if n == len(body) else body[:n]
-    if max_json_arrays is not None:
-        _check_arrays(head, max_json_arrays(n) if callable(max_json_arrays)
-                      else max_json_arrays)
+    check_json_size(head, what, max_json_arrays(n) if callable(max_json_arrays)
+                    else max_json_arrays)
     return _parse_json(head, what), memoryview(body)[n:]
 
 
@@ -322,12 +335,13 @@ class InferRequest:
         return name in self.binary_outputs
 
 
-def decode_request(body: bytes, headers: Mapping[str, str], *,
+def decode_request(body: bytes | bytearray, headers: Mapping[str, str], *,
                    max_json_arrays: int | Callable[[int], int] | None = None) -> InferRequest:
     """Parse and validate an inference request body (JSON, or JSON plus binary tensors).
 
-    ``max_json_arrays``: how many ``[`` the JSON part may hold (a number, or a function of its
-    length such as one made with :func:`json_array_limit`), checked before it is parsed.
+    The JSON part is bounded before it is parsed (:func:`check_json_size`); ``max_json_arrays``:
+    how many ``[`` it may hold (a number, or a function of its length such as one made with
+    :func:`json_array_limit`).
     """
     obj, binary = _split(body, headers, "request body", max_json_arrays)
     req_id = _field(obj, "id", str, "request", default=None)

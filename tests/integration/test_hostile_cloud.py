@@ -164,8 +164,12 @@ def test_a_json_array_bomb_is_refused_before_parsing(cloud_server, tiny_bundle):
     while worker.is_alive():  # the event loop keeps answering while the bomb is handled
         assert live(url, timeout=3.0)
         time.sleep(0.05)
-    assert answers[0].status_code == 400
-    assert "arrays" in answers[0].json()["error"], answers[0].text
+    assert answers[0].status_code == 413  # past the JSON part's bounds: never parsed
+    assert "send large tensors binary" in answers[0].json()["error"], answers[0].text
+    # Under those bounds, more arrays than the model's tensors can need: a 400, unparsed too.
+    r = httpx.post(f"{url}/v2/models/tiny-cloud/infer", content=head + b"[]," * 100_000
+                   + b"[]]}]}", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "arrays" in r.json()["error"], r.text
 
     # The same tensor, nested as its shape says or flat, is served.
     x = np.ones((2, 16, 4, 4), np.float32)

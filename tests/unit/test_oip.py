@@ -185,6 +185,33 @@ def test_empty_oversized_and_deeply_nested_bodies_are_refused(monkeypatch):
     assert e.value.status == 413
 
 
+def test_a_json_part_is_bounded_before_it_is_parsed(monkeypatch):
+    def refused(body: bytes, headers=None, **kw) -> OipError:
+        with pytest.raises(OipError) as e:
+            decode_request(body, headers or {}, **kw)
+        return e.value
+
+    monkeypatch.setattr(oip, "json", None)  # whatever is refused here is never parsed
+    n = oip.MAX_JSON_ELEMENTS
+    for bomb in (b"[]," * n, b"0," * n, b"{}," * n, b'"' + b"a" * oip.MAX_JSON_BYTES + b'"'):
+        e = refused(b'{"inputs": [' + bomb + b"]}")
+        assert e.status == 413 and "send large tensors binary" in str(e)
+    head = b'{"inputs": [' + b"[]," * 1000 + b"]}"
+    sizes = []
+    e = refused(head, max_json_arrays=lambda size: sizes.append(size) or 10)
+    assert e.status == 400 and "holds 1001 arrays" in str(e) and sizes == [len(head)]
+    e = refused(head + b"\0" * 8, {HEADER_LENGTH: str(len(head))},  # a binary body's header
+                max_json_arrays=lambda size: sizes.append(size) or 10)
+    assert e.status == 400 and "holds 1001 arrays" in str(e) and sizes[-1] == len(head)
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_400():
+    with pytest.raises(OipError, match="not valid JSON: Exceeds the limit") as e:
+        decode_request(b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": ['
+                       + b"1" * 5000 + b"]}]}", {})
+    assert e.value.status == 400
+
+
 def test_too_many_tensors_are_refused():
     inputs = [_fp32_input(name=f"x{i}", shape=[1], data=[0]) for i in range(oip.MAX_TENSORS + 1)]
     with pytest.raises(OipError, match="more than the limit"):
