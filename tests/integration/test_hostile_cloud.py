@@ -272,3 +272,24 @@ def test_an_unsigned_bundle_has_no_signature_to_hand_out(cloud_server, tiny_bund
     os.remove(repo / "tiny-1" / "manifest.json")  # gone from disk: still the verified bytes
     assert httpx.get(f"{files}/manifest.json").status_code == 200
 
+
+
+def test_a_segment_edited_in_place_is_never_handed_out(served):
+    """Same size, same modification time, same inode: only its bytes changed (an editor that
+    restores the mtime, or a write within the file system's timestamp granularity)."""
+    _, bundle, files = served
+    device = bundle / "device-0.onnx"
+    verified = device.read_bytes()
+    assert get(f"{files}/device-0.onnx").content == verified
+    st = device.stat()
+    with open(device, "r+b") as f:  # in place: the inode stays
+        f.seek(len(verified) // 2)
+        f.write(bytes(b ^ 0xFF for b in verified[len(verified) // 2:][:16]))
+    os.utime(device, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert device.stat().st_size == st.st_size and device.stat().st_ino == st.st_ino
+    r = get(f"{files}/device-0.onnx")
+    assert r.status_code == 404, "the edited bytes were handed out"
+    assert "changed since it was verified" in r.json()["error"]
+    device.write_bytes(verified)  # put back as verified: handed out again
+    os.utime(device, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert get(f"{files}/device-0.onnx").content == verified
