@@ -144,9 +144,10 @@ def create_app(settings: CloudSettings) -> FastAPI:
         title="ddnn cloud",
         version=__version__,
         description="Open Inference Protocol (KServe v2) service for ddnn bundles: "
-        "`{name}-cloud` (edge features → class scores) and `{name}-full` (raw views → class "
-        "scores). Request and response bodies are v2 inference JSON, optionally followed by "
-        "binary tensors (`Inference-Header-Content-Length`).",
+        "`{name}-cloud` (edge features → class scores), `{name}-cloud-packed` (the same features "
+        "packed in the bundle's edge codec) and `{name}-full` (raw views → class scores). "
+        "Request and response bodies are v2 inference JSON, optionally followed by binary "
+        "tensors (`Inference-Header-Content-Length`).",
         lifespan=lifespan,
     )
     app.state.service = service
@@ -233,7 +234,7 @@ def add_model_routes(app: FastAPI, service: CloudService) -> None:
 
         def tensors(metas):
             return [{"name": t.name, "data_type": _TRITON_TYPES[t.datatype],
-                     "dims": list(t.shape[1:]), **({"optional": True} if t.optional else {})}
+                     "dims": list(t.shape[1:])}
                     for t in metas]
 
         return {"name": model.name, "platform": "onnxruntime_onnx",
