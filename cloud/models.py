@@ -86,6 +86,15 @@ class ServedModel:
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
 
+    @property
+    def raw_input(self) -> tuple[str, str, tuple[int, ...]] | None:
+        """The one input a raw binary request may carry (name, datatype, sample shape): for a
+        model with exactly one input, whose only free dimension is the batch."""
+        if len(self.inputs) != 1 or -1 in self.inputs[0].shape[1:]:
+            return None
+        t = self.inputs[0]
+        return t.name, t.datatype, t.shape[1:]
+
     def json_arrays(self, json_bytes: int) -> int:
         """The most ``[`` a JSON request body of ``json_bytes`` bytes may hold for this model's
         inputs (checked before the body is parsed: :func:`ddnn.oip.json_array_limit`)."""

@@ -148,6 +148,7 @@ def _parse(model: ServedModel, body: bytes | bytearray, headers: Mapping[str, st
     """The request, its inputs as the model runs them (checked, unpacked) and its batch size."""
     # A JSON body holding more arrays than this model's tensors can need is refused by a count
     # of its bytes, before json.loads builds them.
-    request = decode_request(body, headers, max_json_arrays=model.json_arrays)
+    request = decode_request(body, headers, max_json_arrays=model.json_arrays,
+                             raw_input=model.raw_input)
     inputs, size = model.decode(request)
     return request, inputs, size

@@ -7,9 +7,11 @@ byte for byte: :func:`encode_request` / :func:`decode_response` for clients,
 A body is a JSON object, optionally followed by raw tensor bytes; the header
 ``Inference-Header-Content-Length`` then gives the length of the JSON part, and each tensor sent
 in binary carries ``"parameters": {"binary_data_size": n}`` instead of ``"data"``, its bytes
-appended in order, row-major, little-endian. Everything is validated — sizes, header length
-against body length, datatype and shape against byte count, JSON structure — and any problem
-raises :class:`OipError` with a message fit to return to the caller.
+appended in order, row-major, little-endian. A *raw binary request* (Triton's form of the
+extension) has no JSON at all: ``Inference-Header-Content-Length: 0``, the body is the bytes of a
+model's one input, and every output is answered binary. Everything is validated — sizes, header
+length against body length, datatype and shape against byte count, JSON structure — and any
+problem raises :class:`OipError` with a message fit to return to the caller.
 """
 
 from __future__ import annotations
@@ -336,13 +338,19 @@ class InferRequest:
 
 
 def decode_request(body: bytes | bytearray, headers: Mapping[str, str], *,
-                   max_json_arrays: int | Callable[[int], int] | None = None) -> InferRequest:
-    """Parse and validate an inference request body (JSON, or JSON plus binary tensors).
+                   max_json_arrays: int | Callable[[int], int] | None = None,
+                   raw_input: tuple[str, str, tuple[int, ...]] | None = None) -> InferRequest:
+    """Parse and validate an inference request body (JSON, or JSON plus binary tensors, or a raw
+    binary request).
 
     The JSON part is bounded before it is parsed (:func:`check_json_size`); ``max_json_arrays``:
     how many ``[`` it may hold (a number, or a function of its length such as one made with
-    :func:`json_array_limit`).
+    :func:`json_array_limit`). ``raw_input``: the model's one input as (name, datatype, sample
+    shape), which a raw binary request carries; without it such a request is refused.
     """
+    raw = _header(headers, HEADER_LENGTH)
+    if raw is not None and raw.strip() == "0":
+        return _raw_request(body, raw_input)
     obj, binary = _split(body, headers, "request body", max_json_arrays)
     req_id = _field(obj, "id", str, "request", default=None)
     params = _parameters(obj, "request")
@@ -373,6 +381,25 @@ def decode_request(body: bytes | bytearray, headers: Mapping[str, str], *,
             if flag:
                 binary_outputs.add(name)
     return InferRequest(req_id, inputs, outputs, binary_outputs, params)
+
+
+def _raw_request(body: bytes | bytearray, raw_input: tuple[str, str, tuple[int, ...]] | None
+                 ) -> InferRequest:
+    """A raw binary request: the body is the one input's samples, as many as its size holds."""
+    if raw_input is None:
+        raise OipError(f"a raw binary request ({HEADER_LENGTH}: 0) needs a model with exactly "
+                       "one input")
+    name, datatype, sample = raw_input
+    dtype = DATATYPES[datatype]
+    row = math.prod(sample) * dtype.itemsize
+    if not body or not row or len(body) % row:
+        raise OipError(f"a raw binary request for {name!r} ({datatype} {[-1, *sample]}) must hold "
+                       f"a whole number of samples of {row} bytes, got {len(body)} bytes")
+    if len(body) > MAX_BODY:
+        raise PayloadTooLargeError(f"request body of {len(body)} bytes exceeds the limit of "
+                                   f"{MAX_BODY}")
+    x = _from_bytes(memoryview(body), dtype, (len(body) // row, *sample), f"tensor {name!r}")
+    return InferRequest(None, {name: x}, None, True)
 
 
 def _tensor_json(name: str, x: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes]:
@@ -444,6 +471,15 @@ def encode_request(inputs: dict[str, np.ndarray], *, binary: bool = True,
         chunks.append(raw)
     obj["inputs"] = entries
     return _assemble(obj, chunks)
+
+
+def encode_raw_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """A raw binary request for a model with one input: ``x``'s bytes and nothing else (every
+    output comes back binary). The server takes the batch from the body's size."""
+    x = np.asarray(x)
+    datatype_of(x.dtype)  # a datatype the protocol has
+    le = x.astype(x.dtype.newbyteorder("<"), copy=False)
+    return np.ascontiguousarray(le).tobytes(), {HEADER_LENGTH: "0"}
 
 
 def decode_response(body: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:

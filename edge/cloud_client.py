@@ -130,9 +130,14 @@ class CloudClient:
 
     def _post(self, version: str | None, name: str, x: np.ndarray, outputs: list[str]
               ) -> tuple[int, bytes, dict[str, str]]:
-        body, headers = oip.encode_request({name: x}, outputs=outputs)
-        del headers["Content-Type"]  # the v2 header-length header says it all; bytes on the WAN
         packed = name == oip.EDGE_FEATURES_PACKED
+        if packed and len(x) == 1:
+            # A lone frame to the packed model (one input): a raw binary request, no JSON at
+            # all; its answer holds every output, binary. Bytes on the WAN.
+            body, headers = oip.encode_raw_request(x)
+        else:
+            body, headers = oip.encode_request({name: x}, outputs=outputs)
+            del headers["Content-Type"]  # the v2 header-length header says it all
         return self._request("POST", self.path(version, packed=packed), body, headers)
 
     def infer(self, features: np.ndarray, version: str | None = None, *, entropy: bool = True
@@ -159,7 +164,7 @@ class CloudClient:
                 self._failed(e)
                 raise CloudError(str(e)) from None
             self._succeeded()
-        return np.asarray(scores, np.float32), out.get("entropy")
+        return np.asarray(scores, np.float32), out.get("entropy") if entropy else None
 
     def _send(self, x: np.ndarray, version: str | None, outputs: list[str]
               ) -> tuple[int, bytes, dict[str, str]]:

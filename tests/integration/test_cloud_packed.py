@@ -95,6 +95,27 @@ def test_a_standard_v2_client_sends_fp32_or_packed(cloud_tiny_url, features):
         client.close()
 
 
+def test_a_raw_binary_request_goes_to_a_model_with_one_input(cloud_tiny_url, features):
+    """Triton's raw binary request: no JSON, the body is the one input's bytes, every output
+    comes back binary."""
+    rows = FeatureCodec("binary").encode_rows(features[:3])
+    fp32 = _answer(cloud_tiny_url, {"edge_features": features[:3]}, model="tiny-cloud")
+    for model, x in (("tiny-cloud-packed", rows), ("tiny-cloud", features[:3])):
+        body, headers = oip.encode_raw_request(x)
+        r = httpx.post(f"{cloud_tiny_url}/v2/models/{model}/versions/1/infer", content=body,
+                       headers=headers)
+        assert r.status_code == 200, r.text
+        out = oip.decode_response(r.content, r.headers)
+        assert list(out) == ["scores", "entropy"] and _same(out["scores"], fp32["scores"])
+    body, headers = oip.encode_raw_request(rows[:1, :-1])
+    r = httpx.post(f"{cloud_tiny_url}/v2/models/tiny-cloud-packed/infer", content=body,
+                   headers=headers)
+    assert r.status_code == 400 and "a whole number of samples of 32 bytes" in r.text
+    r = httpx.post(f"{cloud_tiny_url}/v2/models/tiny-full/infer", content=b"\0" * 64,
+                   headers=headers)
+    assert r.status_code == 400 and "needs a model with exactly one input" in r.text
+
+
 # --- the edge's client --------------------------------------------------------------------------
 
 
@@ -110,6 +131,16 @@ def test_the_edge_negotiates_packing_per_version(cloud_tiny_url, features):
         assert _same(scores, want) and _same(entropy, want_entropy)
         scores_only, none = packed.infer(features[:5], "1", entropy=False)
         assert none is None and _same(scores_only, want[:5])
+        # A lone frame travels as a raw binary request: its packed row and nothing else.
+        sent = []
+        request = packed._cloud.request
+        packed._cloud.request = lambda *a: sent.append(a) or request(*a)  # a spy on the wire
+        one, none = packed.infer(features[7:8], "1", entropy=False)
+        assert none is None and _same(one, want[7:8])
+        ((method, path, body, headers),) = sent
+        assert method == "POST" and path.endswith("/v2/models/tiny-cloud-packed/versions/1/infer")
+        assert body == FeatureCodec("binary").encode_rows(features[7:8]).tobytes()
+        assert headers[oip.HEADER_LENGTH] == "0" and "Content-Type" not in headers
         # Features that did not come through the binary codec travel as FP32, not as signs.
         zeros = np.zeros_like(features[:2])
         assert _same(packed.infer(zeros, "1")[0], plain.infer(zeros, "1")[0])

@@ -212,6 +212,26 @@ def test_an_integer_past_pythons_digit_limit_is_a_400():
     assert e.value.status == 400
 
 
+def test_a_raw_binary_request_is_the_one_inputs_bytes():
+    x = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    body, headers = oip.encode_raw_request(x)
+    assert body == x.tobytes() and headers == {HEADER_LENGTH: "0"}
+    req = decode_request(body, headers, raw_input=("rows", "UINT8", (4,)))
+    assert list(req.inputs) == ["rows"] and req.inputs["rows"].tobytes() == x.tobytes()
+    assert req.inputs["rows"].shape == (3, 4)  # the batch from the body's size
+    assert req.outputs is None and req.binary_outputs is True and req.id is None
+    f = decode_request(np.ones((1, 2), "<f4").tobytes(), {HEADER_LENGTH: " 0 "},
+                       raw_input=("x", "FP32", (2,)))
+    np.testing.assert_array_equal(f.inputs["x"], np.ones((1, 2), np.float32))
+    with pytest.raises(OipError, match="needs a model with exactly one input"):
+        decode_request(body, headers)
+    for bad in (b"", body[:-1]):
+        with pytest.raises(OipError, match="a whole number of samples of 4 bytes"):
+            decode_request(bad, headers, raw_input=("rows", "UINT8", (4,)))
+    with pytest.raises(OipError, match="BOOL bytes must be 0 or 1"):
+        decode_request(b"\x02", headers, raw_input=("p", "BOOL", (1,)))
+
+
 def test_too_many_tensors_are_refused():
     inputs = [_fp32_input(name=f"x{i}", shape=[1], data=[0]) for i in range(oip.MAX_TENSORS + 1)]
     with pytest.raises(OipError, match="more than the limit"):
