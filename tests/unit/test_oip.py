@@ -155,7 +155,8 @@ def _binary_request(size_claim: int, payload: bytes, header: str | None = None):
     (4, b"\0" * 4, None, "binary_data_size is 4 bytes but shape"),
     (8, b"\0" * 12, None, "4 bytes after the last binary tensor"),
     (8, b"\0" * 8, "abc", "must be an integer"),
-    (8, b"\0" * 8, "0", "must be 1..body length"),
+    (8, b"\0" * 8, "-1", "must be 1..body length"),
+    (8, b"\0" * 8, "0", "raw binary request .* needs a model with exactly one input"),
     (8, b"\0" * 8, "100000", "must be 1..body length"),
     (-8, b"\0" * 8, None, "non-negative integer"),
 ])
