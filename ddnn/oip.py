@@ -7,9 +7,11 @@ byte for byte: :func:`encode_request` / :func:`decode_response` for clients,
 A body is a JSON object, optionally followed by raw tensor bytes; the header
 ``Inference-Header-Content-Length`` then gives the length of the JSON part, and each tensor sent
 in binary carries ``"parameters": {"binary_data_size": n}`` instead of ``"data"``, its bytes
-appended in order, row-major, little-endian. Everything is validated — sizes, header length
-against body length, datatype and shape against byte count, JSON structure — and any problem
-raises :class:`OipError` with a message fit to return to the caller.
+appended in order, row-major, little-endian. A *raw binary request* (Triton's form of the
+extension) has no JSON at all: ``Inference-Header-Content-Length: 0``, the body is the bytes of a
+model's one input, and every output is answered binary. Everything is validated — sizes, header
+length against body length, datatype and shape against byte count, JSON structure — and any
+problem raises :class:`OipError` with a message fit to return to the caller.
 """
 
 from __future__ import annotations
@@ -39,6 +41,12 @@ MAX_DIM = MAX_ELEMENTS
 # Arrays a JSON body may hold beyond those its tensors' nesting needs (the inputs and outputs
 # lists, each tensor's shape, a few in parameters).
 JSON_ARRAY_SLACK = 4 * MAX_TENSORS + 64
+# What a JSON part may make json.loads build, checked before it runs (it holds the interpreter
+# lock throughout, and a Python object costs 30-70 bytes where its JSON took 2-3): elements (each
+# value, array and object: the count of ',' '[' '{') and bytes. At the bound a parse takes tens of
+# milliseconds and tens of MiB; larger tensors go binary (the extension), which costs neither.
+MAX_JSON_ELEMENTS = 1 << 19
+MAX_JSON_BYTES = 16 << 20
 # The fewest bytes one value takes in a JSON tensor ("0,"): bounds a batch by the body's size.
 _MIN_VALUE_BYTES = 2
 
@@ -101,7 +109,7 @@ def _header(headers: Mapping[str, str], name: str) -> str | None:
     return value
 
 
-def _json_length(body: bytes, headers: Mapping[str, str]) -> int:
+def _json_length(body: bytes | bytearray, headers: Mapping[str, str]) -> int:
     raw = _header(headers, HEADER_LENGTH)
     if raw is None:
         return len(body)
@@ -120,7 +128,7 @@ def _json_length(body: bytes, headers: Mapping[str, str]) -> int:
 def _parse_json(data: bytes, what: str) -> dict[str, Any]:
     try:
         obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of 4300+ digits
         raise OipError(f"{what} is not valid JSON: {e}") from None
     except RecursionError:
         raise OipError(f"{what} is nested too deeply") from None
@@ -271,18 +279,26 @@ def json_array_limit(tensors: Iterable[tuple[str, tuple[int, ...]]], json_bytes:
     return arrays
 
 
-def _check_arrays(data: bytes, limit: int) -> None:
-    """Count the JSON's arrays before parsing it: ``bytes.count`` runs at memory speed, while
-    ``json.loads`` of millions of empty lists takes seconds and gigabytes. Brackets inside
-    strings count too, which only makes the bound stricter for odd bodies."""
+def check_json_size(data: bytes | bytearray, what: str, max_arrays: int | None = None) -> None:
+    """Bound what parsing the JSON ``data`` can cost, before it is parsed: its bytes and elements
+    (413), and, given ``max_arrays``, its arrays (400). ``bytes.count`` runs at memory speed,
+    while ``json.loads`` of ten million empty lists takes seconds and most of a GiB. Characters
+    inside strings count too, which only makes the bounds stricter for odd bodies."""
+    if len(data) > MAX_JSON_BYTES:
+        raise PayloadTooLargeError(f"{what}: a JSON part of {len(data)} bytes exceeds the limit "
+                                   f"of {MAX_JSON_BYTES}; send large tensors binary")
     arrays = data.count(b"[")
-    if arrays > limit:
-        raise OipError(f"the JSON holds {arrays} arrays; tensors of this model's shapes need at "
-                       f"most {limit} for a body of {len(data)} bytes (send 'data' flat, or "
-                       "binary tensors)")
+    elements = arrays + data.count(b"{") + data.count(b",")
+    if elements > MAX_JSON_ELEMENTS:
+        raise PayloadTooLargeError(f"{what}: the JSON holds about {elements} elements, more than "
+                                   f"the limit of {MAX_JSON_ELEMENTS}; send large tensors binary")
+    if max_arrays is not None and arrays > max_arrays:
+        raise OipError(f"{what}: the JSON holds {arrays} arrays; tensors of this model's shapes "
+                       f"need at most {max_arrays} for a body of {len(data)} bytes (send 'data' "
+                       "flat, or binary tensors)")
 
 
-def _split(body: bytes, headers: Mapping[str, str], what: str,
+def _split(body: bytes | bytearray, headers: Mapping[str, str], what: str,
            max_json_arrays: int | Callable[[int], int] | None = None
            ) -> tuple[dict[str, Any], memoryview]:
     if len(body) > MAX_BODY:
@@ -291,9 +307,8 @@ def _split(body: bytes, headers: Mapping[str, str], what: str,
         raise OipError(f"{what} is empty")
     n = _json_length(body, headers)
     head = body if n == len(body) else body[:n]
-    if max_json_arrays is not None:
-        _check_arrays(head, max_json_arrays(n) if callable(max_json_arrays)
-                      else max_json_arrays)
+    check_json_size(head, what, max_json_arrays(n) if callable(max_json_arrays)
+                    else max_json_arrays)
     return _parse_json(head, what), memoryview(body)[n:]
 
 
@@ -322,13 +337,20 @@ class InferRequest:
         return name in self.binary_outputs
 
 
-def decode_request(body: bytes, headers: Mapping[str, str], *,
-                   max_json_arrays: int | Callable[[int], int] | None = None) -> InferRequest:
-    """Parse and validate an inference request body (JSON, or JSON plus binary tensors).
+def decode_request(body: bytes | bytearray, headers: Mapping[str, str], *,
+                   max_json_arrays: int | Callable[[int], int] | None = None,
+                   raw_input: tuple[str, str, tuple[int, ...]] | None = None) -> InferRequest:
+    """Parse and validate an inference request body (JSON, or JSON plus binary tensors, or a raw
+    binary request).
 
-    ``max_json_arrays``: how many ``[`` the JSON part may hold (a number, or a function of its
-    length such as one made with :func:`json_array_limit`), checked before it is parsed.
+    The JSON part is bounded before it is parsed (:func:`check_json_size`); ``max_json_arrays``:
+    how many ``[`` it may hold (a number, or a function of its length such as one made with
+    :func:`json_array_limit`). ``raw_input``: the model's one input as (name, datatype, sample
+    shape), which a raw binary request carries; without it such a request is refused.
     """
+    raw = _header(headers, HEADER_LENGTH)
+    if raw is not None and raw.strip() == "0":
+        return _raw_request(body, raw_input)
     obj, binary = _split(body, headers, "request body", max_json_arrays)
     req_id = _field(obj, "id", str, "request", default=None)
     params = _parameters(obj, "request")
@@ -359,6 +381,25 @@ def decode_request(body: bytes, headers: Mapping[str, str], *,
             if flag:
                 binary_outputs.add(name)
     return InferRequest(req_id, inputs, outputs, binary_outputs, params)
+
+
+def _raw_request(body: bytes | bytearray, raw_input: tuple[str, str, tuple[int, ...]] | None
+                 ) -> InferRequest:
+    """A raw binary request: the body is the one input's samples, as many as its size holds."""
+    if raw_input is None:
+        raise OipError(f"a raw binary request ({HEADER_LENGTH}: 0) needs a model with exactly "
+                       "one input")
+    name, datatype, sample = raw_input
+    dtype = DATATYPES[datatype]
+    row = math.prod(sample) * dtype.itemsize
+    if not body or not row or len(body) % row:
+        raise OipError(f"a raw binary request for {name!r} ({datatype} {[-1, *sample]}) must hold "
+                       f"a whole number of samples of {row} bytes, got {len(body)} bytes")
+    if len(body) > MAX_BODY:
+        raise PayloadTooLargeError(f"request body of {len(body)} bytes exceeds the limit of "
+                                   f"{MAX_BODY}")
+    x = _from_bytes(memoryview(body), dtype, (len(body) // row, *sample), f"tensor {name!r}")
+    return InferRequest(None, {name: x}, None, True)
 
 
 def _tensor_json(name: str, x: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes]:
@@ -430,6 +471,15 @@ def encode_request(inputs: dict[str, np.ndarray], *, binary: bool = True,
         chunks.append(raw)
     obj["inputs"] = entries
     return _assemble(obj, chunks)
+
+
+def encode_raw_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """A raw binary request for a model with one input: ``x``'s bytes and nothing else (every
+    output comes back binary). The server takes the batch from the body's size."""
+    x = np.asarray(x)
+    datatype_of(x.dtype)  # a datatype the protocol has
+    le = x.astype(x.dtype.newbyteorder("<"), copy=False)
+    return np.ascontiguousarray(le).tobytes(), {HEADER_LENGTH: "0"}
 
 
 def decode_response(body: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:

@@ -69,14 +69,18 @@ def test_server_health_and_metadata(cloud_tiny_url, tiny_bundle):
     cloud = get("/v2/models/tiny-cloud").json()
     assert cloud["versions"] == ["1"] and cloud["platform"] == "onnxruntime_onnx"
     sample = list(m.cloud.inputs[0].sample_shape)
-    assert cloud["inputs"] == [  # FP32, or packed in the bundle's (binary) edge codec
-        {"name": "edge_features", "datatype": "FP32", "shape": [-1, *sample]},
+    assert cloud["inputs"] == [{"name": "edge_features", "datatype": "FP32",
+                                "shape": [-1, *sample]}]
+    outputs = [{"name": "scores", "datatype": "FP32", "shape": [-1, 3]},
+               {"name": "entropy", "datatype": "FP32", "shape": [-1]}]
+    assert cloud["outputs"] == outputs
+    packed = get("/v2/models/tiny-cloud-packed").json()  # the same, in the bundle's edge codec
+    assert packed["inputs"] == [
         {"name": "edge_features_packed", "datatype": "UINT8",
          "shape": [-1, (int(np.prod(sample)) + 7) // 8],
          "parameters": {"codec": "binary", "unpacked_name": "edge_features",
                         "unpacked_datatype": "FP32", "unpacked_shape": [-1, *sample]}}]
-    assert cloud["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, 3]},
-                                {"name": "entropy", "datatype": "FP32", "shape": [-1]}]
+    assert packed["outputs"] == outputs
     full = get("/v2/models/tiny-full/versions/1").json()
     assert full["inputs"] == [{"name": "views", "datatype": "FP32", "shape": [-1, 3, 3, 16, 16]},
                               {"name": "present", "datatype": "BOOL", "shape": [-1, 3]}]
