@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 # The CPU build of torch, pinned: an unpinned torch pulls several GB of CUDA packages.
 TORCH  ?= torch==2.13.0
-EXTRAS ?= device,edge,cloud,train,demo,dev
+EXTRAS ?= device,edge,cloud,train,demo,federate,dev
 
 .PHONY: setup venv broker demo test lint bench clean
 
