@@ -72,7 +72,7 @@ def set_weights(model: torch.nn.Module, weights: Weights) -> None:
             t = own[name]
             if tuple(value.shape) != tuple(t.shape):
                 raise BundleError(f"{name}: shape {value.shape}, the model has {tuple(t.shape)}")
-            t.copy_(torch.from_numpy(np.asarray(value, dtype=np.float32)))
+            t.copy_(torch.from_numpy(np.array(value, dtype=np.float32)))  # a copy: may be read-only
 
 
 def _initializers(path: Path) -> dict[str, np.ndarray]:
