@@ -143,7 +143,8 @@ def _check_chunk(path: Path, meta: dict, a: dict[str, np.ndarray]) -> None:
         raise DatasetError(f"{path.name}: soft_label rows must sum to 1")
     d = a.get("device_scores")
     if d is not None and d.shape != (*p.shape, s.shape[1]):
-        raise DatasetError(f"{path.name}: device_scores {d.shape} should be {(*p.shape, s.shape[1])}")
+        raise DatasetError(f"{path.name}: device_scores {d.shape} should be "
+                           f"{(*p.shape, s.shape[1])}")
 
 
 def read_experience(directory: str | Path, classes: tuple[str, ...] | None = None,

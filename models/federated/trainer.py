@@ -150,10 +150,10 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
         loss.backward()
         opt.step()
         losses.append(float(loss.item()))
-        if stop_when is not None and check_steps and step % check_steps == 0 and step < total:
-            if stop_when(model_weights(model)):
-                stopped = True
-                break
+        checking = stop_when is not None and check_steps and step % check_steps == 0
+        if checking and step < total and stop_when(model_weights(model)):
+            stopped = True
+            break
     model.eval()
     return FitResult(model_weights(model), site.examples, step, float(np.mean(losses)), stopped)
 

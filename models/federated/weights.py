@@ -65,8 +65,9 @@ def set_weights(model: torch.nn.Module, weights: Weights) -> None:
     own = dict([*model.named_parameters(), *model.named_buffers()])
     expected = {k for k, t in own.items() if t.is_floating_point()}
     if set(weights) != expected:
-        raise BundleError(f"weights do not fit the model: missing {sorted(expected - set(weights))[:3]}, "
-                          f"unexpected {sorted(set(weights) - expected)[:3]}")
+        raise BundleError(f"weights do not fit the model: missing "
+                          f"{sorted(expected - set(weights))[:3]}, unexpected "
+                          f"{sorted(set(weights) - expected)[:3]}")
     with torch.no_grad():
         for name, value in weights.items():
             t = own[name]
@@ -93,7 +94,8 @@ def _segments(model: DDNN, bundle: Bundle) -> list[tuple[str, torch.nn.Module, P
              enumerate(model.devices)]
     if model.local is not None and m.local is not None:
         parts.append(("local.", model.local, bundle.file(m.local)))
-    parts += [("edge.", model.edge, bundle.file(m.edge)), ("cloud.", model.cloud, bundle.file(m.cloud))]
+    parts += [("edge.", model.edge, bundle.file(m.edge)),
+              ("cloud.", model.cloud, bundle.file(m.cloud))]
     return parts
 
 

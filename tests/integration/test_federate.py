@@ -16,9 +16,9 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from ddnn.bundle import load_bundle  # noqa: E402
-from ddnn.models.federated.driver import free_port  # noqa: E402
-from ddnn.tools.evaluate import evaluate  # noqa: E402
+from ddnn.bundle import load_bundle
+from ddnn.models.federated.driver import free_port
+from ddnn.tools.evaluate import evaluate
 
 pytestmark = pytest.mark.slow
 ROUNDS = ["--rounds", "2", "--epochs", "6", "--lr", "0.005", "--batch-size", "32"]
@@ -118,7 +118,7 @@ def _certificates(root: Path) -> tuple[Path, Path, Path]:
 
 
 def test_dma_deployed_over_tls_sends_fewer_bytes_than_fedavg(sites, fedavg, tmp_path):
-    root, paths, start = sites
+    _, paths, start = sites
     ca, cert, key = _certificates(tmp_path)
     port = free_port()
     out = tmp_path / "dma"
