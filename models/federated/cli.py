@@ -82,6 +82,8 @@ def _federation_options(p) -> None:
                    help="dma: local steps between two divergence checks")
     p.add_argument("--min-sites", type=int, default=D.min_sites,
                    help="good replies a round needs to change the model")
+    p.add_argument("--join-timeout", type=float, default=D.join_timeout,
+                   help="seconds to wait for the sites before round 1")
     p.add_argument("--round-timeout", type=float, default=D.round_timeout,
                    help="seconds a round waits for the sites (a silent site is left out)")
     p.add_argument("--tolerance", type=float, default=D.tolerance,
@@ -105,7 +107,7 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         rounds=args.rounds, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         holdout=args.holdout, seed=args.seed, threshold=args.dma_threshold,
         check_steps=args.dma_check_steps, min_sites=args.min_sites, wait_sites=wait_sites,
-        round_timeout=args.round_timeout, tolerance=args.tolerance, threads=args.threads,
+        join_timeout=args.join_timeout, round_timeout=args.round_timeout, tolerance=args.tolerance, threads=args.threads,
         version=args.model_version)
 
 
@@ -139,7 +141,11 @@ def _report(args, result: dict) -> int:
 
 def _one_machine(args) -> int:
     from ddnn.errors import ConfigError
-    from ddnn.models.federated.driver import Site, run_on_one_machine
+    from ddnn.models.federated.driver import (
+        Site,
+        run_on_one_machine,
+        stopped_by_sigterm,
+    )
 
     sites = [Site(data=p) for p in args.site] + [Site(experience=p)
                                                  for p in args.site_experience]
@@ -150,14 +156,15 @@ def _one_machine(args) -> int:
         if not Path(path).exists():
             raise ConfigError(f"{path}: no such file or directory")
     s = _settings(args, work="")
-    result = run_on_one_machine(s, sites, args.key, _progress(args))
+    with stopped_by_sigterm():
+        result = run_on_one_machine(s, sites, args.key, _progress(args))
     return _report(args, result)
 
 
 def _server(args) -> int:
     from ddnn.errors import ConfigError
     from ddnn.models.federated.deployment import Tls
-    from ddnn.models.federated.driver import serve
+    from ddnn.models.federated.driver import serve, stopped_by_sigterm
 
     tls = None
     if args.ssl_certfile or args.ssl_keyfile or args.ssl_ca_certfile:
@@ -167,17 +174,22 @@ def _server(args) -> int:
     elif not args.insecure:
         raise ConfigError("give the TLS files (--ssl-*) or --insecure")
     s = _settings(args, work="", wait_sites=args.sites)
-    result = serve(s, args.host, args.port, Path(args.home), tls,
-                   [Path(k) for k in args.authorized_key], args.key, _progress(args))
+    with stopped_by_sigterm():
+        result = serve(s, args.host, args.port, Path(args.home), tls,
+                       [Path(k) for k in args.authorized_key], args.key, _progress(args))
     return _report(args, result)
 
 
 def _client(args) -> int:
     from ddnn.errors import ConfigError
-    from ddnn.models.federated.driver import client
+    from ddnn.models.federated.driver import client, stopped_by_sigterm
 
     if not args.root_certificates and not args.insecure:
         raise ConfigError("give --root-certificates (TLS) or --insecure")
     ca = Path(args.root_certificates) if args.root_certificates else None
-    return client(args.superlink, Path(args.home), args.data, args.experience, ca,
-                  Path(args.auth_key) if args.auth_key else None)
+    try:
+        with stopped_by_sigterm():
+            return client(args.superlink, Path(args.home), args.data, args.experience, ca,
+                          Path(args.auth_key) if args.auth_key else None)
+    except KeyboardInterrupt:
+        return 0

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import signal
 import socket
 import tempfile
 import time
@@ -148,21 +149,45 @@ def serve(s: FederationSettings, host: str, port: int, home: Path, tls: flower.T
     return _sign(result, key)
 
 
+@contextlib.contextmanager
+def stopped_by_sigterm():
+    """SIGTERM (systemd, a supervisor) unwinds like Ctrl-C, so the Flower processes we started
+    are stopped on the way out instead of being left behind."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def client(superlink_address: str, home: Path, data: str | None, experience: str | None,
-           ca: Path | None, auth_key: Path | None, runtime_port: int = 0) -> int:
-    """``ddnn federate client``: this site's SuperNode, in the foreground until stopped."""
+           ca: Path | None, auth_key: Path | None, runtime_port: int = 0,
+           retry: tuple[float, float] = (5.0, 60.0)) -> int:
+    """``ddnn federate client``: this site's SuperNode, in the foreground until stopped.
+
+    A SuperNode gives up when the SuperLink refuses it (a key not registered yet, a server
+    restarting); the site starts it again after a pause that doubles up to ``retry[1]``.
+    """
     if data is None and experience is None:
         raise ConfigError("a site needs --data, --experience or both")
     for path in filter(None, (data, experience)):
         if not Path(path).exists():
             raise ConfigError(f"{path}: no such file or directory")
-    node = flower.supernode(home, superlink_address, runtime_port or free_port(),
-                            home / "supernode.log", data, experience, ca, auth_key)
-    log.info("site connecting to %s (log: %s)", superlink_address, node.log_path)
-    with node:
-        try:
+    pause = retry[0]
+    while True:
+        node = flower.supernode(home, superlink_address, runtime_port or free_port(),
+                                home / "supernode.log", data, experience, ca, auth_key)
+        log.info("site connecting to %s (log: %s)", superlink_address, node.log_path)
+        with node:
             while node.alive():
                 time.sleep(1.0)
-        except KeyboardInterrupt:
-            pass
-    return node.proc.returncode if node.proc and node.proc.returncode else 0
+        code = node.proc.returncode if node.proc else 0
+        lines = node.log_path.read_text(errors="replace").strip().splitlines()
+        reason = next((ln for ln in reversed(lines) if "code:" in ln or "ERROR" in ln), "")
+        log.warning("the SuperNode exited (status %s%s); starting it again in %.0f s", code,
+                    f": {reason.strip()}" if reason else "", pause)
+        time.sleep(pause)
+        pause = min(pause * 2, retry[1])

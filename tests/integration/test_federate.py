@@ -20,7 +20,8 @@ from ddnn.bundle import load_bundle
 from ddnn.models.federated.driver import free_port
 from ddnn.tools.evaluate import evaluate
 
-pytestmark = pytest.mark.slow
+# Each federation takes about a minute on two idle cores; far longer when the machine is busy.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROUNDS = ["--rounds", "2", "--epochs", "6", "--lr", "0.005", "--batch-size", "32"]
 
 
@@ -60,7 +61,12 @@ def fedavg(sites):
     proc = _ddnn("federate", "--bundle", str(start), "--site", str(paths[0]), "--site",
                  str(paths[1]), "--out", str(out), "--key", str(private), "--json", *ROUNDS,
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    stdout, stderr = proc.communicate(timeout=600)
+    try:
+        stdout, stderr = proc.communicate(timeout=800)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
     assert proc.returncode == 0, stderr[-3000:]
     lines = stdout.strip().splitlines()
     assert len(lines) == 1, stdout  # --json: one line, nothing else on stdout
@@ -117,9 +123,26 @@ def _certificates(root: Path) -> tuple[Path, Path, Path]:
     return paths
 
 
-def test_dma_deployed_over_tls_sends_fewer_bytes_than_fedavg(sites, fedavg, tmp_path):
+def _supernode_key(path: Path) -> tuple[Path, Path]:
+    """A SuperNode's key pair as `ssh-keygen -t ecdsa -b 384` writes it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    public = path.with_suffix(".pub")
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                     serialization.PublicFormat.OpenSSH))
+    return path, public
+
+
+def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites, fedavg,
+                                                                          tmp_path):
     _, paths, start = sites
     ca, cert, key = _certificates(tmp_path)
+    keys = [_supernode_key(tmp_path / f"site{i}") for i in range(3)]
     port = free_port()
     out = tmp_path / "dma"
     server = _ddnn("federate", "server", "--bundle", str(start), "--out", str(out),
@@ -127,24 +150,28 @@ def test_dma_deployed_over_tls_sends_fewer_bytes_than_fedavg(sites, fedavg, tmp_
                    "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
                    "--ssl-keyfile", str(key), "--sites", "2", "--strategy", "dma",
                    "--dma-threshold", "0.5", "--json", *ROUNDS,
+                   "--authorized-key", str(keys[0][1]), "--authorized-key", str(keys[1][1]),
                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # The third site's key was never registered: it must not take part.
     clients = [_ddnn("federate", "client", "--superlink", f"127.0.0.1:{port}", "--data",
                      str(p), "--root-certificates", str(ca), "--home", str(tmp_path / f"c{i}"),
+                     "--auth-key", str(keys[i][0]),
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for i, p in enumerate(paths)]
+               for i, p in enumerate([*paths, paths[0]])]
     try:
         stdout, stderr = server.communicate(timeout=600)
     finally:
-        for c in clients:
-            c.terminate()
-        for c in clients:
-            c.wait(30)
-        if server.poll() is None:
-            server.kill()
+        for p in [*clients, server]:
+            if p.poll() is None:
+                p.terminate()  # SIGTERM: each stops the Flower processes it started
+        for p in [*clients, server]:
+            p.wait(60)
     assert server.returncode == 0, stderr[-3000:]
     result = json.loads(stdout.strip().splitlines()[-1])
     assert result["rounds"] == 2 and result["version"] == "1.10"
-    assert load_bundle(out).manifest.training["federation"]["strategy"] == "dma"
+    federation = load_bundle(out).manifest.training["federation"]
+    assert federation["strategy"] == "dma"
+    assert [h["sites"] for h in federation["history"]] == [2, 2]  # not the unregistered one
     # Within the threshold no site sends a model between the syncs: the reference goes down
     # once, every model comes up once at the end, and the evaluation sends the final model.
     assert result["communicated_bytes"] < fedavg[0]["communicated_bytes"]
