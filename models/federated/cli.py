@@ -107,8 +107,8 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         rounds=args.rounds, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         holdout=args.holdout, seed=args.seed, threshold=args.dma_threshold,
         check_steps=args.dma_check_steps, min_sites=args.min_sites, wait_sites=wait_sites,
-        join_timeout=args.join_timeout, round_timeout=args.round_timeout, tolerance=args.tolerance, threads=args.threads,
-        version=args.model_version)
+        join_timeout=args.join_timeout, round_timeout=args.round_timeout,
+        tolerance=args.tolerance, threads=args.threads, version=args.model_version)
 
 
 def _progress(args):
