@@ -115,6 +115,12 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         "setup": {"sites": SITES, "non_iid_alpha": ALPHA, "site_samples": SITE_SAMPLES,
                   "field_samples": FIELD_SAMPLES, "rounds": ROUNDS, "local_epochs": EPOCHS,
                   "lr": LR, "dma_threshold": DMA_THRESHOLD, "quick": quick},
+        "summary": {
+            "accuracy_overall": acc,
+            "communicated_mb": {k: v["communicated_bytes"] / 1e6 for k, v in results.items()},
+            "seconds": {"central": central_seconds,
+                        **{k: v["wall_seconds"] for k, v in results.items()}},
+        },
         "accuracy": acc,
         "before": before, "central": central, "central_seconds": central_seconds,
         "federated": results,
