@@ -299,20 +299,30 @@ def drifted_config(config: SceneConfig, drifts: tuple[str, ...]) -> SceneConfig:
 
 
 def apply_drift(data: dict[str, np.ndarray], drifts: tuple[str, ...]) -> dict[str, np.ndarray]:
-    """The images as the drifted sites see them: ``lighting`` (sodium-lamp light: a warm cast,
-    dimmer, more contrast) and ``rotation`` (cameras mounted a quarter turn round). Absent
-    views stay all zeros; present ones stay in [1/255, 1], as the dataset contract wants."""
+    """The images as the drifted sites see them: ``lighting`` (coloured lamps: every hue turned
+    by 60 degrees, dimmer, more contrast) and ``rotation`` (cameras mounted a quarter turn
+    round). Absent views stay all zeros; present ones stay in [1/255, 1], as the dataset
+    contract wants."""
     _check_drifts(drifts)
     X = data["X"].copy()
     present = data["y"] >= 0
     if "lighting" in drifts:
-        cast = np.array([1.2, 0.85, 0.45], dtype=np.float32).reshape(3, 1, 1)
-        X = np.power(X, np.float32(1.5)) * cast
+        X = np.einsum("ij,...jhw->...ihw", _hue_rotation(math.radians(60)), X)
+        X = 0.85 * np.power(np.clip(X, 0.0, 1.0), np.float32(1.3))
     if "rotation" in drifts:
         X = np.ascontiguousarray(np.rot90(X, k=1, axes=(-2, -1)))
     np.clip(X, 1.0 / 255, 1.0, out=X)
     X[~present] = 0.0
     return {**data, "X": X.astype(np.float32)}
+
+
+def _hue_rotation(angle: float) -> np.ndarray:
+    """The RGB matrix turning every colour by ``angle`` about the grey axis (greys unchanged)."""
+    axis = np.ones(3) / math.sqrt(3)
+    cross = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    m = (math.cos(angle) * np.eye(3) + math.sin(angle) * cross
+         + (1 - math.cos(angle)) * np.outer(axis, axis))
+    return m.astype(np.float32)
 
 
 def split_sites(data: dict[str, np.ndarray], sites: int, alpha: float,
