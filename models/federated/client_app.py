@@ -27,7 +27,8 @@ def _site(context: Context, arch: dict, config):
 
     data = context.node_config.get("data") or None
     experience = context.node_config.get("experience") or None
-    return load_site(arch, data, experience, float(config["holdout"]), int(config["seed"]))
+    return load_site(arch, data, experience, holdout=float(config["holdout"]),
+                     seed=int(config["seed"]))
 
 
 def _divergence(weights: dict, reference: dict) -> float:

@@ -65,7 +65,7 @@ class FitResult:
     stopped: bool  # stop_when said so before the epochs were done
 
 
-def load_site(arch: dict, data: str | Path | None, experience: str | Path | None = None,
+def load_site(arch: dict, data: str | Path | None, experience: str | Path | None = None, *,
               holdout: float = 0.2, seed: int = 0) -> SiteData:
     """A site's data for the network ``arch``: ``data`` split into training and held-out parts
     (stratified, by ``seed``), and ``experience`` (a directory of chunks), either optional."""
