@@ -80,6 +80,8 @@ def load_site(arch: dict, data: str | Path | None, experience: str | Path | None
                                f"takes {arch['views']} views of {tuple(arch['input_shape'])}")
         if ds.classes != classes:
             raise DatasetError(f"{data}: classes {ds.classes} differ from the model's {classes}")
+        if ds.num_samples < 2:
+            raise DatasetError(f"{data}: a site needs at least two samples to train on")
         train, held = split_holdout(ds, holdout, seed) if ds.num_samples >= 10 else (ds, None)
     exp = None
     if experience is not None:
@@ -159,11 +161,13 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
 
 
 def _cycle(rng: np.random.Generator, n: int, batch: int):
-    """Batches of indices over ``n`` samples, reshuffled at every pass, forever."""
+    """Batches of indices over ``n`` samples, reshuffled at every pass, forever. A last batch
+    of one sample is left out of its pass: batch norm cannot train on a single sample."""
     while n:
         order = rng.permutation(n)
         for i in range(0, n, batch):
-            yield order[i : i + batch]
+            if n - i > 1 or i == 0:
+                yield order[i : i + batch]
     while True:
         yield np.zeros(0, dtype=np.int64)
 
