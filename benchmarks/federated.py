@@ -23,8 +23,7 @@ from ddnn.tools.evaluate import evaluate
 
 SITES, ALPHA = 3, 1.0
 SITE_SAMPLES, FIELD_SAMPLES = 1500, 600  # all sites together; the held-out field set
-ROUNDS, EPOCHS, LR = 10, 2, 2e-3
-DMA_THRESHOLD = 0.01
+# Both strategies run as `ddnn federate` runs them bare (FederationSettings' defaults).
 
 
 def _field_data(root: Path, quick: bool) -> tuple[list[Path], Path, Path]:
@@ -51,8 +50,7 @@ def _field_data(root: Path, quick: bool) -> tuple[list[Path], Path, Path]:
 
 def _federate(bundle: Path, sites: list[Path], out: Path, strategy: str, quick: bool) -> dict:
     args = [sys.executable, "-m", "ddnn", "federate", "--bundle", str(bundle), "--out", str(out),
-            "--strategy", strategy, "--rounds", str(3 if quick else ROUNDS), "--epochs",
-            str(EPOCHS), "--lr", str(LR), "--dma-threshold", str(DMA_THRESHOLD), "--json"]
+            "--strategy", strategy, "--json", *(["--rounds", "3"] if quick else [])]
     for s in sites:
         args += ["--site", str(s)]
     start = time.perf_counter()
@@ -113,8 +111,8 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
     summary = {
         "machine": machine(),
         "setup": {"sites": SITES, "non_iid_alpha": ALPHA, "site_samples": SITE_SAMPLES,
-                  "field_samples": FIELD_SAMPLES, "rounds": ROUNDS, "local_epochs": EPOCHS,
-                  "lr": LR, "dma_threshold": DMA_THRESHOLD, "quick": quick},
+                  "field_samples": FIELD_SAMPLES, "quick": quick,
+                  "federate": {k: v for k, v in runs["dma"].items() if k != "history"}},
         "summary": {
             "accuracy_overall": acc,
             "communicated_mb": {k: v["communicated_bytes"] / 1e6 for k, v in results.items()},

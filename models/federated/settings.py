@@ -25,8 +25,8 @@ class FederationSettings:
     work: str  # progress.jsonl and result.json, read by `ddnn federate`
     strategy: str = "fedavg"  # fedavg or dma
     rounds: int = 10  # rounds of local training and averaging
-    epochs: float = 1.0  # local epochs per round
-    lr: float = 1e-3  # Adam learning rate of the first round (cosine decay over the rounds)
+    epochs: float = 2.0  # local epochs per round
+    lr: float = 2e-3  # Adam learning rate of the first round (cosine decay over the rounds)
     batch_size: int = 64  # samples per local step
     holdout: float = 0.2  # share of each site's data held out for evaluation and calibration
     seed: int = 0  # seeds the sites' splits, batches and augmentation

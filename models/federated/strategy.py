@@ -29,7 +29,7 @@ log = logging.getLogger("ddnn.federate")
 Weights = dict[str, np.ndarray]  # a model's named float arrays, in one fixed order
 
 # Defaults, documented in docs/federated.md.
-DMA_THRESHOLD = 0.003  # relative squared divergence ||w - r||^2 / ||r||^2 a site may reach
+DMA_THRESHOLD = 0.05  # relative squared divergence ||w - r||^2 / ||r||^2 a site may reach
 DMA_CHECK_STEPS = 4  # local steps between two divergence checks on a site
 MAX_RELATIVE_UPDATE = 1.0  # an update moving the model by more than its own norm is refused
 MAX_NORM_RATIO = 5.0  # ... or by more than this many times the round's median update norm

@@ -33,8 +33,8 @@ from ddnn.models.train import joint_loss, predict, split_holdout
 class LocalTraining:
     """How a site trains in one round (the server sends these with every round)."""
 
-    epochs: float = 1.0  # passes over the site's training data (or its experience) per round
-    lr: float = 1e-3  # Adam learning rate of this round
+    epochs: float = 2.0  # passes over the site's training data (or its experience) per round
+    lr: float = 2e-3  # Adam learning rate of this round
     batch_size: int = 64
     seed: int = 0  # with the round number: the batch order and augmentation of the round
     augment: bool = True
