@@ -90,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            # A tier left out of this install hides its command; any other error is a bug.
-            if e.name not in (name, name.split(".")[0]):
+            # A tier left out of this install (the module or a package above it) hides its
+            # command; any other error is a bug.
+            if not e.name or not (name == e.name or name.startswith(e.name + ".")):
                 raise
             continue
         module.register(sub, data_sub, _Formatter)
