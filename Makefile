@@ -13,7 +13,8 @@ BIN    := $(VENV)/bin
 TORCH       ?= torch==2.13.0
 TORCH_INDEX ?= auto
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
-EXTRAS ?= device,edge,cloud,train,demo,dev
+# federate: flwr (Python >= 3.11), so that one install runs every command.
+EXTRAS ?= device,edge,cloud,train,demo,federate,dev
 
 .PHONY: setup venv system broker demo test test-arm64 lint bench clean
 
