@@ -30,20 +30,16 @@ from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing import options
 from ddnn.plumbing.mqtt import (
-    QOS_FEATURES,
-    QOS_RESULTS,
-    QOS_SCORES,
-    QOS_STATUS,
     SECURITY_OPTIONS,
     BrokerUrl,
     MqttClient,
     MqttOptions,
     security_of,
-    status_fields,
 )
 from ddnn.plumbing.options import Option, boolean, id_list
 from ddnn.plumbing.signals import stop_on_signals
-from ddnn.topics import Topics
+from ddnn.status import status_fields
+from ddnn.topics import DELIVERY, DEVICE_KINDS, Topics, subscription
 
 log = logging.getLogger(__name__)
 
@@ -133,18 +129,18 @@ class GatewayService:
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
                         security=security_of(s),
-                        subscriptions=[(t.requests(s.edge_id), 0),
-                                       (t.edge_status(s.edge_id), QOS_STATUS), (t.bundle, 1)]),
+                        subscriptions=[subscription(t.requests(s.edge_id), "requests"),
+                                       subscription(t.edge_status(s.edge_id), "status"),
+                                       subscription(t.bundle, "bundle")]),
             status_topic=t.gateway(s.gateway_id, "status"),
             status_info={"gateway": s.gateway_id, "devices": {}},
             on_message=self._from_edge, on_published=lambda mid: self._acks.put((mid, True)),
             on_publish_refused=lambda mid: self._acks.put((mid, False)))
-        kinds = ["scores", "features", "status"]
         self.local = MqttClient(
             s.local, f"ddnn-{s.deployment}-{s.gateway_id}-local",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max, persistent=True,
-                        subscriptions=[(t.all_devices(k), 1) for k in kinds]
-                        + ([(t.results, 1)] if s.forward_results else [])),
+                        subscriptions=[subscription(t.all_devices(k), k) for k in DEVICE_KINDS]
+                        + ([subscription(t.results, "results")] if s.forward_results else [])),
             on_message=self._from_device)
         self._threads = [
             threading.Thread(target=self.coalescer.run, name="gateway-flush", daemon=True),
@@ -163,7 +159,7 @@ class GatewayService:
             return False
         delivery = self.local.delivering
         if topic == self.topics.results:  # a one-view device's own answer: up as it is
-            self._publish(topic, payload, QOS_RESULTS, [delivery])
+            self._publish(topic, payload, DELIVERY["results"].qos, [delivery])
             return False
         parsed = self.topics.parse_device(topic)
         if parsed is None or not self._forwards(parsed[0]):
@@ -216,7 +212,7 @@ class GatewayService:
         for chunk in batches(entries):
             data = pack_batch((device, payload) for device, payload, _ in chunk)
             self._publish(self.topics.gateway(self.settings.gateway_id, "messages"), data,
-                          max(QOS_SCORES, QOS_FEATURES), [tag for _, _, tag in chunk])
+                          DELIVERY["messages"].qos, [tag for _, _, tag in chunk])
             with self._lock:
                 self.forwarded["batches"] += 1
                 self.forwarded["messages"] += len(chunk)
@@ -265,9 +261,10 @@ class GatewayService:
         t, s = self.topics, self.settings
         if topic == t.requests(s.edge_id):
             self._remember_pull(payload)
-            self.local.publish(topic, payload, 0)
+            self.local.publish(topic, payload, DELIVERY["requests"].qos)
         elif topic in (t.edge_status(s.edge_id), t.bundle):
-            self.local.publish(topic, payload, 1, retain=True)
+            wire = DELIVERY["status" if topic != t.bundle else "bundle"]
+            self.local.publish(topic, payload, wire.qos, retain=wire.retain)
 
     def _remember_pull(self, payload: bytes) -> None:
         """Which views the edge pulled for a frame: its features' group waits for them."""

@@ -16,18 +16,10 @@ from collections.abc import Callable
 
 from ddnn.device.buffer import OutMessage, Receipt
 from ddnn.plumbing.http import KeepAliveConnection
-from ddnn.plumbing.mqtt import (
-    QOS_FEATURES,
-    QOS_RESULTS,
-    QOS_SCORES,
-    QOS_STATUS,
-    BrokerRefusedError,
-    MqttClient,
-    MqttOptions,
-    status_fields,
-)
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.retry import RETRY_STATUSES, RetryPolicy
-from ddnn.topics import Topics
+from ddnn.status import status_fields
+from ddnn.topics import DELIVERY, Topics, subscription
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +61,18 @@ class MqttTransport:
         self.since: dict[str, float] = {}  # device id -> when it came online (its status says)
         self._peers_changed = threading.Condition()
         self._on_request = on_request
-        self._routes = {
-            "scores": (topics.device(device_id, "scores"), QOS_SCORES),
-            "absent": (topics.device(device_id, "scores"), QOS_SCORES),
-            "features": (topics.device(device_id, "features"), QOS_FEATURES),
-            "results": (topics.results, QOS_RESULTS),
-        }
+        # message kind -> (topic, QoS); an absent view goes on the scores topic
+        self._routes = {kind: (topic, DELIVERY[wire].qos) for kind, topic, wire in (
+            ("scores", topics.device(device_id, "scores"), "scores"),
+            ("absent", topics.device(device_id, "scores"), "scores"),
+            ("features", topics.device(device_id, "features"), "features"),
+            ("results", topics.results, "results"))}
         self._requests = topics.requests(edge_id)
         self._edge_status = topics.edge_status(edge_id)
-        options.subscriptions = [(self._requests, 1), (topics.all_devices("status"), QOS_STATUS),
-                                 (self._edge_status, QOS_STATUS), (topics.bundle, 1)]
+        options.subscriptions = [subscription(self._requests, "requests"),
+                                 subscription(topics.all_devices("status"), "status"),
+                                 subscription(self._edge_status, "status"),
+                                 subscription(topics.bundle, "bundle")]
         self._on_bundle = on_bundle
         # PUBACKs: paho reports the mid (its thread, its lock held); receipts are settled by
         # whoever asks, from this queue.

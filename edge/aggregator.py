@@ -38,10 +38,9 @@ from ddnn.edge.settings import EdgeSettings
 from ddnn.edge.sinks import RecentResults, ResultSink
 from ddnn.envelope import MessageType
 from ddnn.errors import ConfigError
-from ddnn.plumbing.mqtt import QOS_REQUESTS
 from ddnn.result import Result, result_for
 from ddnn.runtime import BundleRuntime
-from ddnn.topics import Topics
+from ddnn.topics import DELIVERY, Topics
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +200,8 @@ class EdgeAggregator:
         # The topic names deployment and edge: the request carries only version and frame.
         req = env.pack(MessageType.REQUEST, version=m.version, frame=frame, tensor=mask,
                        codec="binary")
-        self._publish(self.topics.requests(edge_id), env.encode(req), QOS_REQUESTS)
+        self._publish(self.topics.requests(edge_id), env.encode(req),
+                      DELIVERY["requests"].qos)
         self.metrics.requests.inc()
 
     def _request_again(self) -> None:

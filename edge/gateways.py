@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 from ddnn.batch import unpack_batch
 from ddnn.edge.ingest import Ingest
 from ddnn.envelope import DecodeError
-from ddnn.plumbing.mqtt import status_fields
+from ddnn.status import status_fields
 from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)

@@ -34,7 +34,7 @@ from ddnn.bundle import Manifest
 from ddnn.codec import FeatureCodec
 from ddnn.edge.assembler import Drop, Frame, FrameAssembler
 from ddnn.envelope import DecodeError, MessageType
-from ddnn.plumbing.mqtt import status_fields
+from ddnn.status import status_fields
 from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)

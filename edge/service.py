@@ -27,19 +27,11 @@ from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
 from ddnn.errors import ConfigError
-from ddnn.plumbing.mqtt import (
-    QOS_FEATURES,
-    QOS_SCORES,
-    QOS_STATUS,
-    BrokerRefusedError,
-    MqttClient,
-    MqttOptions,
-    security_of,
-)
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions, security_of
 from ddnn.plumbing.ota import BundleUpdater
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
-from ddnn.topics import Topics, default_device_ids
+from ddnn.topics import DEVICE_KINDS, GATEWAY_KINDS, Topics, default_device_ids, subscription
 
 log = logging.getLogger(__name__)
 
@@ -123,12 +115,10 @@ class EdgeService:
         options = MqttOptions(
             keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=security_of(s),
             persistent=True,  # the broker keeps device messages while the edge restarts
-            subscriptions=[(topics.all_devices("scores"), QOS_SCORES),
-                           (topics.all_devices("features"), QOS_FEATURES),
-                           (topics.all_devices("status"), QOS_STATUS),
-                           (topics.bundle, 1)]
-            + [(topics.gateway(g, kind), 1) for g, _ in s.gateways
-               for kind in ("messages", "status")])
+            subscriptions=[subscription(topics.all_devices(k), k) for k in DEVICE_KINDS]
+            + [subscription(topics.bundle, "bundle")]
+            + [subscription(topics.gateway(g, k), k) for g, _ in s.gateways
+               for k in GATEWAY_KINDS])
         if max_inflight is not None:
             options.max_inflight = max_inflight
         return MqttClient(

@@ -21,7 +21,7 @@ from ddnn.errors import ConfigError, DdnnError
 from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity, security_of
 from ddnn.plumbing.options import Option, add_options, describe, settings_from
 from ddnn.plumbing.ota import Announcement, bundle_url
-from ddnn.topics import Topics
+from ddnn.topics import DELIVERY, Topics, subscription
 
 log = logging.getLogger(__name__)
 
@@ -115,14 +115,15 @@ def announce(broker: str, deployment: str, ann: Announcement, prefix: str = "ddn
         if t == topic and p == payload:
             stored.set()
 
-    options = MqttOptions(subscriptions=[(topic, 1)], reconnect_max=5,
+    wire = DELIVERY["bundle"]
+    options = MqttOptions(subscriptions=[subscription(topic, "bundle")], reconnect_max=5,
                           security=security or MqttSecurity())
     client = MqttClient(broker, f"ddnn-announce-{deployment}-{os.getpid()}", options,
                         on_message=on_message).start()
     try:
         if not client.wait_connected(timeout):
             raise MqttError(f"broker {client.url} not reachable in {timeout:g} s")
-        info = client.publish(topic, payload, 1, retain=True)
+        info = client.publish(topic, payload, wire.qos, retain=wire.retain)
         info.wait_for_publish(timeout)
         if not info.is_published():
             raise MqttError(f"broker {client.url} did not acknowledge the announcement in "

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from ddnn.plumbing.mqtt import MqttClient, MqttOptions, status_fields
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.signing import generate_keypair, sign_bundle
+from ddnn.status import status_fields
 from ddnn.tools.broker import free_port
 from ddnn.topics import Topics
 from tests.e2e.conftest import ENV, STREAM, stop_process, wait_until

@@ -1,177 +1,41 @@
-"""A small wrapper over paho-mqtt shared by the device agent and the edge aggregator.
+"""The client: one paho client, its network loop in a background thread.
 
-It adds what both tiers need and paho leaves to the caller: broker URLs, a last will plus a
-retained online/offline status, subscriptions restored on every reconnect, reconnection with
-exponential backoff (paho's own, started even when the broker is down at start-up), and a
-``connected`` event. paho is imported when a client is made, so :mod:`ddnn` stays numpy-only.
-
-MQTT 5 when the broker speaks it (else 3.1.1, found out at the first connection): then each
-topic a client publishes on is sent once per connection and a two-byte topic alias after that
-(a device's topic is 32 bytes; its score message 16). Persistent sessions (the edge) stay on
-3.1.1, whose sessions never expire by themselves.
+It adds what the tiers need and paho leaves to the caller: a last will plus a retained
+online/offline status, subscriptions restored on every reconnect (and a wait for their
+SUBACKs), reconnection with exponential backoff (paho's own, started even when the broker is
+down at start-up), a refusal for good reported once, and ``connected``/``subscribed`` events.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import ssl
 import sys
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddnn.errors import ConfigError, DdnnError
-from ddnn.plumbing.options import Option
-
-log = logging.getLogger(__name__)
-
-QOS_SCORES = 1  # a lost score message makes the edge wait for the deadline, then fuse without it
-QOS_FEATURES = 1  # a lost feature message degrades the frame's edge exit
-# A pull is lost only with the device's connection, and the edge pulls again when the device
-# is back online (the frame waits for its features meanwhile); QoS 1 would cost every device a
-# PUBACK up the constrained link for every pull.
-QOS_REQUESTS = 0
-QOS_RESULTS = 1  # results are the product; applications must not miss one
-QOS_STATUS = 1  # retained, so late subscribers learn who is alive
-
-
-class MqttError(DdnnError):
-    """The broker cannot be used (bad URL, connection refused for good, timeout)."""
-
-
-class BrokerRefusedError(MqttError):
-    """A refusal that retrying cannot fix: bad credentials, not authorized, or a certificate that
-    one side would not accept. The client stops reconnecting and reports it once."""
-
-    exit_code = 78  # EX_CONFIG: systemd units can skip restarting (RestartPreventExitStatus=78)
-
-
-# CONNACK reason codes (MQTT 5 numbering; paho maps 3.1.1's 4 and 5 onto them) that no retry fixes.
-_REFUSED_FOR_GOOD = {134: "bad user name or password", 135: "not authorized",
-                     133: "client identifier not valid", 138: "banned"}
-
-
-@dataclass(frozen=True)
-class BrokerUrl:
-    """``mqtt://[user[:password]@]host[:port]`` (``mqtts://`` for TLS, port 8883 by default)."""
-
-    host: str
-    port: int = 1883
-    tls: bool = False
-    username: str | None = None
-    password: str | None = None
-
-    @classmethod
-    def parse(cls, url: str) -> BrokerUrl:
-        u = urllib.parse.urlsplit(url if "://" in url else f"mqtt://{url}")
-        if u.scheme not in ("mqtt", "mqtts", "tcp", "ssl"):
-            raise ConfigError(f"broker URL {url!r}: scheme must be mqtt:// or mqtts://")
-        tls = u.scheme in ("mqtts", "ssl")
-        try:
-            port = u.port or (8883 if tls else 1883)
-        except ValueError:
-            raise ConfigError(f"broker URL {url!r}: invalid port") from None
-        if not u.hostname:
-            raise ConfigError(f"broker URL {url!r}: no host")
-        user = urllib.parse.unquote(u.username) if u.username else None
-        pw = urllib.parse.unquote(u.password) if u.password else None
-        return cls(u.hostname, port, tls, user, pw)
-
-    def __str__(self) -> str:  # never log the password
-        scheme = "mqtts" if self.tls else "mqtt"
-        user = f"{self.username}@" if self.username else ""
-        return f"{scheme}://{user}{self.host}:{self.port}"
-
-
-def status_payload(state: str, **info: Any) -> bytes:
-    """The JSON body of a retained status message: ``{"state": "online"|"offline", ...}``."""
-    return json.dumps({"state": state, **info, "ts": round(time.time(), 3)}).encode()
-
-
-def status_fields(payload: bytes) -> dict[str, Any]:
-    """The fields of a status body (``{"state": ...}`` for the bare word; ``{}`` if unreadable)."""
-    text = payload.decode("utf-8", "replace").strip()
-    if text in ("online", "offline"):
-        return {"state": text}
-    try:
-        info = json.loads(text)
-    except ValueError:
-        return {}
-    return info if isinstance(info, dict) else {}
-
-
-@dataclass(frozen=True, kw_only=True)
-class MqttSecurity:
-    """TLS files and credentials; each overrides what the broker URL says.
-
-    TLS needs an ``mqtts://`` URL. The broker's certificate is always verified (chain and host
-    name) against ``ca_file``, or the system's CAs without it; there is no insecure mode.
-    """
-
-    ca_file: str | None = None  # CA certificate(s) the broker's certificate must chain to
-    cert_file: str | None = None  # this client's certificate (PEM), for brokers requiring one
-    key_file: str | None = None  # its private key (PEM); default: inside cert_file
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)  # never printed
-
-    def describe(self) -> str:
-        """For start-up logs: which files and user, never the password."""
-        parts = [f"{k}={v}" for k, v in (("ca", self.ca_file), ("cert", self.cert_file),
-                                          ("user", self.username)) if v]
-        if self.password:
-            parts.append("password=***")
-        return " ".join(parts) or "none"
-
-
-class _ClosingSSLSocket(ssl.SSLSocket):
-    """Closes itself when the handshake fails: paho leaves the socket open, for the collector."""
-
-    def do_handshake(self, *args, **kwargs):
-        try:
-            return super().do_handshake(*args, **kwargs)
-        except BaseException:
-            self.close()
-            raise
-
-
-def tls_context(security: MqttSecurity) -> ssl.SSLContext:
-    """A client TLS context verifying the broker against ``ca_file`` (or the system CAs)."""
-    try:
-        ctx = ssl.create_default_context(cafile=security.ca_file)
-        ctx.sslsocket_class = _ClosingSSLSocket
-        if security.cert_file:
-            ctx.load_cert_chain(security.cert_file, security.key_file)
-    except (OSError, ssl.SSLError) as e:  # FileNotFoundError, a PEM that does not parse
-        which = ", ".join(f for f in (security.ca_file, security.cert_file, security.key_file)
-                          if f)
-        raise ConfigError(f"cannot load the MQTT TLS files ({which}): {e}") from None
-    return ctx
-
-
-# The MQTT TLS and credential rows of the device's and the edge's options tables; the
-# settings classes have fields of these names and build :class:`MqttSecurity` from them.
-SECURITY_OPTIONS = (
-    Option("ca-file", str, "FILE",
-           "CA certificate (PEM) the broker's certificate must chain to (needs mqtts://)"),
-    Option("cert-file", str, "FILE", "client certificate (PEM) for brokers that require one"),
-    Option("key-file", str, "FILE", "private key (PEM) of --cert-file"),
-    Option("username", str, "NAME", "MQTT username (overrides the URL's)"),
-    Option("password", str, "TEXT", "MQTT password; prefer the environment variable (never "
-                                    "logged)", secret=True),
+from ddnn.errors import ConfigError
+from ddnn.plumbing.mqtt import _paho
+from ddnn.plumbing.mqtt.aliases import TopicAliases
+from ddnn.plumbing.mqtt.broker import BrokerUrl, MqttSecurity, tls_context
+from ddnn.plumbing.mqtt.errors import (
+    REFUSED_FOR_GOOD,
+    UNSUPPORTED_PROTOCOL,
+    BrokerRefusedError,
+    ssl_reason,
 )
+from ddnn.status import status_payload
+from ddnn.topics import DELIVERY
 
+log = logging.getLogger("ddnn.plumbing.mqtt")  # one logger for the package (operators filter on it)
 
-def security_of(settings) -> MqttSecurity:
-    """:class:`MqttSecurity` from settings that have the :data:`SECURITY_OPTIONS` fields."""
-    return MqttSecurity(ca_file=settings.ca_file, cert_file=settings.cert_file,
-                        key_file=settings.key_file, username=settings.username,
-                        password=settings.password)
+SESSION_EXPIRY = 7 * 24 * 3600  # seconds a broker keeps a persistent session of an absent client
+STATUS = DELIVERY["status"]
 
 
 @dataclass
@@ -196,6 +60,15 @@ class MqttOptions:
     security: MqttSecurity = field(default_factory=MqttSecurity)
 
 
+def _import_paho():
+    try:
+        import paho.mqtt.client as paho
+    except ImportError:
+        raise ConfigError(
+            "paho-mqtt is not installed; install ddnn[device] or ddnn[edge]") from None
+    return paho
+
+
 class MqttClient:
     """One paho client running its network loop in a background thread."""
 
@@ -214,11 +87,7 @@ class MqttClient:
         on_published: Callable[[int], None] | None = None,
         on_publish_refused: Callable[[int], None] | None = None,
     ):
-        try:
-            import paho.mqtt.client as paho
-        except ImportError:
-            raise ConfigError(
-                "paho-mqtt is not installed; install ddnn[device] or ddnn[edge]") from None
+        self._paho = _import_paho()
         self.url = BrokerUrl.parse(url)
         self.options = options or MqttOptions()
         self.status_topic = status_topic
@@ -227,6 +96,10 @@ class MqttClient:
         self._on_connect_cb = on_connect
         self._on_disconnect_cb = on_disconnect
         self.on_refused = on_refused  # called once, from paho's thread, on a refusal for good
+        self._on_published = on_published  # (mid) of each acknowledged publish, paho's thread
+        # (mid) of a publish the broker answered with a failure (MQTT 5: not authorized, ...);
+        # without this hook such a publish counts as acknowledged, after a warning.
+        self._on_publish_refused = on_publish_refused
         self.refused: BrokerRefusedError | None = None
         self.connected = threading.Event()
         # Set once the broker acknowledged every subscription of the current connection: a
@@ -236,45 +109,41 @@ class MqttClient:
         self.connects = 0  # successful connections, reconnections included
         # When the broker was lost (monotonic), or the client made; None while connected.
         self.disconnected_since: float | None = time.monotonic()
-        self._on_published = on_published  # (mid) of each acknowledged publish, paho's thread
-        # (mid) of a publish the broker answered with a failure (MQTT 5: not authorized, ...);
-        # without this hook such a publish counts as acknowledged, after a warning.
-        self._on_publish_refused = on_publish_refused
         self.publishes_refused = 0
         self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
+        self._tls_alert: str | None = None
+        self._aliases = TopicAliases()
         persistent = self.options.persistent
         self.mqtt5 = not persistent if self.options.mqtt5 is None else self.options.mqtt5
+        self._client = self._make_client(client_id)
+        self._configure()
+
+    def _make_client(self, client_id: str):
+        paho, persistent = self._paho, self.options.persistent
         if self.mqtt5:
-            self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                       protocol=paho.MQTTv5, manual_ack=persistent)
-        else:
-            self._client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
-                                       protocol=paho.MQTTv311, clean_session=not persistent,
-                                       manual_ack=persistent)
-        self._aliases = TopicAliases()
-        c = self._client
-        sec = self.options.security
-        username = sec.username if sec.username is not None else self.url.username
-        password = sec.password if sec.password is not None else self.url.password
-        if password and not username:
-            raise ConfigError("an MQTT password needs a username (--username)")
+            return paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
+                               protocol=paho.MQTTv5, manual_ack=persistent)
+        return paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
+                           protocol=paho.MQTTv311, clean_session=not persistent,
+                           manual_ack=persistent)
+
+    def _configure(self) -> None:
+        """Credentials, TLS, limits, the last will and the callbacks of the paho client."""
+        c, sec, o = self._client, self.options.security, self.options
+        username, password = sec.credentials(self.url)
         if username:
             c.username_pw_set(username, password)
         self.username = username
-        if sec.key_file and not sec.cert_file:
-            raise ConfigError("--key-file needs --cert-file")
-        if (sec.ca_file or sec.cert_file) and not self.url.tls:
-            raise ConfigError(f"TLS files are set but the broker URL {self.url} is not TLS: "
-                              "use mqtts://host:8883")
+        sec.check(self.url)
         if self.url.tls:
             c.tls_set_context(tls_context(sec))
-        c.max_inflight_messages_set(self.options.max_inflight)
-        c.max_queued_messages_set(self.options.max_queued)
-        c.reconnect_delay_set(self.options.reconnect_min, self.options.reconnect_max)
-        if status_topic:
-            c.will_set(status_topic, status_payload("offline", **self.status_info), QOS_STATUS,
-                       retain=True)
+        c.max_inflight_messages_set(o.max_inflight)
+        c.max_queued_messages_set(o.max_queued)
+        c.reconnect_delay_set(o.reconnect_min, o.reconnect_max)
+        if self.status_topic:
+            c.will_set(self.status_topic, status_payload("offline", **self.status_info),
+                       STATUS.qos, retain=STATUS.retain)
         c.on_connect = self._handle_connect
         c.on_disconnect = self._handle_disconnect
         c.on_message = self._handle_message
@@ -282,10 +151,8 @@ class MqttClient:
         c.on_subscribe = self._handle_subscribe
         if self.url.tls:  # with on_log set, paho formats a log line for every packet
             c.on_log = self._handle_log
-        if on_published is not None:
+        if self._on_published is not None:
             c.on_publish = self._handle_publish
-        self._tls_alert: str | None = None
-        self._paho = paho
 
     # --- paho callbacks (network thread) ----------------------------------------------------
 
@@ -311,7 +178,7 @@ class MqttClient:
                          f"({error.verify_message}); check --ca-file and the broker's host name")
         elif isinstance(error, ssl.SSLError) and not isinstance(
                 error, ssl.SSLEOFError | ssl.SSLZeroReturnError):
-            self._refuse(f"TLS handshake with broker {self.url} failed: {_ssl_reason(error)}")
+            self._refuse(f"TLS handshake with broker {self.url} failed: {ssl_reason(error)}")
         elif error is not None:
             log.debug("cannot reach broker %s (%s); retrying", self.url, error)
 
@@ -322,11 +189,11 @@ class MqttClient:
             self._tls_alert = message
 
     def _handle_connect(self, client, userdata, flags, reason_code, properties) -> None:
-        if reason_code.value == _UNSUPPORTED_PROTOCOL and client.protocol == self._paho.MQTTv5:
+        if reason_code.value == UNSUPPORTED_PROTOCOL and client.protocol == self._paho.MQTTv5:
             self._downgrade()
             return
         if reason_code.is_failure:
-            why = _REFUSED_FOR_GOOD.get(reason_code.value)
+            why = REFUSED_FOR_GOOD.get(reason_code.value)
             if why:
                 user = f" user {self.username!r}" if self.username else " (no username)"
                 self._refuse(f"broker {self.url} refused the connection: {why}{user}")
@@ -347,7 +214,7 @@ class MqttClient:
             self.subscribed.set()
         if self.status_topic:
             client.publish(self.status_topic, status_payload("online", **self.status_info),
-                           QOS_STATUS, retain=True)
+                           STATUS.qos, retain=STATUS.retain)
         log.info("connected to %s%s", self.url, " (reconnected)" if self.connects > 1 else "")
         self.connected.set()
         if self._on_connect_cb:
@@ -356,11 +223,8 @@ class MqttClient:
     def _downgrade(self) -> None:
         """The broker speaks MQTT 3.1.1 only: connect again with it (paho reconnects)."""
         log.info("broker %s does not speak MQTT 5; using 3.1.1 (no topic aliases)", self.url)
-        c = self._client
-        # paho has no public way to change the protocol of a client; these two fields are
-        # what its CONNECT packet is built from.
-        c._protocol = self._paho.MQTTv311
-        c._clean_session = not self.options.persistent
+        _paho.set_protocol(self._client, self._paho.MQTTv311,
+                           clean_session=not self.options.persistent)
 
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was = self.connected.is_set()
@@ -373,7 +237,7 @@ class MqttClient:
         alert, self._tls_alert = self._tls_alert, None
         if alert and not was and not self._stopping:
             self._refuse(f"broker {self.url} refused this client's TLS certificate "
-                         f"({_ssl_reason(alert)}); check --cert-file, --key-file and their "
+                         f"({ssl_reason(alert)}); check --cert-file, --key-file and their "
                          "expiry")
         if was and not self._stopping:
             log.warning("lost the broker %s (%s); reconnecting with backoff", self.url, reason_code)
@@ -467,12 +331,11 @@ class MqttClient:
         self.status_info = {**self.status_info, **info}
         if self.status_topic and self.connected.is_set():
             self.publish(self.status_topic, status_payload("online", **self.status_info),
-                         QOS_STATUS, retain=True)
+                         STATUS.qos, retain=STATUS.retain)
 
     def alive(self) -> bool:
         """paho's network thread runs (it ends only on :meth:`stop` or a refusal for good)."""
-        thread = getattr(self._client, "_thread", None)  # paho has no public accessor
-        return thread is not None and thread.is_alive()
+        return _paho.network_thread_alive(self._client)
 
     def queued(self, info) -> bool:
         """Whether paho took the message of :meth:`publish`'s ``info`` (sent now, or kept for
@@ -481,7 +344,7 @@ class MqttClient:
 
     def pending(self) -> int:
         """Messages paho still holds (sent but unacknowledged, or queued)."""
-        return len(self._client._out_messages)  # paho has no public accessor for this
+        return _paho.stored_count(self._client)
 
     def stop(self, timeout: float = 2.0) -> None:
         """Publish the offline status (when connected), flush and disconnect."""
@@ -489,7 +352,7 @@ class MqttClient:
         if self.status_topic and self.connected.is_set():
             info = self._client.publish(self.status_topic,
                                         status_payload("offline", **self.status_info),
-                                        QOS_STATUS, retain=True)
+                                        STATUS.qos, retain=STATUS.retain)
             # Lost the connection meanwhile (RuntimeError/ValueError): the last will says it.
             with contextlib.suppress(RuntimeError, ValueError):
                 info.wait_for_publish(timeout)
@@ -497,77 +360,3 @@ class MqttClient:
         self._client.loop_stop()
         self.connected.clear()
         self.subscribed.clear()
-
-
-_UNSUPPORTED_PROTOCOL = 132  # CONNACK reason code (paho maps 3.1.1's 1 onto it)
-SESSION_EXPIRY = 7 * 24 * 3600  # seconds a broker keeps a persistent session of an absent client
-
-
-class TopicAliases:
-    """MQTT 5 topic aliases of one client: a topic goes on the wire once per connection, then
-    its alias (the broker forgets them at each disconnection)."""
-
-    def __init__(self):
-        self.lock = threading.Lock()  # held across choosing and queueing a publish
-        self.maximum = 0  # the broker's Topic Alias Maximum on this connection (0: none)
-        self._ids: dict[str, int] = {}  # topic -> alias (kept across connections)
-        self._topics: dict[int, bytes] = {}  # alias -> topic
-        self._props: dict[int, object] = {}  # alias -> its PUBLISH properties (paho reads them)
-        self._live: set[str] = set()  # topics the broker has learnt on this connection
-
-    def use(self, topic: str):
-        """``(topic to send, PUBLISH properties or None)`` for a message on ``topic``."""
-        alias = self._ids.get(topic)
-        if alias is None or alias > self.maximum:
-            if len(self._ids) >= self.maximum:
-                return topic, None  # no alias left: the topic in full
-            alias = self._ids[topic] = len(self._ids) + 1
-            self._topics[alias] = topic.encode()
-        props = self._props.get(alias)
-        if props is None:  # made and packed once: paho's Properties cost tens of µs each
-            from paho.mqtt.packettypes import PacketTypes
-            from paho.mqtt.properties import Properties
-
-            props = self._props[alias] = Properties(PacketTypes.PUBLISH)
-            props.TopicAlias = alias
-            packed = props.pack()  # paho packs a message's properties at every send
-            object.__setattr__(props, "pack", lambda: packed)  # (its __setattr__ refuses)
-        if topic in self._live:
-            return "", props
-        self._live.add(topic)
-        return topic, props
-
-    def disconnected(self) -> None:
-        """The connection is gone: nothing goes out with an alias until the next CONNACK."""
-        with self.lock:
-            self.maximum = 0
-            self._live.clear()
-
-    def connected(self, maximum: int, client) -> None:
-        """A (re)connection: aliases start over; stored messages that paho is about to send
-        again get their topic back (paho resends after ``on_connect``) and lose an alias the
-        broker no longer allows."""
-        with self.lock:
-            self.maximum = int(maximum or 0)
-            self._live.clear()
-            if not self._topics:
-                return
-            with client._out_message_mutex:  # paho has no public access to its stored messages
-                for m in client._out_messages.values():
-                    alias = getattr(m.properties, "TopicAlias", None)
-                    if alias not in self._topics:
-                        continue
-                    if not m._topic:
-                        m._topic = self._topics[alias]
-                    if alias > self.maximum:  # the broker allows fewer now (or none)
-                        m.properties = None
-
-
-def _ssl_reason(error: BaseException | str) -> str:
-    """``certificate expired`` from ``[SSL: SSLV3_ALERT_CERTIFICATE_EXPIRED] sslv3 alert ...``."""
-    if isinstance(error, ssl.SSLError) and error.reason:
-        return error.reason.lower().replace("_", " ")
-    text = str(error)
-    if "]" in text:
-        text = text.split("]", 1)[1].split("(_ssl.c", 1)[0]
-    return text.strip(" :") or str(error)
