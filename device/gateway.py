@@ -38,6 +38,7 @@ from ddnn.plumbing.mqtt import (
 )
 from ddnn.plumbing.options import Option, boolean, id_list
 from ddnn.plumbing.signals import stop_on_signals
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.status import status_fields
 from ddnn.topics import DELIVERY, DEVICE_KINDS, Topics, subscription
 
@@ -124,6 +125,7 @@ class GatewayService:
         # messages dropped (bad, or too large to go up) and refused by the edge's broker
         self.forwarded = dict.fromkeys(("batches", "messages", "complete", "timed_out",
                                         "dropped", "refused"), 0)
+        self._drops_log = LogThrottle(every=1000)  # the first, then one in a thousand
         self.coalescer = Coalescer(s.coalesce_ms / 1000, self._expected, self._send)
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
@@ -174,7 +176,7 @@ class GatewayService:
             frame = env.decode(payload).frame
         except DecodeError as e:
             self._count("dropped")  # the edge would drop it too: the uplink is dear
-            if self.forwarded["dropped"] % 1000 == 1:  # the first, then one in a thousand
+            if self._drops_log():
                 log.warning("dropping a message of %s (%d so far): %s", device,
                             self.forwarded["dropped"], e)
             return None

@@ -18,6 +18,7 @@ from ddnn.device.buffer import OutMessage, Receipt
 from ddnn.plumbing.http import KeepAliveConnection
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.retry import RETRY_STATUSES, RetryPolicy
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.status import status_fields
 from ddnn.topics import DELIVERY, Topics, subscription
 
@@ -194,6 +195,7 @@ class HttpTransport:
         self.connected = False
         self.disconnected_since: float | None = None  # monotonic: the edge became unreachable
         self.refused = 0  # messages the edge refused (4xx other than "later"): dropped
+        self._refusals_log = LogThrottle(every=1000)
 
     def start(self) -> None:
         pass
@@ -225,7 +227,7 @@ class HttpTransport:
         self._backoff.succeeded()
         if status >= 400:  # the edge refused this message itself: resending cannot help
             self.refused += 1
-            if self.refused == 1 or self.refused % 1000 == 0:
+            if self._refusals_log():
                 log.warning("edge refused a %s message (%d so far): %d %s", msg.kind,
                             self.refused, status, body[:200])
         return True

@@ -38,6 +38,7 @@ from ddnn.edge.settings import EdgeSettings
 from ddnn.edge.sinks import RecentResults, ResultSink
 from ddnn.envelope import MessageType
 from ddnn.errors import ConfigError
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, result_for
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import DELIVERY, Topics
@@ -94,9 +95,8 @@ class EdgeAggregator:
         self._results_lock = threading.Lock()  # every sink sees the results in one order
         self.answered = 0
         self.done = threading.Event()  # set after settings.expect_frames results
-        self._unknown_versions: set[str] = set()  # logged once each
-        self._late_warned: set[str] = set()  # devices whose lateness was logged
-        self._failed_sinks: set[str] = set()  # sinks whose failure was logged
+        # One line each: a version the cloud does not serve, a late device, a failing sink.
+        self._once = LogThrottle()
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.metrics.bundle.set(1, model=m.name, version=m.version)
@@ -136,8 +136,7 @@ class EdgeAggregator:
         self.metrics.dropped.inc(reason=reason)
         if reason == "late" and device is not None:
             self.metrics.late.inc(device=device)
-            if device not in self._late_warned:  # once per device; the counter says the rest
-                self._late_warned.add(device)
+            if self._once(("late", device)):  # once per device; the counter says the rest
                 log.warning("device %s: a view came %s after its frame's first view, too late to "
                             "be fused (the frame waits at most %.0f ms); later ones are counted in "
                             "ddnn_edge_late_views_total", device,
@@ -384,8 +383,7 @@ class EdgeAggregator:
                                  f"{(len(sent), classes)}) or not finite")
         except UnknownVersion as e:
             self.metrics.cloud.inc(outcome="unknown_version")
-            if version not in self._unknown_versions:  # once per version, not per batch
-                self._unknown_versions.add(version)
+            if self._once(("unknown version", version)):  # once per version, not per batch
                 log.error("%s; its frames are answered from the edge exit, degraded", e)
             return None
         except CloudError:
@@ -434,8 +432,7 @@ class EdgeAggregator:
                     sink.publish(result)
                 except Exception:  # a full disk or a broken sink must not silence the others
                     self.metrics.dropped.inc(reason="sink")
-                    if type(sink).__name__ not in self._failed_sinks:
-                        self._failed_sinks.add(type(sink).__name__)
+                    if self._once(("sink", type(sink).__name__)):
                         log.exception("result sink %s failed; counted in "
                                       'ddnn_edge_dropped_total{reason="sink"}',
                                       type(sink).__name__)

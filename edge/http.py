@@ -20,7 +20,6 @@ import json
 import logging
 import socket
 import threading
-import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -30,6 +29,7 @@ from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
 from ddnn.edge.health import health_check
 from ddnn.envelope import DecodeError
 from ddnn.plumbing.metrics import CONTENT_TYPE
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, ResultError
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._waiting: dict[socket.socket, None] = {}  # insertion order: longest waiting first
-        self._busy_logged = -BUSY_LOG_EVERY  # when a refusal was last logged
-        self._busy_unlogged = 0
+        self._busy_log = LogThrottle(period=BUSY_LOG_EVERY)  # a flood: a line per period
         super().__init__(address, handler)
 
     @property
@@ -156,13 +155,9 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def _refuse(self, request: socket.socket, client_address) -> None:
         self.metrics.refused.inc(reason="busy")
-        self._busy_unlogged += 1
-        now = time.monotonic()
-        if now >= self._busy_logged + BUSY_LOG_EVERY:  # a flood gives a line per period
+        if refused := self._busy_log():
             log.warning("refused %d connection(s) (the last from %s): %d connections open, "
-                        "all busy", self._busy_unlogged, client_address[0],
-                        self.max_connections)
-            self._busy_logged, self._busy_unlogged = now, 0
+                        "all busy", refused, client_address[0], self.max_connections)
         try:
             request.settimeout(1.0)  # a fresh socket's send buffer is empty: this never waits
             request.sendall(_BUSY_RESPONSE)

@@ -47,6 +47,7 @@ from ddnn.plumbing.download import Origin, Unreachable, fetch_bundle
 from ddnn.plumbing.options import Option, boolean, path
 from ddnn.plumbing.probation import UpdateGuard, VersionProbe, write_json
 from ddnn.plumbing.retry import RetryPolicy
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.versions import is_newer, parse_version
 
 log = logging.getLogger(__name__)
@@ -202,7 +203,10 @@ class BundleUpdater:
                                  window=probation, probe=probe, public_key=public_key,
                                  on_rollback=on_rollback)
         self.guard.resume()
-        self._skipped: set[str] = set()  # rolled-back versions announced again (logged once)
+        self._skipped = LogThrottle()  # rolled-back versions announced again (logged once)
+        # Failed fetches of the target: logged at the first and at each doubling, so an outage
+        # of days stays a few lines.
+        self._fetch_failures_log = LogThrottle(doubling=True)
         self._thread = threading.Thread(target=self._loop, name="bundle-updater", daemon=True)
         self._thread.start()
         self._resume()
@@ -288,8 +292,7 @@ class BundleUpdater:
         why = self.guard.rolled_back.why(ref)
         if why is None:
             return False
-        if ref not in self._skipped:
-            self._skipped.add(ref)
+        if self._skipped(ref):
             log.info("not applying %s: rolled back here before (%s); still running %s", ref,
                      why, self.running.ref)
         if self._on_announce:
@@ -303,6 +306,7 @@ class BundleUpdater:
             self._pending = ann
             self._backoff.succeeded()  # a new target is tried at once
             self.failures = 0
+            self._fetch_failures_log.forget()
         self._wake.set()
 
     def _loop(self) -> None:
@@ -387,6 +391,7 @@ class BundleUpdater:
         self.running = bundle
         self.applied += 1
         self.failures = 0
+        self._fetch_failures_log.forget()
         self.last_error = None
         self._forget_target(ann)
         if self._on_result:
@@ -425,9 +430,7 @@ class BundleUpdater:
     def _retry_later(self, ann: Announcement, why: str) -> None:
         self.failures += 1
         self.last_error = why
-        # Logged at the first failures and then at each doubling: an outage of days stays
-        # a few lines.
-        if self.failures & (self.failures - 1) == 0:
+        if self._fetch_failures_log():
             log.warning("cannot fetch bundle %s:%s now (%s; %d failed tries); retrying with "
                         "backoff, still running %s", ann.name, ann.version, why, self.failures,
                         self.running.ref)

@@ -29,6 +29,7 @@ from ddnn.plumbing.mqtt.errors import (
     BrokerRefusedError,
     ssl_reason,
 )
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.status import status_payload
 from ddnn.topics import DELIVERY
 
@@ -110,6 +111,7 @@ class MqttClient:
         # When the broker was lost (monotonic), or the client made; None while connected.
         self.disconnected_since: float | None = time.monotonic()
         self.publishes_refused = 0
+        self._refusals_log = LogThrottle(every=1000)  # the first, then one in a thousand
         self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
         self._tls_alert: str | None = None
@@ -253,7 +255,7 @@ class MqttClient:
         # Called by paho with its message lock held: the hooks must only record the mid.
         if getattr(reason_code, "is_failure", False):
             self.publishes_refused += 1
-            if self.publishes_refused == 1 or self.publishes_refused % 1000 == 0:
+            if self._refusals_log():
                 log.warning("broker %s refused a publish (%s; %d so far): check this client's "
                             "ACL", self.url, reason_code, self.publishes_refused)
             if self._on_publish_refused is not None:
