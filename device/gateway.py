@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from ddnn import envelope as env
-from ddnn.batch import MAX_ENTRIES, MAX_ENTRY, pack_batch
+from ddnn.batch import MAX_ENTRY, batches, pack_batch
 from ddnn.device.coalescer import Coalescer, Group, Key
-from ddnn.envelope import MAX_MESSAGE, DecodeError, MessageType, varint_bytes
+from ddnn.envelope import DecodeError, MessageType
 from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing import options
@@ -309,20 +309,6 @@ class GatewayService:
         self._threads[1].join(STOP_WAIT)
         self.local.stop()  # (the acknowledgements above go out before its DISCONNECT)
         self.up.stop()
-
-
-def batches(entries: list) -> list[list]:
-    """``entries`` (device, envelope, tag) cut into batches within the format's bounds."""
-    out: list[list] = []
-    size = 1
-    for e in entries:
-        n = len(e[0]) + 1 + len(varint_bytes(len(e[1]))) + len(e[1])
-        if not out or len(out[-1]) == MAX_ENTRIES or size + n > MAX_MESSAGE:
-            out.append([])
-            size = 1
-        out[-1].append(e)
-        size += n
-    return out
 
 
 def _pulled(mask: bytes, view) -> bool:

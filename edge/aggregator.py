@@ -34,10 +34,9 @@ from ddnn.edge.cloud_client import CloudClient, CloudError, UnknownVersion
 from ddnn.edge.ingest import Ingest
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.pipeline import Exit, ExitPipeline, Pull, ToCloud
-from ddnn.edge.settings import EdgeSettings
+from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import RecentResults, ResultSink
 from ddnn.envelope import MessageType
-from ddnn.errors import ConfigError
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, result_for
 from ddnn.runtime import BundleRuntime
@@ -68,9 +67,8 @@ class EdgeAggregator:
                  publish: Callable[[str, bytes, int], object] | None = None,
                  connected: Callable[[], bool] = lambda: True):
         m = runtime.manifest
-        if len(devices) != m.views or len(set(devices)) != len(devices):
-            raise ConfigError(f"--devices must name {m.views} distinct ids, one per view")
-        self.settings, self.topics, self.devices = settings, topics, list(devices)
+        self.settings, self.topics = settings, topics
+        self.devices = view_devices(devices, m.views)
         self.metrics = metrics or EdgeMetrics()
         self.cloud = cloud
         self._publish = publish

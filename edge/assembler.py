@@ -97,6 +97,7 @@ class FrameAssembler:
         self._newest: int | None = None  # newest frame id any device has opened or joined
         self._offline = [False] * views
         self._misses = [0] * views
+        self._expected = tuple(range(views))  # what expected() says, kept up to date
         # Devices in push mode send features unasked; the edge learns it from the first ones.
         self.pushing = [False] * views
         self._lock = threading.Lock()
@@ -107,6 +108,7 @@ class FrameAssembler:
         with self._lock:
             self._offline[view] = not online
             self._misses[view] = 0
+            self._update_expected()
 
     def set_pushing(self, view: int, pushing: bool) -> None:
         """The device of ``view`` sends its features with every frame (push mode), or not."""
@@ -114,13 +116,17 @@ class FrameAssembler:
 
     def is_expected(self, view: int) -> bool:
         """The device of ``view`` is believed alive (not offline, not silent for long)."""
-        with self._lock:
-            return not self._offline[view] and self._misses[view] < self.suspect_after
+        return view in self._expected
 
     def expected(self) -> list[int]:
-        """Views a frame waits for right now."""
-        return [v for v in range(self.views)
-                if not self._offline[v] and self._misses[v] < self.suspect_after]
+        """Views a frame waits for right now: their devices are believed alive."""
+        return list(self._expected)
+
+    def _update_expected(self) -> None:
+        """The one rule of who is expected: not offline, and not silent ``suspect_after``
+        waits in a row (called under the lock whenever either changes)."""
+        self._expected = tuple(v for v in range(self.views)
+                               if not self._offline[v] and self._misses[v] < self.suspect_after)
 
     # --- messages ---------------------------------------------------------------------------
 
@@ -145,8 +151,10 @@ class FrameAssembler:
         return f
 
     def _heard(self, view: int) -> None:
-        self._offline[view] = False
-        self._misses[view] = 0
+        if self._offline[view] or self._misses[view]:  # (the hot path: most views are alive)
+            self._offline[view] = False
+            self._misses[view] = 0
+            self._update_expected()
 
     def add_scores(self, view: int, frame: int, scores: np.ndarray | None, captured: float,
                    now: float) -> Frame | None:
@@ -209,12 +217,10 @@ class FrameAssembler:
             return None
 
     def _awaited(self, f: Frame) -> list[int]:
-        """Views ``f`` still waits for: expected, not arrived, and not hopelessly late
-        (:meth:`expected` and :meth:`ArrivalLag.hopeless` in one pass: once per message)."""
-        off, misses, suspect = self._offline, self._misses, self.suspect_after
-        lag, budget, scores, absent = self.lag.estimate, self.max_wait, f.scores, f.absent
-        return [v for v in range(self.views) if not off[v] and misses[v] < suspect
-                and v not in scores and v not in absent and lag[v] <= budget]
+        """Views ``f`` still waits for: expected, not arrived, and not hopelessly late."""
+        hopeless, budget, scores, absent = self.lag.hopeless, self.max_wait, f.scores, f.absent
+        return [v for v in self._expected if v not in scores and v not in absent
+                and not hopeless(v, budget)]
 
     def _take(self, f: Frame, now: float) -> Frame:
         # A frame handed to the worker leaves the deadline watch until it is given back.
@@ -273,6 +279,7 @@ class FrameAssembler:
                     f.missing = {v for v in expected if v not in f.scores and v not in f.absent}
                     for v in f.missing:
                         self._misses[v] += 1
+                    self._update_expected()
                 else:
                     f.missing = {v for v in f.requested if v not in f.features}
                 out.append(self._take(f, now))

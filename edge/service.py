@@ -24,14 +24,14 @@ from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
 from ddnn.edge.http import EdgeHttpServer
 from ddnn.edge.metrics import EdgeMetrics
-from ddnn.edge.settings import EdgeSettings
+from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
 from ddnn.errors import ConfigError
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions, security_of
 from ddnn.plumbing.ota import BundleUpdater
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
-from ddnn.topics import DEVICE_KINDS, GATEWAY_KINDS, Topics, default_device_ids, subscription
+from ddnn.topics import DEVICE_KINDS, GATEWAY_KINDS, Topics, subscription
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +47,7 @@ class EdgeService:
                  max_inflight: int | None = None):
         self.settings = s = settings
         m = runtime.manifest
-        devices = list(s.devices) or default_device_ids(m.views)
-        if len(devices) != m.views:
-            raise ConfigError(f"--devices must name {m.views} distinct ids, one per view")
+        devices = view_devices(s.devices, m.views)
         strangers = [d for _, ds in s.gateways for d in ds if d not in devices]
         if strangers:
             raise ConfigError(f"--gateways names devices that are not this edge's: {strangers}")

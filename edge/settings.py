@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,6 +12,7 @@ from ddnn.names import check_name
 from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl
 from ddnn.plumbing.options import Option, describe, id_list, path
 from ddnn.plumbing.ota import UPDATE_OPTIONS
+from ddnn.topics import default_device_ids
 
 ENV_PREFIX = "DDNN_EDGE_"
 
@@ -30,6 +32,15 @@ def gateway_map(value: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     if len({g for g, _ in out}) != len(out):
         raise ConfigError("--gateways names a gateway twice")
     return tuple(out)
+
+
+def view_devices(devices: Sequence[str], views: int) -> list[str]:
+    """The device of each view: ``devices`` (``--devices``), or ``cam0`` … ``cam{V-1}`` when
+    none are given; refused unless it names one distinct id per view of the bundle."""
+    ids = list(devices) or default_device_ids(views)
+    if len(ids) != views or len(set(ids)) != len(ids):
+        raise ConfigError(f"--devices must name {views} distinct ids, one per view")
+    return ids
 
 
 @dataclass(frozen=True, kw_only=True)
