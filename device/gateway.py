@@ -29,14 +29,8 @@ from ddnn.envelope import DecodeError, MessageType
 from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing import options
-from ddnn.plumbing.mqtt import (
-    SECURITY_OPTIONS,
-    BrokerUrl,
-    MqttClient,
-    MqttOptions,
-    security_of,
-)
-from ddnn.plumbing.options import Option, boolean, id_list
+from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttClient, MqttOptions, MqttSecurity
+from ddnn.plumbing.options import Option, bind, boolean, grouped, id_list
 from ddnn.plumbing.signals import stop_on_signals
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.status import status_fields
@@ -54,11 +48,7 @@ class GatewaySettings:
 
     local: str  # the devices' broker
     broker: str  # the edge's broker, over the uplink
-    ca_file: str | None = None  # TLS and credentials for the edge's broker
-    cert_file: str | None = None
-    key_file: str | None = None
-    username: str | None = None
-    password: str | None = None
+    security: MqttSecurity = MqttSecurity()  # TLS and credentials for the edge's broker
     gateway_id: str = "gw0"
     devices: tuple[str, ...] = ()  # the devices it forwards; empty: any, up to MAX_DEVICES
     deployment: str = "default"
@@ -85,7 +75,7 @@ class GatewaySettings:
 OPTIONS = (
     Option("local", str, "URL", "the devices' MQTT broker (local to the site)"),
     Option("broker", str, "URL", "the edge's MQTT broker, over the uplink (mqtts:// for TLS)"),
-    *SECURITY_OPTIONS,
+    *grouped("security", SECURITY_OPTIONS),
     Option("gateway-id", str, "ID", "this gateway's id: its topics, and what the edge lets it "
                                     "speak for (edge --gateways)"),
     Option("devices", id_list, "IDS", "comma-separated devices to forward (unset: any device "
@@ -100,6 +90,7 @@ OPTIONS = (
     Option("keepalive", int, "S", "MQTT keepalive, seconds"),
     Option("reconnect-max", int, "S", "cap of the reconnection backoff, seconds"),
 )
+bind(GatewaySettings, OPTIONS)
 
 # What of a device's status goes up (the edge reads these; the rest stays on the site).
 _STATUS_FIELDS = ("state", "view", "model", "mode", "since")
@@ -130,7 +121,7 @@ class GatewayService:
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                        security=security_of(s),
+                        security=s.security,
                         subscriptions=[subscription(t.requests(s.edge_id), "requests"),
                                        subscription(t.edge_status(s.edge_id), "status"),
                                        subscription(t.bundle, "bundle")]),

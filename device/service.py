@@ -24,8 +24,9 @@ from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
 from ddnn.device.transport import HttpTransport, MqttTransport
 from ddnn.errors import ConfigError
-from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions, security_of
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions
 from ddnn.plumbing.ota import BundleUpdater
+from ddnn.plumbing.ota_settings import UpdateHooks
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics, default_device_ids
@@ -81,7 +82,7 @@ class DeviceService:
         if not s.broker:
             return HttpTransport(s.edge_url, s.token)
         options = MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                              security=security_of(s))
+                              security=s.security)
         # "since": when this device came online; replaying peers agree on a start from it.
         status = {"device": s.device_id, "view": s.view, "model": self.bundle.ref,
                   "mode": s.mode, "since": round(time.time(), 3)}
@@ -97,20 +98,14 @@ class DeviceService:
     def __enter__(self) -> DeviceService:
         s = self.settings
         # Bound first: a port in use fails before anything runs.
-        http = monitor(self, s.http_host, s.http_port) if s.http_port is not None else None
+        http = monitor(self, s.http.host, s.http.port) if s.http.port is not None else None
         if isinstance(self.transport, MqttTransport):  # updates are announced over MQTT
-            self.updater = BundleUpdater(self.bundle, self._apply_update, cloud=s.ota_origin,
-                                         token=s.ota_token, ca_file=s.ota_ca_file,
-                                         public_key=s.bundle_key, tag=s.device_id,
-                                         allow_unsigned=s.ota_allow_unsigned,
-                                         allow_downgrade=s.ota_allow_downgrade,
-                                         retry=RetryPolicy(min(1.0, s.ota_retry_max),
-                                                           s.ota_retry_max),
-                                         on_result=self._update_result,
-                                         on_retry=lambda ann, why: self._update_result(None),
-                                         probation=s.ota_probation,
-                                         probe=DeviceVersionProbe(self),
-                                         on_rollback=self._rolled_back)
+            hooks = UpdateHooks(apply=self._apply_update, on_result=self._update_result,
+                                on_retry=lambda ann, why: self._update_result(None),
+                                on_rollback=self._rolled_back)
+            self.updater = BundleUpdater(self.bundle, hooks, policy=s.updates,
+                                         source=s.update_source, public_key=s.bundle_key,
+                                         tag=s.device_id, probe=DeviceVersionProbe(self))
         try:
             self.transport.start()
         except BaseException:

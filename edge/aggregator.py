@@ -339,7 +339,7 @@ class EdgeAggregator:
                 batch = [self._to_cloud.get(timeout=0.05)]
             except queue.Empty:
                 continue
-            while len(batch) < self.settings.cloud_batch:
+            while len(batch) < self.settings.cloud_link.batch:
                 try:
                     batch.append(self._to_cloud.get_nowait())
                 except queue.Empty:

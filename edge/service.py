@@ -27,8 +27,9 @@ from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
 from ddnn.errors import ConfigError
-from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions, security_of
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.ota import BundleUpdater
+from ddnn.plumbing.ota_settings import UpdateHooks
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import DEVICE_KINDS, GATEWAY_KINDS, Topics, subscription
@@ -71,9 +72,9 @@ class EdgeService:
             self.aggregator.ingest, topics, dict(s.gateways),
             on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason))
         self.http: EdgeHttpServer | None = None
-        if s.http_port is not None:
+        if s.http.port is not None:
             tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
-            self.http = EdgeHttpServer(self.aggregator, s.http_host, s.http_port, s.http_token,
+            self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port, s.http_token,
                                        tokens=tokens, max_connections=s.http_max_connections)
         self.updater: BundleUpdater | None = None  # made on start: it runs a thread
         # /healthz, /readyz, /livez (edge.health); the HTTP handlers find it on their server.
@@ -98,12 +99,11 @@ class EdgeService:
             bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
             runtime = BundleRuntime(bundle, threads=settings.threads)
         cloud = None
-        if settings.cloud:
-            cloud = CloudClient(settings.cloud, f"{runtime.manifest.name}-cloud",
-                                token=settings.cloud_token, timeout=settings.cloud_timeout,
-                                retry=cloud_retry, ca_file=settings.cloud_ca_file,
-                                cert_file=settings.cloud_cert_file,
-                                key_file=settings.cloud_key_file,
+        link = settings.cloud_link
+        if link.url:
+            cloud = CloudClient(link.url, f"{runtime.manifest.name}-cloud", token=link.token,
+                                timeout=link.timeout, retry=cloud_retry, ca_file=link.ca_file,
+                                cert_file=link.cert_file, key_file=link.key_file,
                                 codec=runtime.manifest.codec["edge_features"])
         return cls(settings, runtime, cloud=cloud, sinks=sinks, max_inflight=max_inflight)
 
@@ -111,7 +111,7 @@ class EdgeService:
                      max_inflight: int | None) -> MqttClient:
         s = self.settings
         options = MqttOptions(
-            keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=security_of(s),
+            keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=s.security,
             persistent=True,  # the broker keeps device messages while the edge restarts
             subscriptions=[subscription(topics.all_devices(k), k) for k in DEVICE_KINDS]
             + [subscription(topics.bundle, "bundle")]
@@ -145,33 +145,25 @@ class EdgeService:
     # --- over-the-air bundle updates ------------------------------------------------------------
 
     def _updater(self) -> BundleUpdater:
-        s, agg = self.settings, self.aggregator
+        s, agg, m = self.settings, self.aggregator, self.metrics
 
         def apply(bundle) -> None:
             agg.swap(BundleRuntime(bundle, threads=s.threads))
 
-        def done(ok: bool) -> None:
-            self.metrics.bundle_updates.inc(result="applied" if ok else "refused")
-
-        # The target of an update survives restarts (BundleUpdater): one announced before
-        # this process started is announced to the ingest again here, before MQTT connects.
-        return BundleUpdater(agg.runtime.bundle, apply, cloud=s.cloud, token=s.cloud_token,
-                             ca_file=s.cloud_ca_file, cert_file=s.cloud_cert_file,
-                             key_file=s.cloud_key_file, public_key=s.bundle_key, on_result=done,
-                             tag=s.edge_id, allow_unsigned=s.ota_allow_unsigned,
-                             allow_downgrade=s.ota_allow_downgrade,
-                             retry=RetryPolicy(min(1.0, s.ota_retry_max), s.ota_retry_max),
-                             on_retry=lambda ann, why: self.metrics.bundle_updates.inc(
-                                 result="retry"),
-                             on_announce=lambda ann: agg.ingest.announce((ann.name,
-                                                                          ann.version)),
-                             # messages of a refused version are another model's again
-                             on_refused=lambda ann: agg.ingest.withdraw((ann.name,
-                                                                         ann.version)),
-                             # failing its health check on probation rolls a version back
-                             probation=s.ota_probation, probe=EdgeVersionProbe(self.health),
-                             on_rollback=lambda ref, why: self.metrics.bundle_updates.inc(
-                                 result="rolled_back"))
+        hooks = UpdateHooks(
+            apply=apply,
+            on_result=lambda ok: m.bundle_updates.inc(result="applied" if ok else "refused"),
+            on_retry=lambda ann, why: m.bundle_updates.inc(result="retry"),
+            # The target of an update survives restarts (BundleUpdater): one announced before
+            # this process started is announced to the ingest again here, before MQTT connects.
+            on_announce=lambda ann: agg.ingest.announce((ann.name, ann.version)),
+            # messages of a refused version are another model's again
+            on_refused=lambda ann: agg.ingest.withdraw((ann.name, ann.version)),
+            # failing its health check on probation rolls a version back
+            on_rollback=lambda ref, why: m.bundle_updates.inc(result="rolled_back"))
+        return BundleUpdater(agg.runtime.bundle, hooks, policy=s.updates,
+                             source=s.cloud_link.update_source(), public_key=s.bundle_key,
+                             tag=s.edge_id, probe=EdgeVersionProbe(self.health))
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -198,7 +190,7 @@ class EdgeService:
             self._running = stack.pop_all()
         if agg.cloud is not None and not agg.cloud.ready():
             log.warning("cloud %s is not ready yet; frames past the edge exit are degraded "
-                        "until it is", s.cloud)
+                        "until it is", s.cloud_link.url)
         return self
 
     def _stop_mqtt(self) -> None:

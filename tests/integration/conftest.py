@@ -19,6 +19,25 @@ def wait_for(condition, timeout: float = 20.0, what: str = "condition"):
     return result
 
 
+# BundleUpdater's option groups and hooks, from the flat keywords the OTA tests speak.
+_HOOKS = ("on_result", "on_announce", "on_retry", "on_refused", "on_rollback")
+_POLICY = ("allow_unsigned", "allow_downgrade", "probation")
+_SOURCE = {"cloud": "origin", "token": "token", "ca_file": "ca_file", "cert_file": "cert_file",
+           "key_file": "key_file"}
+
+
+def bundle_updater(running, apply, **kw):
+    """A :class:`BundleUpdater` of ``running`` applying with ``apply``; ``kw``: its keywords,
+    or a hook, a policy or a source field by name (``cloud`` is the source's origin)."""
+    from ddnn.plumbing.ota import BundleUpdater
+    from ddnn.plumbing.ota_settings import UpdateHooks, UpdatePolicy, UpdateSource
+
+    hooks = UpdateHooks(apply=apply, **{k: kw.pop(k) for k in _HOOKS if k in kw})
+    policy = UpdatePolicy(**{k: kw.pop(k) for k in _POLICY if k in kw})
+    source = UpdateSource(**{v: kw.pop(k) for k, v in _SOURCE.items() if k in kw})
+    return BundleUpdater(running, hooks, policy=policy, source=source, **kw)
+
+
 def cloud_wait_ready(url: str, timeout: float = 30.0, **client_args) -> None:
     """Poll ``/v2/health/ready`` until it answers 200 (readiness, not a guessed sleep)."""
     deadline = time.monotonic() + timeout

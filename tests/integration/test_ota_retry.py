@@ -20,7 +20,7 @@ from ddnn.plumbing.ota import Announcement, BundleUpdater
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.tools.broker import free_port
-from tests.integration.conftest import wait_for
+from tests.integration.conftest import bundle_updater, wait_for
 
 FAST = RetryPolicy(initial=0.05, maximum=0.2)
 
@@ -63,7 +63,7 @@ def setup(tiny_bundle, tmp_path):
     updaters: list[BundleUpdater] = []
 
     def updater(apply, **kw) -> BundleUpdater:
-        u = BundleUpdater(running, apply, public_key=pub, retry=FAST, tag="edge0", **kw)
+        u = bundle_updater(running, apply, public_key=pub, retry=FAST, tag="edge0", **kw)
         updaters.append(u)
         return u
 

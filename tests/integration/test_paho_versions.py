@@ -21,8 +21,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MQTT_TESTS = ["tests/unit/test_alias_bookkeeping.py", "tests/integration/test_topic_aliases.py",
               "tests/integration/test_broker_sessions.py",
               "tests/integration/test_hostile_broker.py", "tests/integration/test_security.py"]
-SELECT = ("not amqtt and not bundle and not cli and (aliases or topic or session or subscribed or client_id or bound or "
-          "credentials or refuse or mqtts)")
+SELECT = ("not amqtt and not bundle and not cli and (aliases or topic or session or subscribed "
+          "or client_id or bound or credentials or refuse or mqtts)")
 
 
 def lowest_paho() -> str:
@@ -31,7 +31,7 @@ def lowest_paho() -> str:
     found = re.search(r'"paho-mqtt>=([0-9.]+),<[0-9.]+"', text)
     assert found, "paho-mqtt is not pinned to a range in pyproject.toml"
     parts = found.group(1).split(".")
-    return ".".join((parts + ["0", "0"])[:3])
+    return ".".join([*parts, "0", "0"][:3])
 
 
 @pytest.mark.slow

@@ -22,7 +22,6 @@ from ddnn.plumbing.mqtt.broker import (
     SECURITY_OPTIONS,
     BrokerUrl,
     MqttSecurity,
-    security_of,
     tls_context,
 )
 from ddnn.plumbing.mqtt.client import SESSION_EXPIRY, MqttClient, MqttOptions
@@ -38,6 +37,5 @@ __all__ = [
     "MqttOptions",
     "MqttSecurity",
     "TopicAliases",
-    "security_of",
     "tls_context",
 ]

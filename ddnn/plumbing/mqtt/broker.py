@@ -106,8 +106,8 @@ def tls_context(security: MqttSecurity) -> ssl.SSLContext:
     return ctx
 
 
-# The MQTT TLS and credential rows of the device's and the edge's options tables; the
-# settings classes have fields of these names and build :class:`MqttSecurity` from them.
+# The rows of MqttSecurity in the options tables of the device, the gateway, the edge and
+# ``ddnn announce`` (an option group: each nests it in its settings' ``security``).
 SECURITY_OPTIONS = (
     Option("ca-file", str, "FILE",
            "CA certificate (PEM) the broker's certificate must chain to (needs mqtts://)"),
@@ -118,9 +118,3 @@ SECURITY_OPTIONS = (
                                     "logged)", secret=True),
 )
 
-
-def security_of(settings) -> MqttSecurity:
-    """:class:`MqttSecurity` from settings that have the :data:`SECURITY_OPTIONS` fields."""
-    return MqttSecurity(ca_file=settings.ca_file, cert_file=settings.cert_file,
-                        key_file=settings.key_file, username=settings.username,
-                        password=settings.password)
