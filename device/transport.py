@@ -113,6 +113,11 @@ class MqttTransport:
     def start(self) -> None:
         self.client.start()
 
+    def alive(self) -> bool:
+        """paho's thread runs, or ended because the broker refused this device for good (then
+        the service stops, and its health says why)."""
+        return self.client.refused is not None or self.client.alive()
+
     def update_status(self, **info) -> None:
         """Change fields of the retained status (the bundle version after an update)."""
         self.client.update_status(**info)

@@ -37,6 +37,7 @@ from ddnn.edge.pipeline import Exit, ExitPipeline, Pull, ToCloud
 from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import RecentResults, ResultSink
 from ddnn.envelope import MessageType
+from ddnn.plumbing.lifecycle import Lifecycle, Worker
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, result_for
 from ddnn.runtime import BundleRuntime
@@ -96,9 +97,9 @@ class EdgeAggregator:
         # One line each: a version the cloud does not serve, a late device, a failing sink.
         self._once = LogThrottle()
         self._stop = threading.Event()
-        self._threads: list[threading.Thread] = []
         self.metrics.bundle.set(1, model=m.name, version=m.version)
         self.metrics.before_render.append(self.ingest.flush)
+        self.lifecycle = self._lifecycle()
 
     def _pipeline(self, runtime: BundleRuntime) -> ExitPipeline:
         s = self.settings
@@ -441,28 +442,41 @@ class EdgeAggregator:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
-    def start(self) -> EdgeAggregator:
-        """Start the sinks, then the worker and the cloud threads."""
+    def _lifecycle(self) -> Lifecycle:
+        """The sinks, then the segments loaded, then the worker and the cloud threads; stopped
+        in reverse, the cloud client closed and the counts flushed after the threads."""
+        def load() -> None:  # now, so the first frame does not pay for it
+            self.runtime.runner("edge")
+            if self.manifest.local is not None:
+                self.runtime.runner("local")
+
+        def wake_worker() -> None:
+            self._stop.set()
+            with self._wake:
+                self._wake.notify()
+
+        parts = Lifecycle()
+        parts.add("sinks", start=self._start_sinks, stop=self._close_sinks)
+        parts.add("cloud client", stop=lambda: self.cloud.close() if self.cloud else None)
+        parts.add("counts", stop=self.ingest.flush)
+        parts.add("segments", start=load)
+        parts.add("edge-worker", Worker("edge-worker", self._work_loop, stop=wake_worker))
+        parts.add("edge-cloud", Worker("edge-cloud", self._cloud_loop, stop=self._stop.set))
+        return parts
+
+    def _start_sinks(self) -> None:
         for sink in self.sinks:
             sink.start()
-        self.runtime.runner("edge")  # load now, so the first frame does not pay for it
-        if self.manifest.local is not None:
-            self.runtime.runner("local")
-        for target, name in ((self._work_loop, "edge-worker"), (self._cloud_loop, "edge-cloud")):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
+
+    def _close_sinks(self) -> None:
+        for sink in reversed(self.sinks):
+            sink.close()
+
+    def start(self) -> EdgeAggregator:
+        """Start the sinks, then the worker and the cloud threads."""
+        self.lifecycle.start()
         return self
 
     def stop(self) -> None:
         """Stop the threads, then close the cloud client and the sinks."""
-        self._stop.set()
-        with self._wake:
-            self._wake.notify()
-        for t in self._threads:
-            t.join(timeout=5)
-        self.ingest.flush()
-        if self.cloud is not None:
-            self.cloud.close()
-        for sink in reversed(self.sinks):
-            sink.close()
+        self.lifecycle.stop()

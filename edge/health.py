@@ -9,7 +9,7 @@ Not ready (503, with a JSON list of reasons) while:
   seconds while the broker is connected (deadlines are frozen while it is away, by design);
 * every device is offline: its retained status says so (the last will), or, once the edge has
   run for ``--health-grace``, it never said anything;
-* a thread of the edge has ended.
+* a thread of the edge has ended (the service's lifecycle lists them: ``/livez``).
 
 Ready again by itself once the cause is gone. A small thread samples the worker's progress
 every :data:`SAMPLE` seconds, so a stall is measured, not guessed from one look.
@@ -28,6 +28,7 @@ from collections.abc import Callable
 from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.settings import EdgeSettings
 from ddnn.plumbing.health import Check
+from ddnn.plumbing.lifecycle import Worker
 from ddnn.plumbing.mqtt import MqttClient
 from ddnn.plumbing.probation import Look
 
@@ -38,26 +39,29 @@ class EdgeHealth:
     """Watches one edge; ``updater`` returns its bundle updater (None before start)."""
 
     def __init__(self, agg: EdgeAggregator, settings: EdgeSettings, mqtt: MqttClient | None,
-                 updater: Callable[[], object] = lambda: None):
+                 updater: Callable[[], object] = lambda: None,
+                 liveness: Callable[[], Check] = Check):
         self.agg, self.settings, self.mqtt = agg, settings, mqtt
         self._updater = updater
+        self.liveness = liveness  # the service's lifecycle says which threads run
         self.started = time.monotonic()
         self._answered = agg.answered
         self._progress_at = self.started  # last sample with progress, or nothing pending
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample_loop, name="edge-health",
-                                        daemon=True)
+        self._sampler = Worker("edge-health", self._sample_loop, stop=self._done.set, join=2)
 
     # --- sampling --------------------------------------------------------------------------
 
     def start(self) -> EdgeHealth:
         self.started = self._progress_at = time.monotonic()
-        self._thread.start()
+        self._sampler.start()
         return self
 
     def stop(self) -> None:
-        self._done.set()
-        self._thread.join(timeout=2)
+        self._sampler.stop()
+
+    def alive(self) -> bool:
+        return self._sampler.alive()
 
     def _sample_loop(self) -> None:
         while not self._done.wait(SAMPLE):
@@ -90,21 +94,6 @@ class EdgeHealth:
             v = gauge.get(device=d)
             states[d] = "unknown" if v is None else ("online" if v else "offline")
         return states
-
-    def _threads(self) -> dict[str, bool]:
-        threads = {t.name: t.is_alive() for t in getattr(self.agg, "_threads", ())}
-        if self._thread.ident is not None:  # started (a monitor never started is not dead)
-            threads["edge-health"] = self._thread.is_alive()
-        if self.mqtt is not None and self.mqtt.refused is None:
-            threads["mqtt"] = self.mqtt.alive()
-        updater = self._updater()
-        if updater is not None:
-            threads["bundle-updater"] = updater.alive()  # type: ignore[attr-defined]
-        return threads
-
-    def liveness(self) -> Check:
-        return Check([f"the {name} thread is not running"
-                      for name, alive in self._threads().items() if not alive])
 
     def readiness(self) -> Check:
         s, agg, now = self.settings, self.agg, time.monotonic()

@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from ddnn import envelope as env
 from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
-from ddnn.edge.health import health_check
+from ddnn.edge.health import EdgeHealth, health_check
 from ddnn.envelope import DecodeError
 from ddnn.plumbing.metrics import CONTENT_TYPE
 from ddnn.plumbing.throttle import LogThrottle
@@ -202,33 +202,40 @@ class EdgeHttpServer:
 
     def __init__(self, aggregator: EdgeAggregator, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, *, tokens: dict[str, str] | None = None,
-                 max_connections: int = MAX_CONNECTIONS):
+                 max_connections: int = MAX_CONNECTIONS, health: EdgeHealth | None = None):
         credentials = HttpCredentials(token, tokens)
-        handler = _make_handler(aggregator, credentials)
+        handler = _make_handler(aggregator, credentials, health)
         self.metrics = HttpMetrics(aggregator.metrics.registry)
         self.server = BoundedHTTPServer((host, port), handler, max_connections, self.metrics)
         self.port = self.server.server_address[1]
         self.host = host
-        self._thread = threading.Thread(target=self.server.serve_forever, name="edge-http",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> EdgeHttpServer:
+        self._thread = threading.Thread(target=self.server.serve_forever, name="edge-http",
+                                        daemon=True)
         self._thread.start()
         log.info("edge HTTP on %s (/metrics, /healthz, /v1/ingest, /v1/results)", self.url)
         return self
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
-        self.server.shutdown()
+        if self._thread is not None:
+            self.server.shutdown()
+            self._thread.join(timeout=5)
         self.server.server_close()
-        self._thread.join(timeout=5)
 
 
-def _make_handler(agg: EdgeAggregator, credentials: HttpCredentials) -> type[EdgeHandler]:
-    return type("Handler", (EdgeHandler,), {"agg": agg, "credentials": credentials})
+def _make_handler(agg: EdgeAggregator, credentials: HttpCredentials,
+                  health: EdgeHealth | None) -> type[EdgeHandler]:
+    return type("Handler", (EdgeHandler,), {"agg": agg, "credentials": credentials,
+                                            "health": health})
 
 
 class EdgeHandler(BaseHTTPRequestHandler):
@@ -236,6 +243,7 @@ class EdgeHandler(BaseHTTPRequestHandler):
 
     agg: EdgeAggregator
     credentials: HttpCredentials = HttpCredentials()  # who may post, as which device
+    health: EdgeHealth | None = None  # without one (a server made alone) the edge counts as able
     server: BoundedHTTPServer
     protocol_version = "HTTP/1.1"  # keep-alive for devices posting every frame
     disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms stalls
@@ -292,7 +300,7 @@ class EdgeHandler(BaseHTTPRequestHandler):
         if url.path == "/metrics":
             self._send(200, agg.metrics.render().encode(), CONTENT_TYPE)
         elif url.path in ("/healthz", "/readyz", "/livez"):  # edge.health: 503 with reasons
-            check = health_check(agg, getattr(self.server, "health", None), url.path)
+            check = health_check(agg, self.health, url.path)
             self._send(check.status(), check.body())
         elif url.path == "/v1/results":
             q = urllib.parse.parse_qs(url.query)

@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -27,6 +26,7 @@ from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
 from ddnn.errors import ConfigError
+from ddnn.plumbing.lifecycle import Lifecycle
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.ota import BundleUpdater
 from ddnn.plumbing.ota_settings import UpdateHooks
@@ -39,9 +39,9 @@ log = logging.getLogger(__name__)
 
 class EdgeService:
     """Owns the aggregator, the bundle updater and the MQTT client (with a broker) and the HTTP
-    server (with an HTTP port). Entering starts the aggregator, the updater, the HTTP server
-    and the MQTT client, in that order; leaving stops them in reverse, once the frames under
-    way are answered."""
+    server (with an HTTP port). Entering starts the parts of :attr:`lifecycle` in order — the
+    aggregator, the health sampler, the updater, the HTTP server and the MQTT client; leaving
+    stops them in reverse, once the frames under way are answered. ``/livez`` lists them."""
 
     def __init__(self, settings: EdgeSettings, runtime: BundleRuntime, *,
                  cloud: CloudClient | None = None, sinks: Sequence[ResultSink] = (),
@@ -55,34 +55,29 @@ class EdgeService:
         topics = Topics(s.deployment, s.topic_prefix)
         self.metrics = EdgeMetrics()
         self.mqtt = self._mqtt_client(topics, runtime, max_inflight) if s.broker else None
-        out: list[ResultSink] = []
-        if self.mqtt is not None:
-            out.append(MqttSink(self.mqtt.publish, topics.results))
-        if s.results_out is not None:
-            out.append(FileSink(s.results_out))
-        if s.results_url is not None:
-            out.append(CallbackSink(ResultsCallback(s.results_url, self.metrics.callback,
-                                                    token=s.results_token)))
         self.aggregator = EdgeAggregator(
             runtime, s, topics, devices=devices, metrics=self.metrics, cloud=cloud,
-            sinks=[*out, *sinks],
+            sinks=[*self._sinks(topics), *sinks],
             publish=self.mqtt.publish if self.mqtt else None,
             connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
         self.gateways = GatewayIngest(
             self.aggregator.ingest, topics, dict(s.gateways),
             on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason))
+        self.lifecycle = Lifecycle()  # its parts are added below, once made
+        # /healthz, /readyz, /livez (edge.health), served by the HTTP server.
+        self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater,
+                                 liveness=self.lifecycle.liveness)
         self.http: EdgeHttpServer | None = None
         if s.http.port is not None:
             tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
             self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port, s.http_token,
-                                       tokens=tokens, max_connections=s.http_max_connections)
-        self.updater: BundleUpdater | None = None  # made on start: it runs a thread
-        # /healthz, /readyz, /livez (edge.health); the HTTP handlers find it on their server.
-        self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater)
-        if self.http is not None:
-            self.http.server.health = self.health  # type: ignore[attr-defined]
+                                       tokens=tokens, max_connections=s.http_max_connections,
+                                       health=self.health)
+        # Updates are announced over MQTT.
+        self.updater = self._updater() if self.mqtt is not None else None
         self._refused = threading.Event()
-        self._running: contextlib.ExitStack | None = None
+        self._started = False
+        self._add_parts()
 
     @classmethod
     def from_settings(cls, settings: EdgeSettings, *, runtime: BundleRuntime | None = None,
@@ -106,6 +101,32 @@ class EdgeService:
                                 cert_file=link.cert_file, key_file=link.key_file,
                                 codec=runtime.manifest.codec["edge_features"])
         return cls(settings, runtime, cloud=cloud, sinks=sinks, max_inflight=max_inflight)
+
+    def _sinks(self, topics: Topics) -> list[ResultSink]:
+        """The result sinks the settings configure: MQTT, a file, an application's URL."""
+        s, out = self.settings, []
+        if self.mqtt is not None:
+            out.append(MqttSink(self.mqtt.publish, topics.results))
+        if s.results_out is not None:
+            out.append(FileSink(s.results_out))
+        if s.results_url is not None:
+            out.append(CallbackSink(ResultsCallback(s.results_url, self.metrics.callback,
+                                                    token=s.results_token)))
+        return out
+
+    def _add_parts(self) -> None:
+        parts = self.lifecycle
+        parts.add("aggregator", self.aggregator.lifecycle)
+        parts.add("edge-health", self.health)
+        if self.updater is not None:
+            parts.add("bundle-updater", self.updater)
+        if self.http is not None:
+            parts.add("edge-http", self.http)
+        if self.mqtt is not None:
+            mqtt = self.mqtt
+            # (a refusal for good ends paho's thread by design: health says so, not /livez)
+            parts.add("mqtt", mqtt, stop=self._stop_mqtt,
+                      alive=lambda: mqtt.refused is not None or mqtt.alive())
 
     def _mqtt_client(self, topics: Topics, runtime: BundleRuntime,
                      max_inflight: int | None) -> MqttClient:
@@ -168,26 +189,14 @@ class EdgeService:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> EdgeService:
-        """Start the aggregator, the updater, the HTTP server and the MQTT client, in order."""
+        """Start the aggregator, the health sampler, the updater, the HTTP server and the MQTT
+        client, in order (a part that fails to start stops those before it)."""
         agg, s = self.aggregator, self.settings
         log.info("edge config: bundle %s, devices %s, thresholds %s; settings %s",
                  agg.runtime.bundle.ref, ",".join(agg.devices),
                  dict(agg.pipeline.policy.thresholds), s.describe())
-        with contextlib.ExitStack() as stack:  # a part that fails to start stops the others
-            agg.start()
-            stack.callback(agg.stop)
-            self.health.start()
-            stack.callback(self.health.stop)
-            if self.mqtt is not None:
-                self.updater = self._updater()
-                stack.callback(self.updater.stop)
-            if self.http is not None:
-                self.http.start()
-                stack.callback(self.http.stop)
-            if self.mqtt is not None:
-                self.mqtt.start()
-                stack.callback(self._stop_mqtt)
-            self._running = stack.pop_all()
+        self.lifecycle.start()
+        self._started = True
         if agg.cloud is not None and not agg.cloud.ready():
             log.warning("cloud %s is not ready yet; frames past the edge exit are degraded "
                         "until it is", s.cloud_link.url)
@@ -203,10 +212,10 @@ class EdgeService:
 
     def stop(self) -> None:
         """Stop what :meth:`start` started, in reverse order."""
-        if self._running is None:
+        if not self._started:
             return
-        self._running.close()
-        self._running = None
+        self._started = False
+        self.lifecycle.stop()
         m = self.metrics
         log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d)",
                  self.settings.edge_id, self.aggregator.answered,

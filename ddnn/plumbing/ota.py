@@ -173,14 +173,20 @@ class BundleUpdater:
         self.guard = UpdateGuard(running, hooks.apply, root=self.staging_root, tag=tag,
                                  window=policy.probation, probe=probe, public_key=public_key,
                                  on_rollback=hooks.on_rollback)
-        self.guard.resume()
         self._skipped = LogThrottle()  # rolled-back versions announced again (logged once)
         # Failed fetches of the target: logged at the first and at each doubling, so an outage
         # of days stays a few lines.
         self._fetch_failures_log = LogThrottle(doubling=True)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> BundleUpdater:
+        """Roll back a version a crash left on probation, start the update thread, and take up
+        the target a previous process left."""
+        self.guard.resume()
         self._thread = threading.Thread(target=self._loop, name="bundle-updater", daemon=True)
         self._thread.start()
         self._resume()
+        return self
 
     # --- the persisted target -----------------------------------------------------------------
 
@@ -428,12 +434,13 @@ class BundleUpdater:
                 "applied": self.applied, "refused": self.refused, **self.guard.status()}
 
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, clean: bool = True) -> None:
         """Stop the updater; ``clean=False`` (the tier is failing) leaves a version on
         probation to be rolled back at the next start."""
         self._done.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         self.guard.stop(clean)

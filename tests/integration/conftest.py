@@ -27,15 +27,16 @@ _SOURCE = {"cloud": "origin", "token": "token", "ca_file": "ca_file", "cert_file
 
 
 def bundle_updater(running, apply, **kw):
-    """A :class:`BundleUpdater` of ``running`` applying with ``apply``; ``kw``: its keywords,
-    or a hook, a policy or a source field by name (``cloud`` is the source's origin)."""
+    """A started :class:`BundleUpdater` of ``running`` applying with ``apply``; ``kw``: its
+    keywords, or a hook, a policy or a source field by name (``cloud`` is the source's
+    origin)."""
     from ddnn.plumbing.ota import BundleUpdater
     from ddnn.plumbing.ota_settings import UpdateHooks, UpdatePolicy, UpdateSource
 
     hooks = UpdateHooks(apply=apply, **{k: kw.pop(k) for k in _HOOKS if k in kw})
     policy = UpdatePolicy(**{k: kw.pop(k) for k in _POLICY if k in kw})
     source = UpdateSource(**{v: kw.pop(k) for k, v in _SOURCE.items() if k in kw})
-    return BundleUpdater(running, hooks, policy=policy, source=source, **kw)
+    return BundleUpdater(running, hooks, policy=policy, source=source, **kw).start()
 
 
 def cloud_wait_ready(url: str, timeout: float = 30.0, **client_args) -> None:

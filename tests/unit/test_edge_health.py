@@ -12,6 +12,7 @@ import types
 from ddnn.edge.health import EdgeHealth
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings
+from ddnn.plumbing.lifecycle import Lifecycle
 
 
 class Agg:
@@ -21,14 +22,14 @@ class Agg:
         self.devices = ["cam0", "cam1"]
         self.metrics = EdgeMetrics()
         self.cloud = None
-        self._threads: list[threading.Thread] = []
+        self.parts = Lifecycle()  # the service's lifecycle: its threads are what /livez lists
 
 
 def health(tmp_path, mqtt=None, **settings) -> tuple[EdgeHealth, Agg]:
     (tmp_path / "b").mkdir(exist_ok=True)
     s = EdgeSettings(bundle=tmp_path / "b", http_port=0, **settings)
     agg = Agg()
-    return EdgeHealth(agg, s, mqtt), agg  # type: ignore[arg-type]
+    return EdgeHealth(agg, s, mqtt, liveness=agg.parts.liveness), agg  # type: ignore[arg-type]
 
 
 def test_pending_frames_without_answers_are_a_stall(tmp_path):
@@ -75,7 +76,7 @@ def test_devices_never_seen_count_as_offline_after_the_grace(tmp_path):
 def test_a_dead_thread_fails_liveness(tmp_path):
     h, agg = health(tmp_path)
     assert h.liveness().ok
-    agg._threads = [threading.Thread(name="edge-worker")]  # never ran, or ended
+    agg.parts.add("edge-worker", alive=lambda: False).start()  # a started thread that ended
     reasons = h.liveness().reasons
     assert "the edge-worker thread is not running" in reasons
 
