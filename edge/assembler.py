@@ -74,6 +74,14 @@ class Frame:
         """Views that sent scores: the views the local and edge exits fuse over."""
         return sorted(self.scores)
 
+    def take(self, now: float) -> Frame:
+        """Ready for its stage: handed to the worker, out of the deadline watch until it is
+        given back."""
+        self.deadline = float("inf")
+        self.taken = True
+        self.ready_at = now
+        return self
+
 
 class FrameAssembler:
     """Per-frame bookkeeping of which views arrived, with deadlines and dead-device tracking."""
@@ -104,19 +112,16 @@ class FrameAssembler:
 
     # --- devices ----------------------------------------------------------------------------
 
-    def set_online(self, view: int, online: bool) -> None:
+    def set_online(self, view: int, online: bool, pushing: bool | None = None) -> None:
+        """The device of ``view`` says it is online or offline (its status, or its last will);
+        ``pushing``: whether it sends its features with every frame (push mode), when it
+        says."""
         with self._lock:
             self._offline[view] = not online
             self._misses[view] = 0
             self._update_expected()
-
-    def set_pushing(self, view: int, pushing: bool) -> None:
-        """The device of ``view`` sends its features with every frame (push mode), or not."""
-        self.pushing[view] = pushing
-
-    def is_expected(self, view: int) -> bool:
-        """The device of ``view`` is believed alive (not offline, not silent for long)."""
-        return view in self._expected
+        if pushing is not None:
+            self.pushing[view] = pushing
 
     def expected(self) -> list[int]:
         """Views a frame waits for right now: their devices are believed alive."""
@@ -175,7 +180,7 @@ class FrameAssembler:
                 f.scores[view] = scores
             awaited = self._awaited(f)
             if not awaited:
-                return self._take(f, now)
+                return f.take(now)
             f.deadline = self._scores_deadline(f, awaited)
             return None
 
@@ -200,7 +205,7 @@ class FrameAssembler:
                 f.scores.setdefault(view, np.zeros(0, np.float32))
                 f.features[view] = features
                 f.stage, f.requested = FEATURES, (view,)
-                return self._take(f, now)
+                return f.take(now)
             if f.stage == SCORES and view not in f.scores:
                 raise Drop("unrequested", f"features of view {view} before its scores")
             if f.stage == SCORES and not f.taken:
@@ -213,7 +218,7 @@ class FrameAssembler:
                 raise Drop("unrequested", f"features of view {view} were not pulled")
             f.features[view] = features
             if f.stage == FEATURES and all(v in f.features for v in f.requested):
-                return self._take(f, now)
+                return f.take(now)
             return None
 
     def _awaited(self, f: Frame) -> list[int]:
@@ -221,13 +226,6 @@ class FrameAssembler:
         hopeless, budget, scores, absent = self.lag.hopeless, self.max_wait, f.scores, f.absent
         return [v for v in self._expected if v not in scores and v not in absent
                 and not hopeless(v, budget)]
-
-    def _take(self, f: Frame, now: float) -> Frame:
-        # A frame handed to the worker leaves the deadline watch until it is given back.
-        f.deadline = float("inf")
-        f.taken = True
-        f.ready_at = now
-        return f
 
     # --- the worker's side ------------------------------------------------------------------
 
@@ -237,7 +235,7 @@ class FrameAssembler:
             f.stage, f.requested = FEATURES, tuple(views)
             f.pulled_at = now
             if all(v in f.features for v in views):
-                return self._take(f, now)
+                return f.take(now)
             f.deadline = now + self.feature_deadline
             f.taken = False
             return None
@@ -282,7 +280,7 @@ class FrameAssembler:
                     self._update_expected()
                 else:
                     f.missing = {v for v in f.requested if v not in f.features}
-                out.append(self._take(f, now))
+                out.append(f.take(now))
         return out
 
     def pending(self) -> list[Frame]:
@@ -323,7 +321,7 @@ class FrameAssembler:
             elif v in f.scores:
                 out[v] = "no_features"
             else:
-                out[v] = "late" if self.is_expected(v) else "offline"
+                out[v] = "late" if v in self._expected else "offline"
         return out
 
     def knows(self, frame: int) -> bool:

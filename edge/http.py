@@ -24,7 +24,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ddnn import envelope as env
-from ddnn.edge.aggregator import EdgeAggregator
+from ddnn.edge.aggregator import EdgeAggregator, EdgeSnapshot
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
 from ddnn.edge.health import EdgeHealth, health_check
 from ddnn.envelope import DecodeError
@@ -45,7 +45,7 @@ class Forbidden(Exception):
     """A request whose token may not post what it carries (``403``)."""
 
 
-def check_device_result(body: bytes, agg: EdgeAggregator, sender: str = ANY_DEVICE) -> Result:
+def check_device_result(body: bytes, agg: EdgeSnapshot, sender: str = ANY_DEVICE) -> Result:
     """A one-view device's posted result, checked (a ResultError says what is off, Forbidden
     that ``sender`` may not post it).
 
@@ -356,7 +356,7 @@ class EdgeHandler(BaseHTTPRequestHandler):
             if claimed not in (None, device):
                 self._forbid(f"the token of {device} cannot post a message of {claimed}")
                 return
-        reason = self.agg.ingest.accept(body, device)
+        reason = self.agg.accept(body, device)
         if reason in BAD_REQUEST:
             self._json(400, {"accepted": False, "reason": reason})
         else:  # taken, or valid but not wanted (late, duplicate): nothing to fix
@@ -364,7 +364,7 @@ class EdgeHandler(BaseHTTPRequestHandler):
 
     def _device_result(self, body: bytes, sender: str) -> None:
         try:
-            result = check_device_result(body, self.agg, sender)
+            result = check_device_result(body, self.agg.snapshot(), sender)
         except Forbidden as e:
             self._forbid(str(e))
             return

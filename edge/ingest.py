@@ -196,9 +196,10 @@ class Ingest:
         if state == "online" and isinstance(model, str) and model:
             # The model its compact messages are of (they carry only the version).
             self._models[device] = model.rsplit(":", 1)[0]
-        self.assembler.set_online(view, state == "online")
-        if state == "online" and "mode" in info:  # a pushing device is never asked for features
-            self.assembler.set_pushing(view, info["mode"] == "push")
+        online = state == "online"
+        # A pushing device is never asked for features.
+        pushing = info["mode"] == "push" if online and "mode" in info else None
+        self.assembler.set_online(view, online, pushing)
         log.info("device %s (view %d) is %s", device, view, state)
         self._on_status(device, state == "online")
 

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-import ddnn.edge.aggregator as aggregator
+import ddnn.edge.scheduler as scheduler
 from ddnn import envelope as env
 from ddnn.bundle import load_bundle
 from ddnn.edge.aggregator import EdgeAggregator
@@ -63,7 +63,7 @@ def answers(kept: Kept) -> list[tuple]:
 
 
 def test_a_frame_is_answered_on_the_thread_of_its_last_view(tiny_bundle, monkeypatch):
-    monkeypatch.setattr(aggregator, "INLINE_GAP", 1e9)  # however close together they come
+    monkeypatch.setattr(scheduler, "INLINE_GAP", 1e9)  # however close together they come
     agg, kept = edge(tiny_bundle)
     agg.start()
     try:
@@ -82,7 +82,7 @@ def test_frames_close_together_run_in_one_batch_with_the_same_answers(tiny_bundl
     for topic, payload in messages(inline, FRAMES):
         inline.ingest.on_message(topic, payload)
     batched, kept = edge(tiny_bundle, threshold, plain=False)
-    monkeypatch.setattr(aggregator, "INLINE_GAP", 1e9)  # all but the first frame batched
+    monkeypatch.setattr(scheduler, "INLINE_GAP", 1e9)  # all but the first frame batched
     for topic, payload in messages(batched, FRAMES):
         batched.ingest.on_message(topic, payload)
     assert len(kept.results) == (1 if threshold else 0)  # the rest wait for the worker

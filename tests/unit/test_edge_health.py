@@ -9,6 +9,7 @@ import threading
 import time
 import types
 
+from ddnn.edge.aggregator import EdgeSnapshot
 from ddnn.edge.health import EdgeHealth
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings
@@ -16,13 +17,20 @@ from ddnn.plumbing.lifecycle import Lifecycle
 
 
 class Agg:
+    """What the health checks read of an aggregator: its snapshot and its metrics."""
+
     def __init__(self):
         self.answered = 0
         self.assembler: list = []
         self.devices = ["cam0", "cam1"]
         self.metrics = EdgeMetrics()
-        self.cloud = None
+        self.manifest = None
         self.parts = Lifecycle()  # the service's lifecycle: its threads are what /livez lists
+
+    def snapshot(self) -> EdgeSnapshot:
+        return EdgeSnapshot(answered=self.answered, pending=len(self.assembler), cloud_up=False,
+                            devices=tuple(self.devices), late_devices=(),
+                            manifest=self.manifest)  # type: ignore[arg-type]
 
 
 def health(tmp_path, mqtt=None, **settings) -> tuple[EdgeHealth, Agg]:
