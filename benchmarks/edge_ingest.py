@@ -95,7 +95,7 @@ class _Publishers:
 
     def __init__(self, broker: str, bundle: Path, frames: int, first: int, deployment: str,
                  rate: float = 0.0):
-        code = ("import sys; from pathlib import Path; from benchmarks.edge_ingest import "
+        code = ("import sys; from pathlib import Path; from ddnn.benchmarks.edge_ingest import "
                 "publish; publish(sys.argv[1], Path(sys.argv[2]), *map(int, sys.argv[3:6]), "
                 "sys.argv[6], *map(float, sys.argv[7:9]))")
         start_at = time.time() + 3.0  # both connected by then: they start together

@@ -4,10 +4,10 @@ A frame opens when its first message arrives. It is ready for the local exit as 
 device expected to report has sent its scores (or said "absent"), or when its wait runs out: a
 missing or dead device never blocks a frame, the frame is fused over the views present (the
 paper's fault-tolerance result). The wait adapts to the devices: at least ``deadline`` after the
-first view, longer when a device still awaited usually lags (:class:`~edge.arrivals.ArrivalLag`),
-never longer than ``max_wait``. Devices are expected unless their status says offline (the last
-will), or they missed ``suspect_after`` waits in a row; any message revives them. Feature pulls
-get their own deadline.
+first view, longer when a device still awaited usually lags
+(:class:`~ddnn.edge.arrivals.ArrivalLag`), never longer than ``max_wait``. Devices are expected
+unless their status says offline (the last will), or they missed ``suspect_after`` waits in a
+row; any message revives them. Feature pulls get their own deadline.
 
 Bounded whatever the devices send: frame ids more than ``window`` ahead of the newest frame any
 device is at are refused (one message moves the window by at most ``window``), at most

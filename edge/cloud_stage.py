@@ -2,7 +2,7 @@
 
 A thread of its own takes the frames waiting (at most ``batch``), calls the cloud once per
 bundle version among them (during an update frames finish on their own version) over the
-Open Inference Protocol (:class:`~edge.cloud_client.CloudClient`), and answers each frame
+Open Inference Protocol (:class:`~ddnn.edge.cloud_client.CloudClient`), and answers each frame
 from the cloud's scores. When the cloud cannot answer (none configured, unreachable, broken
 scores, a version it does not serve), each frame is answered from the edge's own exit,
 flagged ``degraded``: a frame is never lost to the cloud.

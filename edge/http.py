@@ -5,7 +5,7 @@ results, for tools without MQTT), ``POST /v1/ingest`` (one message envelope, wha
 publishes over MQTT) and ``POST /v1/results`` (a one-view device's own local-exit result).
 Standard library only: a threading server in a background thread.
 
-The POST routes take a bearer token (:mod:`edge.credentials`): with per-device tokens, a
+The POST routes take a bearer token (:mod:`ddnn.edge.credentials`): with per-device tokens, a
 device's token posts only that device's envelopes and results (``403`` otherwise), as the
 broker's ACL lets a device publish only on its own topics. A multi-view bundle's devices never
 post results: the edge answers their frames. At most ``max_connections`` connections are open,

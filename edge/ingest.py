@@ -1,4 +1,5 @@
-"""Device messages in: decoded, checked, and fed to the :class:`~edge.assembler.FrameAssembler`.
+"""Device messages in: decoded, checked, and fed to the
+:class:`~ddnn.edge.assembler.FrameAssembler`.
 
 A message is taken only when everything about it is right: its size, its envelope, its
 deployment, its model (the one the device's retained status names, for compact messages that

@@ -1,4 +1,4 @@
-"""The edge aggregator's Prometheus metrics (served at ``/metrics`` by :mod:`edge.http`)."""
+"""The edge aggregator's Prometheus metrics (served at ``/metrics`` by :mod:`ddnn.edge.http`)."""
 
 from __future__ import annotations
 

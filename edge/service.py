@@ -1,7 +1,7 @@
 """A running edge: the aggregator wired to the broker, the cloud, its HTTP server and updates.
 
 :meth:`EdgeService.from_settings` builds everything ``ddnn edge`` runs from
-:class:`~edge.settings.EdgeSettings`; nothing runs until the service is entered (or started)::
+:class:`~ddnn.edge.settings.EdgeSettings`; nothing runs until the service is entered (or started)::
 
     with EdgeService.from_settings(settings) as service:
         service.run_until(stop)
@@ -85,7 +85,7 @@ class EdgeService:
                       max_inflight: int | None = None) -> EdgeService:
         """Everything ``ddnn edge`` runs, built (not started) from ``settings``.
 
-        ``sinks``: more places for every result (:class:`~edge.sinks.ResultSink`), after those
+        ``sinks``: more places for every result (:class:`~ddnn.edge.sinks.ResultSink`), after those
         the settings configure. ``runtime``: run this bundle runtime instead of loading
         ``settings.bundle``; with ``cloud_retry`` (the cloud client's backoff) and
         ``max_inflight`` (unacknowledged MQTT messages) for tests and benchmarks.

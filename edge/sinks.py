@@ -58,7 +58,8 @@ class FileSink(ResultSink):
 
 
 class CallbackSink(ResultSink):
-    """POSTs each result to an application's URL from a bounded queue (:mod:`edge.callback`)."""
+    """POSTs each result to an application's URL from a bounded queue
+    (:mod:`ddnn.edge.callback`)."""
 
     def __init__(self, callback: ResultsCallback):
         self.callback = callback

@@ -7,6 +7,7 @@ Everything is made by the project itself (no downloads) and sized to keep the su
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,3 +87,24 @@ def mosquitto() -> BrokerProcess:
     broker = start_broker(prefer="mosquitto")
     yield broker
     broker.stop()
+
+
+# The tier folders are importable only as ddnn.<tier>: the repository root is on the test path
+# (pythonpath), so `import edge` would load edge/ again as a second module object beside
+# ddnn.edge, whose state would silently split in two. ruff's banned-api (TID251) refuses such
+# imports in the code; this catches any that slip through at run time (a string given to
+# importlib, a subprocess's code...), at the end of the session.
+TIER_FOLDERS = ("device", "edge", "cloud", "models", "benchmarks")
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    doubles = sorted(name for name in TIER_FOLDERS if name in sys.modules)
+    if doubles:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        message = (f"top-level modules {', '.join(doubles)} were imported: a tier folder is "
+                   f"imported as ddnn.<tier> only (one module object per module)")
+        if reporter is not None:
+            reporter.write_line(message, red=True)
+        else:
+            print(message, file=sys.stderr)
