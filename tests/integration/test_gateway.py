@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
@@ -13,20 +15,16 @@ from ddnn.envelope import MessageType
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import start_broker
 from ddnn.topics import Topics
-from tests.e2e.thresholds import mixed_thresholds
-from tests.integration.test_device_edge import (
-    Edge,
-    check_against_evaluate,
-    mixed,
-    real_cloud,
-    run_devices,
-    wait_for,
-)
+from tests.support.cloud import real_cloud
+from tests.support.data import mixed, mixed_thresholds
+from tests.support.hierarchy import REPLAY_WAIT, Edge, check_against_evaluate, run_devices
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
 DEVICES = ("cam0", "cam1", "cam2")
+wait_for = functools.partial(wait_for, timeout=REPLAY_WAIT)  # whole replays through brokers
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,8 @@ from ddnn.errors import BundleError
 from ddnn.plumbing import download
 from ddnn.plumbing.ota import Announcement, BundleUpdater
 from ddnn.signing import generate_keypair, sign_bundle
-from tests.integration.conftest import bundle_updater, wait_for
+from tests.support.ota import bundle_updater
+from tests.support.polling import wait_for
 
 PREFIX = "/v1/bundles/tiny"
 TOKEN = "s3cret-token"

@@ -4,8 +4,6 @@ same either way, and every message and stage of the latency breakdown is counted
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
@@ -17,6 +15,7 @@ from ddnn.edge.settings import EdgeSettings
 from ddnn.envelope import MessageType
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics
+from tests.support.polling import wait_for
 
 FRAMES = 12
 
@@ -47,14 +46,6 @@ def messages(agg: EdgeAggregator, frames: int) -> list[tuple[str, bytes]]:
         MessageType.SCORES, version=m.version, frame=n, codec=m.codec["scores"],
         tensor=rng.normal(size=(1, m.num_classes)).astype(np.float32) * 3)))
         for n in range(frames) for d in agg.devices]
-
-
-def wait_for(condition, timeout: float = 5.0) -> None:
-    """Poll: the worker answers on its own thread."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
 
 
 def answers(kept: Kept) -> list[tuple]:

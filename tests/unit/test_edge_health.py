@@ -9,28 +9,10 @@ import threading
 import time
 import types
 
-from ddnn.edge.aggregator import EdgeSnapshot
 from ddnn.edge.health import EdgeHealth
-from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings
-from ddnn.plumbing.lifecycle import Lifecycle
-
-
-class Agg:
-    """What the health checks read of an aggregator: its snapshot and its metrics."""
-
-    def __init__(self):
-        self.answered = 0
-        self.assembler: list = []
-        self.devices = ["cam0", "cam1"]
-        self.metrics = EdgeMetrics()
-        self.manifest = None
-        self.parts = Lifecycle()  # the service's lifecycle: its threads are what /livez lists
-
-    def snapshot(self) -> EdgeSnapshot:
-        return EdgeSnapshot(answered=self.answered, pending=len(self.assembler), cloud_up=False,
-                            devices=tuple(self.devices), late_devices=(),
-                            manifest=self.manifest)  # type: ignore[arg-type]
+from tests.support.polling import wait_for
+from tests.support.stubs import Agg
 
 
 def health(tmp_path, mqtt=None, **settings) -> tuple[EdgeHealth, Agg]:
@@ -89,6 +71,19 @@ def test_a_dead_thread_fails_liveness(tmp_path):
     assert "the edge-worker thread is not running" in reasons
 
 
+def closed_by_peer(s: socket.socket) -> bool:
+    """The other end closed ``s`` (a read would return end-of-file at once)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        s.setblocking(True)
+
+
 def test_the_monitoring_server_caps_its_connections():
     """Idle connections past the cap are closed unanswered: threads stay bounded."""
     from ddnn.plumbing.health import MAX_CONNECTIONS, MonitorServer
@@ -98,7 +93,8 @@ def test_the_monitoring_server_caps_its_connections():
     idle = [socket.create_connection((server.host, server.port)) for _ in range(40)]
     try:
         # Each idle client holds a thread until its timeout; the ones past the cap are closed.
-        time.sleep(0.5)  # let the server accept the flood (what is measured is its result)
+        wait_for(lambda: sum(map(closed_by_peer, idle)) >= len(idle) - MAX_CONNECTIONS,
+                 what="the server to close the connections past its cap")
         assert threading.active_count() - before <= MAX_CONNECTIONS + 2
     finally:
         for s in idle:
