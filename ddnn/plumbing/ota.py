@@ -32,16 +32,15 @@ if it fails its health check (:mod:`ddnn.plumbing.probation`).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from ddnn.bundle import Bundle, Manifest, check_name
+from ddnn.bundle import Bundle, Manifest
 from ddnn.errors import BundleError, ConfigError, DdnnError
+from ddnn.plumbing.announcement import Announcement, TargetFile, bundle_url
 from ddnn.plumbing.download import Origin, Unreachable, fetch_bundle
 from ddnn.plumbing.ota_settings import (
     ANNOUNCED_URL,
@@ -50,47 +49,12 @@ from ddnn.plumbing.ota_settings import (
     UpdatePolicy,
     UpdateSource,
 )
-from ddnn.plumbing.probation import UpdateGuard, VersionProbe, write_json
+from ddnn.plumbing.probation import UpdateGuard, VersionProbe
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.versions import is_newer, parse_version
 
 log = logging.getLogger(__name__)
-
-@dataclass(frozen=True)
-class Announcement:
-    """A bundle version announced on the bundle topic."""
-
-    name: str
-    version: str
-    url: str | None = None  # where to fetch it; None: the tier's cloud
-
-    @classmethod
-    def parse(cls, payload: bytes) -> Announcement:
-        try:
-            d = json.loads(payload.decode("utf-8"))
-            ann = cls(check_name("model name", d["name"]),
-                      check_name("model version", str(d["version"])), d.get("url"))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise BundleError(f"unreadable bundle announcement ({type(e).__name__}: {e})"
-                              ) from None
-        if ann.url is not None:
-            if not isinstance(ann.url, str):
-                raise BundleError(f"bundle URL {ann.url!r} must be a string")
-            Origin.of(ann.url)  # http(s), a host, a valid port, no credentials
-        return ann
-
-    def to_bytes(self) -> bytes:
-        body = {"name": self.name, "version": self.version}
-        if self.url:
-            body["url"] = self.url
-        return json.dumps(body).encode()
-
-
-def bundle_url(cloud: str, name: str, version: str) -> str:
-    """Where the cloud serves a bundle version's files (``cloud/bundles.py``)."""
-    return f"{cloud.rstrip('/')}/v1/bundles/{name}/{version}"
-
 
 def compatible(running: Manifest, new: Manifest) -> None:
     """Raise :class:`BundleError` unless ``new`` can replace ``running`` in a live hierarchy:
@@ -154,7 +118,8 @@ class BundleUpdater:
         except BundleError as e:
             raise ConfigError(f"cloud URL for bundle updates: {e}") from None
         self.staging_root = staging_root or running.path.parent / ".ddnn-ota"
-        self.state_path = self.staging_root / (f"target-{tag}.json" if tag else "target.json")
+        self.target = TargetFile(self.staging_root / (f"target-{tag}.json" if tag
+                                                      else "target.json"))
         self.applied = 0
         self.refused = 0
         self.failures = 0  # failed fetches in a row of the current target
@@ -192,7 +157,7 @@ class BundleUpdater:
 
     def _resume(self) -> None:
         """Take up the target a previous process left (announced, not yet applied)."""
-        ann = self._saved()
+        ann = self.target.read()
         m = self.running.manifest
         if ann is None:
             # The version this tier last rolled back is likely still announced, and devices
@@ -203,37 +168,17 @@ class BundleUpdater:
                 self.hooks.on_announce(Announcement(name, version))
             return
         if (ann.name, ann.version) == (m.name, m.version) or self._rolled_back(ann):
-            self._forget_target(ann)  # applied, rolled back, or the tier was redeployed with it
+            self.target.forget(ann)  # applied, rolled back, or the tier was redeployed with it
             return
         try:
             self._precheck(ann)
         except DdnnError as e:
             log.warning("dropping the saved update target %s:%s: %s", ann.name, ann.version, e)
-            self._forget_target(ann)
+            self.target.forget(ann)
             return
         log.info("resuming the update to %s:%s (announced before this process started); "
                  "running %s meanwhile", ann.name, ann.version, self.running.ref)
         self._take(ann)
-
-    def _saved(self) -> Announcement | None:
-        try:
-            return Announcement.parse(self.state_path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, BundleError) as e:
-            log.warning("ignoring the unreadable update target %s: %s", self.state_path, e)
-            return None
-
-    def _save_target(self, ann: Announcement) -> None:
-        try:
-            write_json(self.state_path, json.loads(ann.to_bytes()))
-        except OSError as e:  # a read-only disk: the update still runs, it is just not saved
-            log.warning("cannot save the update target %s: %s", self.state_path, e)
-
-    def _forget_target(self, ann: Announcement) -> None:
-        saved = self._saved()
-        if saved is not None and (saved.name, saved.version) == (ann.name, ann.version):
-            self.state_path.unlink(missing_ok=True)
 
     # --- announcements --------------------------------------------------------------------------
 
@@ -259,7 +204,7 @@ class BundleUpdater:
         except DdnnError as e:  # refused before anything is fetched or announced to the tier
             self._refuse(ann, str(e))
             return
-        self._save_target(ann)
+        self.target.save(ann)
         self._take(ann)
 
     def _rolled_back(self, ann: Announcement) -> bool:
@@ -368,7 +313,7 @@ class BundleUpdater:
         self.failures = 0
         self._fetch_failures_log.forget()
         self.last_error = None
-        self._forget_target(ann)
+        self.target.forget(ann)
         self.hooks.on_result(True)
         return "applied"
 
@@ -418,7 +363,7 @@ class BundleUpdater:
         what = f"{ann.name}:{ann.version}" if ann else "an announcement"
         log.error("refused bundle update %s: %s; still running %s", what, why, self.running.ref)
         if ann is not None:
-            self._forget_target(ann)
+            self.target.forget(ann)
             self.hooks.on_refused(ann)
         self.hooks.on_result(False)
 

@@ -44,13 +44,16 @@ def test_the_mqtt_plumbing_works_on_the_oldest_paho_allowed(tmp_path, mosquitto)
          f"paho-mqtt=={version}"], capture_output=True, text=True, timeout=300)
     if install.returncode != 0:
         pytest.fail(f"pip install paho-mqtt=={version} failed:\n{install.stderr[-2000:]}")
-    # The lowest paho first on the path.
+    # The lowest paho first on the path. paho 2.1 at times leaves its network loop's socket
+    # pair to the garbage collector (a ResourceWarning at exit, seen in some runs of the same
+    # tests, never with 2.2 under the suite's -W error): behaviour is what is checked here.
     run = subprocess.run(
         [sys.executable, "-c",
          "import sys, paho.mqtt, pytest\n"
          f"assert paho.mqtt.__version__ == {version!r}, paho.mqtt.__version__\n"
          "sys.exit(pytest.main(sys.argv[1:]))",
-         *MQTT_TESTS, "-q", "-p", "no:cacheprovider", "-k", SELECT],
+         *MQTT_TESTS, "-q", "-p", "no:cacheprovider", "-k", SELECT,
+         "-W", "ignore::ResourceWarning"],
         cwd=ROOT, capture_output=True, text=True, timeout=500,
         env={**os.environ, "PYTHONPATH": os.pathsep.join(
             [str(target), str(ROOT), os.environ.get("PYTHONPATH", "")])})

@@ -118,21 +118,18 @@ class MqttClient:
         self._aliases = TopicAliases()
         persistent = self.options.persistent
         self.mqtt5 = not persistent if self.options.mqtt5 is None else self.options.mqtt5
-        self._client = self._make_client(client_id)
-        self._configure()
+        self._client = self._paho_client(client_id)
 
-    def _make_client(self, client_id: str):
-        paho, persistent = self._paho, self.options.persistent
+    def _paho_client(self, client_id: str):
+        """The paho client, with credentials, TLS, limits, the last will and the callbacks."""
+        paho, sec, o = self._paho, self.options.security, self.options
         if self.mqtt5:
-            return paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
-                               protocol=paho.MQTTv5, manual_ack=persistent)
-        return paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
-                           protocol=paho.MQTTv311, clean_session=not persistent,
-                           manual_ack=persistent)
-
-    def _configure(self) -> None:
-        """Credentials, TLS, limits, the last will and the callbacks of the paho client."""
-        c, sec, o = self._client, self.options.security, self.options
+            c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
+                            protocol=paho.MQTTv5, manual_ack=o.persistent)
+        else:
+            c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=client_id,
+                            protocol=paho.MQTTv311, clean_session=not o.persistent,
+                            manual_ack=o.persistent)
         username, password = sec.credentials(self.url)
         if username:
             c.username_pw_set(username, password)
@@ -155,6 +152,7 @@ class MqttClient:
             c.on_log = self._handle_log
         if self._on_published is not None:
             c.on_publish = self._handle_publish
+        return c
 
     # --- paho callbacks (network thread) ----------------------------------------------------
 
@@ -192,7 +190,10 @@ class MqttClient:
 
     def _handle_connect(self, client, userdata, flags, reason_code, properties) -> None:
         if reason_code.value == UNSUPPORTED_PROTOCOL and client.protocol == self._paho.MQTTv5:
-            self._downgrade()
+            # The broker speaks MQTT 3.1.1 only: connect again with it (paho reconnects).
+            log.info("broker %s does not speak MQTT 5; using 3.1.1 (no topic aliases)", self.url)
+            _paho.set_protocol(client, self._paho.MQTTv311,
+                               clean_session=not self.options.persistent)
             return
         if reason_code.is_failure:
             why = REFUSED_FOR_GOOD.get(reason_code.value)
@@ -221,12 +222,6 @@ class MqttClient:
         self.connected.set()
         if self._on_connect_cb:
             self._on_connect_cb()
-
-    def _downgrade(self) -> None:
-        """The broker speaks MQTT 3.1.1 only: connect again with it (paho reconnects)."""
-        log.info("broker %s does not speak MQTT 5; using 3.1.1 (no topic aliases)", self.url)
-        _paho.set_protocol(self._client, self._paho.MQTTv311,
-                           clean_session=not self.options.persistent)
 
     def _handle_disconnect(self, client, userdata, flags, reason_code, properties) -> None:
         was = self.connected.is_set()
