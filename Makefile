@@ -78,9 +78,9 @@ test: setup lint
 # The device agent on the boards' architecture (aarch64), in an arm64 Debian userland run
 # through qemu-user: the device's tests and a live replay against this machine's broker and edge.
 # Needs root; made once and cached in $(DDNN_ARM64_CACHE) (default /var/cache/ddnn-arm64);
-# skips with the reason where it cannot run. See tests/arm64/run.py and docs/raspberry-pi.md.
+# skips with the reason where it cannot run. See tests/support/arm64.py and docs/raspberry-pi.md.
 test-arm64: setup
-	$(BIN)/python -m tests.arm64.run
+	$(BIN)/python -m tests.support.arm64
 
 bench: setup
 	$(BIN)/ddnn bench

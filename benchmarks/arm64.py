@@ -4,7 +4,7 @@ The device agent is for Raspberry Pi-class boards (aarch64 Linux). :class:`Userl
 arm64 Debian userland once with ``debootstrap --arch=arm64`` from Debian's packages (cached under
 ``DDNN_ARM64_CACHE``, default ``/var/cache/ddnn-arm64``), runs its programs through
 ``qemu-user-static`` (binfmt_misc), installs a ddnn wheel with the device extra into a fresh
-virtual environment there, and runs commands inside it. ``make test-arm64`` (tests/arm64/run.py)
+virtual environment there, and runs commands inside it. ``make test-arm64`` (tests/support/arm64.py)
 runs the device's tests and a live replay in it; ``ddnn bench --only device_footprint`` measures
 the agent's memory in it when it has been built.
 

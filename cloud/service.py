@@ -1,8 +1,9 @@
 """The cloud inference service behind the HTTP routes: repository, batchers, metrics, inference.
 
 :class:`CloudService` owns everything with a lifetime — the worker threads that call ONNX Runtime,
-one :class:`~cloud.batching.Batcher` per served model version, the repository poller — and turns
-a request body into a response body. The HTTP layer (:mod:`cloud.app`) only routes and frames.
+one :class:`~ddnn.cloud.batching.Batcher` per served model version, the repository poller —
+and turns a request body into a response body. The HTTP layer (:mod:`ddnn.cloud.app`) only
+routes and frames.
 """
 
 from __future__ import annotations

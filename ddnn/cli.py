@@ -25,7 +25,7 @@ COMMAND_MODULES = (
     "ddnn.tools.commands",  # data info, evaluate
     "ddnn.tools.bundle_cli",  # bundle keygen, sign, verify
     "ddnn.device.cli",
-    "ddnn.device.gateway",
+    "ddnn.device.gateway.cli",
     "ddnn.edge.cli",
     "ddnn.cloud.cli",
     "ddnn.tools.demo",

@@ -14,7 +14,7 @@ import pytest
 
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import mosquitto_path, start_broker
-from tests.integration.conftest import wait_for
+from tests.support.polling import wait_for
 
 TOPIC = "sessions/probe"
 

@@ -17,7 +17,7 @@ from ddnn.codec import FeatureCodec
 from ddnn.dataset import load_dataset
 from ddnn.edge.cloud_client import CloudClient, UnknownVersion
 from ddnn.runtime import BundleRuntime
-from tests.integration.test_cloud import cloud_inputs, post
+from tests.support.cloud import cloud_inputs, post
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from ddnn.tools.broker import free_port
-from tests.integration.conftest import cloud_wait_ready
+from tests.support.cloud import cloud_wait_ready
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/clear_refs").exists(),
                                 reason="measures memory through Linux's /proc")

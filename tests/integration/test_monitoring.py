@@ -23,8 +23,8 @@ import yaml
 from ddnn.device.service import DeviceService
 from ddnn.device.settings import DeviceSettings
 from ddnn.tools.broker import free_port, wait_for_port
-from tests.integration.conftest import wait_for
-from tests.integration.test_device_edge import Edge
+from tests.support.hierarchy import Edge
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"

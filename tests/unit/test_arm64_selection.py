@@ -3,7 +3,7 @@
 import re
 from pathlib import Path
 
-from tests.arm64.run import DEVICE_TESTS
+from tests.support.arm64 import DEVICE_TESTS
 
 UNIT = Path(__file__).parent
 
@@ -12,12 +12,13 @@ def test_every_unit_test_of_the_device_runs_on_arm64_too():
     device = {p.name for p in UNIT.glob("test_*.py")
               if re.search(r"^\s*(from|import) ddnn\.device\b", p.read_text(), re.MULTILINE)}
     assert device, "the pattern finds the device's tests"
-    assert device <= set(DEVICE_TESTS), f"add to tests/arm64/run.py: {device - set(DEVICE_TESTS)}"
+    missing = device - set(DEVICE_TESTS)
+    assert not missing, f"add to tests/support/arm64.py: {missing}"
     assert all((UNIT / name).exists() for name in DEVICE_TESTS)
 
 
 def test_where_it_cannot_run_it_says_why_and_skips(monkeypatch, capsys, tmp_path):
-    import tests.arm64.run as arm64
+    import tests.support.arm64 as arm64
 
     monkeypatch.setenv("DDNN_ARM64_CACHE", str(tmp_path))
     monkeypatch.setattr(arm64.os, "geteuid", lambda: 1000)  # not root

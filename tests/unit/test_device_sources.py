@@ -17,6 +17,7 @@ import pytest
 
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay, SourceError
 from ddnn.plumbing.retry import RetryPolicy
+from tests.support.polling import wait_for
 
 FAST = RetryPolicy(initial=0.01, maximum=0.02)
 
@@ -166,7 +167,7 @@ def test_a_followed_folder_skips_unreadable_and_older_names(tmp_path):
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("first", next(it)))
     t.start()
-    time.sleep(POLL_WAIT)
+    wait_for(lambda: images.skipped == 1, what="the unreadable b.png taken")
     write_png(folder / "a.png", 1)  # named before what was taken: skipped
     write_png(folder / "c.png", 2)
     t.join(30)
@@ -174,7 +175,6 @@ def test_a_followed_folder_skips_unreadable_and_older_names(tmp_path):
     assert images.skipped == 1
 
 
-POLL_WAIT = 0.6  # a bit over two polls of a followed folder
 
 
 def test_a_decompression_bomb_is_refused_like_an_unreadable_image(tmp_path):

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ddnn import oip
+from ddnn import oip, oip_body
 from ddnn.oip import HEADER_LENGTH, OipError, decode_request, decode_response, encode_request
 
 
@@ -180,7 +180,7 @@ def test_empty_oversized_and_deeply_nested_bodies_are_refused(monkeypatch):
         decode_request(b"", {})
     with pytest.raises(OipError, match="nested too deeply"):
         decode_request(b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {})
-    monkeypatch.setattr(oip, "MAX_BODY", 10)
+    monkeypatch.setattr(oip_body, "MAX_BODY", 10)
     with pytest.raises(oip.PayloadTooLargeError, match="exceeds the limit") as e:
         decode_request(b"{" + b" " * 20 + b"}", {})
     assert e.value.status == 413
@@ -192,7 +192,7 @@ def test_a_json_part_is_bounded_before_it_is_parsed(monkeypatch):
             decode_request(body, headers or {}, **kw)
         return e.value
 
-    monkeypatch.setattr(oip, "json", None)  # whatever is refused here is never parsed
+    monkeypatch.setattr(oip_body, "json", None)  # whatever is refused here is never parsed
     n = oip.MAX_JSON_ELEMENTS
     for bomb in (b"[]," * n, b"0," * n, b"{}," * n, b'"' + b"a" * oip.MAX_JSON_BYTES + b'"'):
         e = refused(b'{"inputs": [' + bomb + b"]}")

@@ -34,9 +34,9 @@ from ddnn.dataset import load_dataset
 from ddnn.tools.broker import free_port, start_broker
 from ddnn.tools.evaluate import evaluate
 from ddnn.topics import default_device_ids
-from tests.conftest import make_tiny_data, train_tiny_bundle
-from tests.e2e.conftest import ddnn_process, http_ok, read_results, stop_process, wait_until
-from tests.e2e.thresholds import mixed_thresholds
+from tests.support.data import make_tiny_data, mixed_thresholds, train_tiny_bundle
+from tests.support.polling import wait_for as wait_until
+from tests.support.processes import ddnn_process, http_ok, read_results, stop_process
 
 REPO = Path(__file__).resolve().parents[2]
 REPORT = REPO / "build" / "arm64" / "report.json"
