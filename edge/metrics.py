@@ -23,6 +23,9 @@ class EdgeMetrics:
         self.frames = r.counter("ddnn_edge_frames_total",
                                 "Frames answered, by exit tier and whether the answer is degraded",
                                 ("exit", "degraded"))
+        for tier in ("local", "edge", "cloud"):
+            for degraded in ("false", "true"):
+                self.frames.zero(exit=tier, degraded=degraded)
         self.latency = r.histogram("ddnn_edge_latency_seconds",
                                    "Capture to result, by exit tier (needs synchronized clocks)",
                                    ("exit",))

@@ -25,6 +25,7 @@ from ddnn.device.settings import DeviceSettings
 from ddnn.tools.broker import free_port, wait_for_port
 from tests.support.hierarchy import Edge
 from tests.support.polling import wait_for
+from tests.support.processes import http_ok
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = ROOT / "deploy" / "prometheus"
@@ -144,7 +145,10 @@ def prometheus(tmp_path: Path, targets: dict[str, str]):
                             stdout=log, stderr=subprocess.STDOUT)
     try:
         wait_for_port("127.0.0.1", port, 30, proc)
-        yield f"http://127.0.0.1:{port}"
+        url = f"http://127.0.0.1:{port}"
+        # Listening is not ready: queries get a 503 until its storage is open.
+        wait_for(lambda: http_ok(f"{url}/-/ready"), 60, "Prometheus ready", [proc])
+        yield url
     finally:
         proc.terminate()
         try:
