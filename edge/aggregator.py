@@ -32,7 +32,7 @@ from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import ResultSink
 from ddnn.plumbing.lifecycle import Lifecycle
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.result import Result, result_for
+from ddnn.result import Result, result_for, unanswered
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics
 
@@ -197,25 +197,30 @@ class EdgeAggregator:
 
     # --- results --------------------------------------------------------------------------------
 
-    def _answer(self, f: Frame, answer: Exit, degraded: bool = False, *, step: str) -> None:
-        """Publish ``answer`` as ``f``'s result; ``step``: the stage of the latency breakdown
-        that ends here (local, edge or cloud: from the frame's last view, its features, or its
-        hand-over to the cloud thread to its result handed to the sinks)."""
-        classes = (f.pipeline or self.pipeline).classes
+    def _answer(self, f: Frame, answer: Exit | None, degraded: bool = False, *, step: str
+                ) -> None:
+        """Publish ``answer`` as ``f``'s result (None: no view was fused); ``step``: the stage
+        of the latency breakdown that ends here (local, edge or cloud: from the frame's last
+        view, its features, or its hand-over to the cloud thread to its result handed to the
+        sinks)."""
         latency = max(time.time() - f.captured, 0.0)
-        missing = self.assembler.why_missing(f, answer.views)
-        result = result_for(frame=f.id, scores=answer.scores.tolist(), classes=classes,
-                            exit=answer.tier, entropy=answer.entropy,
-                            views=[self.devices[v] for v in answer.views],
-                            missing={self.devices[v]: why for v, why in missing.items()},
-                            degraded=degraded, latency_ms=latency * 1000)
+        missing = self.assembler.why_missing(f, answer.views if answer else ())
+        why = {self.devices[v]: reason for v, reason in missing.items()}
+        if answer is None:  # no view was fused: nothing to classify (the result says so)
+            result = unanswered(frame=f.id, missing=why, latency_ms=latency * 1000)
+        else:
+            result = result_for(frame=f.id, scores=answer.scores.tolist(),
+                                classes=(f.pipeline or self.pipeline).classes, exit=answer.tier,
+                                entropy=answer.entropy,
+                                views=[self.devices[v] for v in answer.views], missing=why,
+                                degraded=degraded, latency_ms=latency * 1000)
         self.publish_result(result)
         handed = time.monotonic()
         # The bookkeeping after the result is out (a bad result leaves the frame unanswered).
         self.assembler.finish(f)
         self.metrics.stage.observe(handed - f.ready_at, stage=step)
-        self.metrics.frames.inc(exit=answer.tier, degraded=str(degraded).lower())
-        self.metrics.latency.observe(latency, exit=answer.tier)
+        self.metrics.frames.inc(exit=result.exit, degraded=str(degraded).lower())
+        self.metrics.latency.observe(latency, exit=result.exit)
         self.metrics.observe_computed()
 
     def publish_result(self, result: Result) -> None:

@@ -6,6 +6,7 @@ import collections
 from collections.abc import Callable
 
 from ddnn.plumbing.metrics import Registry
+from ddnn.result import EXITS, NO_EXIT
 
 _SEGMENT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 # Fine below a millisecond: what the edge adds after a frame's last view is a fraction of one.
@@ -21,9 +22,10 @@ class EdgeMetrics:
         r = self.registry = Registry()
         self.before_render: list[Callable[[], None]] = []
         self.frames = r.counter("ddnn_edge_frames_total",
-                                "Frames answered, by exit tier and whether the answer is degraded",
+                                "Frames answered, by exit tier (\"none\": no view was fused, "
+                                "nothing classified) and whether the answer is degraded",
                                 ("exit", "degraded"))
-        for tier in ("local", "edge", "cloud"):
+        for tier in (*EXITS, NO_EXIT):
             for degraded in ("false", "true"):
                 self.frames.zero(exit=tier, degraded=degraded)
         self.latency = r.histogram("ddnn_edge_latency_seconds",

@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 # costs microseconds: batching would cost more in thread hand-overs than it saves.)
 INLINE_GAP = 0.002
 
-Answer = Callable[..., None]  # (frame, exit, degraded=False, *, step)
+Answer = Callable[..., None]  # (frame, exit or None: no view fused, degraded=False, *, step)
 
 
 class FrameScheduler:
@@ -95,7 +95,7 @@ class FrameScheduler:
         at that stage in one call per bundle version. A failure (a bug, a broken segment)
         ends that frame alone, counted."""
         local: dict[int, Exit | Pull] = {}
-        at_scores = [f for f in frames if f.stage == SCORES]
+        at_scores = [f for f in frames if f.stage == SCORES and f.scores]
         if len(at_scores) > 1:
             try:
                 local = self._local_exits(at_scores)
@@ -138,6 +138,12 @@ class FrameScheduler:
         if f.pipeline is None:  # a frame runs on one bundle version, even across an update
             f.pipeline = self._pipeline()
         p: ExitPipeline = f.pipeline
+        if f.stage == SCORES and not f.scores:
+            # No view sent scores (every camera saw nothing, or none came in time): a class
+            # made from nothing would be a wrong answer, so the result says nobody saw it.
+            self._answer(f, None, step="local")
+            self._observe_arrival(f)
+            return
         if f.stage == SCORES:
             if local is None:
                 local = p.local(f.scores, arrived=f.features, pushing=self._pushing())

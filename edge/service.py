@@ -217,12 +217,14 @@ class EdgeService:
         self._started = False
         self.lifecycle.stop()
         m = self.metrics
-        log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d)",
+        log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d, no view "
+                 "%d)",
                  self.settings.edge_id, self.aggregator.answered,
                  m.frames.value(exit="local", degraded="false"),
                  m.frames.value(exit="edge", degraded="false"),
                  m.frames.value(exit="cloud", degraded="false"),
-                 m.frames.value(exit="edge", degraded="true"))
+                 m.frames.value(exit="edge", degraded="true"),
+                 m.frames.value(exit="none", degraded="false"))
 
     def __enter__(self) -> EdgeService:
         return self.start()

@@ -13,7 +13,7 @@ import html
 from typing import Any
 
 from ddnn.plumbing.health import Check
-from ddnn.result import EXITS
+from ddnn.result import EXITS, NO_EXIT
 
 REFRESH_S = 2  # the page reloads itself this often
 SHOWN_RESULTS = 20  # latest answers listed on the page
@@ -36,8 +36,9 @@ def status(agg, check: Check) -> dict[str, Any]:
             "last_missing": ({"frame": missing[-1][0], "why": missing[-1][1]}
                              if missing else None)})
     frames = agg.metrics.frames
+    # "none": frames no view was fused in (every camera saw nothing), answered unclassified.
     counts = {tier: sum(frames.value(exit=tier, degraded=d) for d in ("false", "true"))
-              for tier in EXITS}
+              for tier in (*EXITS, NO_EXIT)}
     total = sum(counts.values())
     degraded = sum(frames.value(exit=tier, degraded="true") for tier in EXITS)
     return {
