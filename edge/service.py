@@ -26,6 +26,7 @@ from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
 from ddnn.errors import ConfigError
+from ddnn.plumbing.good_version import resume
 from ddnn.plumbing.lifecycle import Lifecycle
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.ota import BundleUpdater
@@ -92,6 +93,8 @@ class EdgeService:
         """
         if runtime is None:
             bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
+            # The version it had over the air, unless --bundle is newer.
+            bundle = resume(bundle, tag=settings.edge_id, public_key=settings.bundle_key)
             runtime = BundleRuntime(bundle, threads=settings.threads)
         cloud = None
         link = settings.cloud_link
