@@ -24,13 +24,14 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ddnn import envelope as env
-from ddnn.edge.aggregator import EdgeAggregator, EdgeSnapshot
+from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
+from ddnn.edge.device_results import Forbidden, check_device_result
 from ddnn.edge.health import EdgeHealth, health_check
 from ddnn.envelope import DecodeError
 from ddnn.plumbing.metrics import CONTENT_TYPE
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.result import Result, ResultError
+from ddnn.result import ResultError
 
 log = logging.getLogger(__name__)
 
@@ -39,37 +40,6 @@ MAX_CONNECTIONS = 64  # open connections at most (each holds a thread)
 BUSY_LOG_EVERY = 10.0  # seconds between log lines about refused connections
 # Drop reasons that mean the sender is wrong (400); the others are normal in a live system.
 BAD_REQUEST = {"malformed", "shape", "oversized", "model", "deployment", "unknown_device"}
-
-
-class Forbidden(Exception):
-    """A request whose token may not post what it carries (``403``)."""
-
-
-def check_device_result(body: bytes, agg: EdgeSnapshot, sender: str = ANY_DEVICE) -> Result:
-    """A one-view device's posted result, checked (a ResultError says what is off, Forbidden
-    that ``sender`` may not post it).
-
-    It is republished to every consumer of the results topic, so it must be exactly what the
-    edge itself would publish: a result by the contract, of a known device, with a class of
-    this bundle and its label, from the device's own (local) exit, posted by that device.
-    Only a one-view bundle's device answers for itself.
-    """
-    if not agg.single_view:
-        raise Forbidden(f"the bundle has {agg.manifest.views} views: its devices do not post "
-                        "results, the edge answers their frames")
-    result = Result.from_json(body)
-    classes = agg.manifest.classes
-    if result.cls >= len(classes):
-        raise ResultError(f"class must be an integer in 0..{len(classes) - 1}")
-    if result.label != classes[result.cls]:
-        raise ResultError(f"label must be {classes[result.cls]!r}, the name of class {result.cls}")
-    if result.exit != "local":
-        raise ResultError("a device's own result exits at 'local'")
-    if len(result.views) != 1 or result.views[0] not in agg.devices or result.missing:
-        raise ResultError("views must list the one device of this deployment that answered")
-    if sender not in (ANY_DEVICE, result.views[0]):
-        raise Forbidden(f"the token of {sender} cannot post a result of {result.views[0]}")
-    return result
 
 
 class HttpMetrics:
@@ -364,7 +334,9 @@ class EdgeHandler(BaseHTTPRequestHandler):
 
     def _device_result(self, body: bytes, sender: str) -> None:
         try:
-            result = check_device_result(body, self.agg.snapshot(), sender)
+            speaks_for = None if sender == ANY_DEVICE else (sender,)
+            result = check_device_result(body, self.agg.snapshot(), speaks_for,
+                                         f"the token of {sender}")
         except Forbidden as e:
             self._forbid(str(e))
             return
