@@ -25,7 +25,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ddnn import envelope as env
 from ddnn.edge import status_page
-from ddnn.edge.aggregator import EdgeAggregator, EdgeSnapshot
+from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
 from ddnn.edge.device_results import Forbidden, check_device_result
 from ddnn.edge.health import EdgeHealth, health_check
