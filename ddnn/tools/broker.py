@@ -10,7 +10,8 @@ published meanwhile (Mosquitto keeps them); ``tests/integration/test_broker_sess
 checks both. Both brokers bound what they queue for an absent persistent client
 (:data:`MAX_QUEUED_MESSAGES`, :data:`MAX_QUEUED_BYTES`; amqtt through
 :class:`ddnn.tools.amqtt_plugins.BoundedBroker`), so one client flooding while the edge is away
-cannot grow the broker without bound (``tests/integration/test_broker_bounds.py``).
+cannot grow the broker without bound
+(``tests/integration/test_hostile_broker.py::test_an_absent_clients_queue_is_bounded``).
 """
 
 from __future__ import annotations
