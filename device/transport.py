@@ -66,7 +66,8 @@ class MqttTransport:
             ("scores", topics.device(device_id, "scores"), "scores"),
             ("absent", topics.device(device_id, "scores"), "scores"),
             ("features", topics.device(device_id, "features"), "features"),
-            ("results", topics.results, "results"))}
+            # A one-view device's own result: to the edge, which publishes it (broker ACL).
+            ("results", topics.device(device_id, "results"), "results"))}
         self._requests = topics.requests(edge_id)
         self._edge_status = topics.edge_status(edge_id)
         options.subscriptions = [subscription(self._requests, "requests"),

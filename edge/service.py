@@ -19,6 +19,7 @@ from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.callback import ResultsCallback
 from ddnn.edge.cloud_client import CLOUD_RETRY, CloudClient
 from ddnn.edge.credentials import load_http_tokens
+from ddnn.edge.device_results import DeviceResults
 from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
 from ddnn.edge.http import EdgeHttpServer
@@ -61,9 +62,12 @@ class EdgeService:
             sinks=[*self._sinks(topics), *sinks],
             publish=self.mqtt.publish if self.mqtt else None,
             connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
+        # One-view devices' own results (their own topic, or through a gateway), checked.
+        self.device_results = DeviceResults(self.aggregator)
         self.gateways = GatewayIngest(
             self.aggregator.ingest, topics, dict(s.gateways),
-            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason))
+            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason),
+            on_result=self.device_results.take)
         self.lifecycle = Lifecycle()  # its parts are added below, once made
         # /healthz, /readyz, /livez (edge.health), served by the HTTP server.
         self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater,
@@ -160,6 +164,11 @@ class EdgeService:
             return None
         if self.gateways.handles(topic):
             return self.gateways.on_message(topic, payload)
+        if topic.endswith("/results"):  # a device's own result (cheap test first)
+            parsed = self.aggregator.topics.parse_device(topic)
+            if parsed is not None:
+                self.device_results.take(payload, (parsed[0],), parsed[0])
+                return None
         return self.aggregator.ingest.on_message(topic, payload)
 
     def _connected(self) -> None:
