@@ -149,6 +149,8 @@ class EdgeAggregator:
 
     def _dropped(self, reason: str, device: str | None = None, lag: float | None = None) -> None:
         self.metrics.dropped.inc(reason=reason)
+        if reason == "scores" and device is not None:
+            self.metrics.refused.inc(device=device, reason=reason)
         if reason == "late" and device is not None:
             self.metrics.late.inc(device=device)
             if self._late(device):  # once per device; the counter says the rest
