@@ -36,8 +36,9 @@ EXITS = ("local", "edge", "cloud")
 NO_EXIT = "none"  # the "exit" of a frame no view was fused in: nobody classified it
 # Why an expected view was not fused: the camera saw nothing; its message came after the frame
 # was answered; its device is offline (last will, or silent for several frames); its features
-# were pulled but never arrived.
-MISSING_REASONS = ("absent", "late", "offline", "no_features")
+# were pulled but never arrived; the edge refused it (its device ran ahead of the others, or
+# sent scores out of bounds: docs/security.md).
+MISSING_REASONS = ("absent", "late", "offline", "no_features", "refused")
 KEYS = ("frame", "class", "label", "exit", "entropy", "views", "missing", "partial", "degraded",
         "latency_ms")
 MAX_RESULT_BYTES = 64 << 10  # a result lists at most a few hundred views; anything larger is junk

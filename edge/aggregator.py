@@ -22,6 +22,7 @@ from ddnn.bundle import Manifest
 from ddnn.edge.assembler import Frame, FrameAssembler
 from ddnn.edge.cloud_client import CloudClient
 from ddnn.edge.cloud_stage import CloudStage
+from ddnn.edge.conduct import ConductReport
 from ddnn.edge.fanout import ResultFanout
 from ddnn.edge.ingest import Ingest
 from ddnn.edge.metrics import EdgeMetrics
@@ -50,6 +51,7 @@ class EdgeSnapshot:
     late_devices: tuple[str, ...]  # devices late for most of their recent views
     manifest: Manifest  # of the bundle new frames run on
     thresholds: Mapping[str, float] = field(default_factory=dict)  # the exit thresholds in force
+    flagged_devices: dict[str, list[str]] = field(default_factory=dict)  # device -> why
 
     @property
     def single_view(self) -> bool:
@@ -74,9 +76,11 @@ class EdgeAggregator:
         self.devices = view_devices(devices, m.views)
         self.metrics = metrics = metrics or EdgeMetrics()
         self.single_view = m.views == 1
+        conduct = ConductReport(self.devices, metrics, max(s.max_wait, s.deadline))
         self.assembler = FrameAssembler(m.views, s.deadline, s.feature_deadline,
                                         s.suspect_after, single_view=self.single_view,
-                                        max_wait=s.max_wait)
+                                        max_wait=s.max_wait, max_fps=s.max_fps,
+                                        on_refused=conduct.refused, on_flag=conduct.flagged)
         self.pipeline = self._pipeline(runtime)
         self.fanout = ResultFanout(sinks, metrics, s.expect_frames)
         self.recent, self.done = self.fanout.recent, self.fanout.done
@@ -133,7 +137,9 @@ class EdgeAggregator:
             answered=self.fanout.answered, pending=len(self.assembler),
             cloud_up=self.cloud_stage.up, devices=tuple(self.devices),
             late_devices=tuple(self.devices[v] for v in self.assembler.late_views()),
-            manifest=self.manifest, thresholds=dict(self.pipeline.policy.thresholds))
+            manifest=self.manifest, thresholds=dict(self.pipeline.policy.thresholds),
+            flagged_devices={self.devices[v]: why
+                             for v, why in self.assembler.flagged().items()})
 
     def accept(self, payload: bytes, device: str | None = None) -> str | None:
         """One device message from outside MQTT (HTTP ingest): the drop reason, or None."""
@@ -143,6 +149,8 @@ class EdgeAggregator:
 
     def _dropped(self, reason: str, device: str | None = None, lag: float | None = None) -> None:
         self.metrics.dropped.inc(reason=reason)
+        if reason == "scores" and device is not None:
+            self.metrics.refused.inc(device=device, reason=reason)
         if reason == "late" and device is not None:
             self.metrics.late.inc(device=device)
             if self._late(device):  # once per device; the counter says the rest

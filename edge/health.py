@@ -176,7 +176,8 @@ class EdgeVersionProbe:
 def snapshot_check(snap: EdgeSnapshot) -> Check:
     """The numbers every health answer shows (no reasons)."""
     return Check(details={"results": snap.answered, "pending_frames": snap.pending,
-                          "cloud_up": snap.cloud_up, "late_devices": list(snap.late_devices)})
+                          "cloud_up": snap.cloud_up, "late_devices": list(snap.late_devices),
+                          "flagged_devices": dict(snap.flagged_devices)})
 
 
 def health_check(agg: EdgeAggregator, health: EdgeHealth | None, path: str) -> Check:

@@ -50,6 +50,7 @@ class EdgeMetrics:
         self.late = r.counter("ddnn_edge_late_views_total",
                               "Views that arrived after their frame was answered, by device",
                               ("device",))
+        self._conduct(r)
         self.clock_skewed = r.counter("ddnn_edge_clock_skewed_total",
                                       "Messages stamped far from the edge's clock, by device",
                                       ("device",))
@@ -75,6 +76,17 @@ class EdgeMetrics:
 
         # Compute times of segments, observed once the frame's result is out (not on its path).
         self._computed: collections.deque[tuple[str, float]] = collections.deque()
+
+    def _conduct(self, r: Registry) -> None:
+        """Devices that misbehave (docs/security.md)."""
+        self.refused = r.counter("ddnn_edge_refused_views_total",
+                                 "Views refused for their device's conduct, by device and reason: "
+                                 "ran ahead of the other devices' views (ahead), scores out of "
+                                 "the bundle's bounds (scores)", ("device", "reason"))
+        self.flagged = r.gauge("ddnn_edge_device_flagged",
+                               "1 while a device is flagged for most of its recent views: ran "
+                               "ahead (ahead), scores out of bounds (scores); not waited for, "
+                               "its views not fused", ("device", "reason"))
 
     def received(self, kind: str, messages: int, payload_bytes: int, header_bytes: int) -> None:
         """Device messages taken by the ingest (its counts, handed over in bulk)."""

@@ -103,6 +103,7 @@ class EdgeSettings:
     max_wait_ms: float = 1000.0  # and at most this long, for devices that usually lag
     feature_deadline_ms: float = 500.0  # and this long for pulled features
     suspect_after: int = 3  # missed deadlines in a row before a silent device is not waited for
+    max_fps: float = 240.0  # a device alone advancing frames faster than this runs ahead
     local_threshold: float | None = None  # overrides of the bundle's exit thresholds
     edge_threshold: float | None = None
     http: MonitorHttp = MonitorHttp()  # the HTTP server (/metrics, /healthz, /v1/ingest)
@@ -136,7 +137,7 @@ class EdgeSettings:
         behind = [d for _, ds in self.gateways for d in ds]
         if len(set(behind)) != len(behind):
             raise ConfigError("--gateways puts a device behind two gateways")
-        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms"):
+        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms", "max_fps"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("health_grace", "stall_after"):
@@ -230,6 +231,10 @@ OPTIONS = (
     Option("feature-deadline-ms", float, "MS", "how long a frame waits for pulled features"),
     Option("suspect-after", int, "N",
            "deadlines a silent device may miss in a row before frames stop waiting for it"),
+    Option("max-fps", float, "FPS",
+           "frames per second (of capture time) no honest device exceeds: a device that no "
+           "other device's views accompany and whose frame ids advance faster runs ahead, and "
+           "opens no frame alone (docs/security.md)"),
     Option("local-threshold", float, "T", "override the bundle's local exit threshold (0..1)"),
     Option("edge-threshold", float, "T", "override the bundle's edge exit threshold (0..1)"),
     *grouped("http", (

@@ -6,6 +6,7 @@ import platform
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ddnn.bundle import load_bundle
@@ -120,6 +121,13 @@ def build_bundle(
         dist.close()
 
 
+def scores_record(device_scores: np.ndarray, present: np.ndarray) -> dict:
+    """What the devices send, for the edge's bounds (ddnn.edge.score_bounds): logits, and the
+    largest magnitude of any on the calibration data (``device_scores`` (N, V, C))."""
+    seen = device_scores[np.asarray(present, bool)]
+    return {"kind": "logits", "max_abs": float(np.abs(seen).max()) if seen.size else 0.0}
+
+
 def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data, val_data,
                    name, version, world) -> dict:
     model = result.model.cpu()
@@ -149,7 +157,8 @@ def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data,
         ort_val = onnx_exits(staging, val_ds)
         parity = check_parity(torch_val, ort_val, val_ds.present)
         cal = calibrate(ort_val, val_ds.label, cfg.tolerance, cfg.threshold_grid)
-        calibration = {**cal.to_dict(), "parity": parity.to_dict()}
+        calibration = {**cal.to_dict(), "parity": parity.to_dict(),
+                       "scores": scores_record(ort_val["device"], val_ds.present)}
         final = manifest({"local": cal.local, "edge": cal.edge}, calibration)
         write_manifest(staging, final)
         metrics = {

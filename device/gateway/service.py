@@ -23,7 +23,7 @@ from ddnn.plumbing.lifecycle import Lifecycle, Worker
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, ResultError
-from ddnn.status import status_fields
+from ddnn.status import status_fields, status_time
 from ddnn.topics import DELIVERY, DEVICE_KINDS, Topics, subscription
 
 log = logging.getLogger(__name__)
@@ -198,6 +198,8 @@ class GatewayService:
         if info.get("state") not in ("online", "offline"):
             return
         fields = {k: info[k] for k in _STATUS_FIELDS if k in info}
+        if "since" in fields and status_time(info, "since") is None:
+            del fields["since"]  # not a time that can be true: the edge is not told it
         if self.statuses.get(device) == fields:
             return  # nothing new for the edge (retained statuses come again on reconnection)
         self.statuses[device] = fields
