@@ -9,7 +9,10 @@ Not ready (503, with a JSON list of reasons) while:
   seconds while the broker is connected (deadlines are frozen while it is away, by design);
 * every device is offline: its retained status says so (the last will), or, once the edge has
   run for ``--health-grace``, it never said anything;
-* a thread of the edge has ended (the service's lifecycle lists them: ``/livez``).
+* a thread of the edge has ended (the service's lifecycle lists them: ``/livez``);
+* the drift alarm is up (``--audit-rate``, :mod:`ddnn.edge.drift`): at the configured
+  thresholds the exits' answers disagree with the cloud's more than ``--agreement-budget``
+  allows (the reason says by how much, and which thresholds are in force meanwhile).
 
 Ready again by itself once the cause is gone. A small thread samples the worker's progress
 every :data:`SAMPLE` seconds, so a stall is measured, not guessed from one look.
@@ -115,6 +118,9 @@ class EdgeHealth:
         stall = self.stall_reason()
         if stall is not None:
             check.reasons.append(stall)
+        drift = self.agg.snapshot().drift_reason
+        if drift is not None:
+            check.reasons.append(drift)
         check.reasons += self.liveness().reasons
         return check
 
@@ -175,8 +181,11 @@ class EdgeVersionProbe:
 
 def snapshot_check(snap: EdgeSnapshot) -> Check:
     """The numbers every health answer shows (no reasons)."""
-    return Check(details={"results": snap.answered, "pending_frames": snap.pending,
-                          "cloud_up": snap.cloud_up, "late_devices": list(snap.late_devices)})
+    details = {"results": snap.answered, "pending_frames": snap.pending,
+               "cloud_up": snap.cloud_up, "late_devices": list(snap.late_devices)}
+    if snap.drift is not None:
+        details["drift"] = dict(snap.drift)
+    return Check(details=details)
 
 
 def health_check(agg: EdgeAggregator, health: EdgeHealth | None, path: str) -> Check:

@@ -48,6 +48,7 @@ def status(agg, check: Check) -> dict[str, Any]:
                   for tier, n in counts.items()},
         "degraded": int(degraded),
         "thresholds": dict(snap.thresholds),
+        "drift": snap.drift,
         "recent": recent[-SHOWN_RESULTS:][::-1],
     }
 
@@ -58,6 +59,26 @@ def _cell(value: Any) -> str:
 
 def _row(*values: Any) -> str:
     return "<tr>" + "".join(_cell(v) for v in values) + "</tr>"
+
+
+def _drift(drift: dict[str, Any] | None) -> str:
+    """The exits checked against the cloud (``--audit-rate``), or a line saying they are not."""
+    if drift is None:
+        return "<p id='drift'>Not checked against the cloud (--audit-rate 0).</p>"
+
+    def share(x: Any) -> str:
+        return "—" if x is None else f"{x:.1%}"
+
+    alarm = "<span class='bad'>drift alarm</span>" if drift["alarm"] else "no drift alarm"
+    rows = _row("in force", share(drift["agreement"]), drift["thresholds"]["local"],
+                drift["thresholds"]["edge"]) + _row(
+        "configured", share(drift["agreement_configured"]), drift["configured"]["local"],
+        drift["configured"]["edge"])
+    return (f"<p id='drift'>{alarm}; agreement with the cloud must stay at least "
+            f"{share(1 - drift['budget'])}; audit rate {drift['audit_rate']:g}"
+            f"{' (investigating a shift)' if drift['investigating'] else ''}.</p>"
+            "<table id='agreement'><tr><th>thresholds</th><th>agreement with the cloud</th>"
+            f"<th>local</th><th>edge</th></tr>{rows}</table>")
 
 
 def render(data: dict[str, Any]) -> bytes:
@@ -93,6 +114,8 @@ td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}.ok{{color:#070}
 <h2>Exits</h2>
 <table id="exits"><tr><th>exit</th><th>frames</th><th>share</th><th>threshold</th></tr>
 {exits}</table>
+<h2>Agreement with the cloud</h2>
+{_drift(data.get("drift"))}
 <h2>Latest answers</h2>
 <table id="recent"><tr><th>frame</th><th>label</th><th>exit</th><th>entropy</th><th>views</th>
 <th>missing</th></tr>{recent}</table>
