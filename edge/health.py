@@ -9,10 +9,13 @@ Not ready (503, with a JSON list of reasons) while:
   seconds while the broker is connected (deadlines are frozen while it is away, by design);
 * every device is offline: its retained status says so (the last will), or, once the edge has
   run for ``--health-grace``, it never said anything;
-* a thread of the edge has ended (the service's lifecycle lists them: ``/livez``);
-* the drift alarm is up (``--audit-rate``, :mod:`ddnn.edge.drift`): at the configured
-  thresholds the exits' answers disagree with the cloud's more than ``--agreement-budget``
-  allows (the reason says by how much, and which thresholds are in force meanwhile).
+* a thread of the edge has ended (the service's lifecycle lists them: ``/livez``).
+
+A drift alarm (``--audit-rate``, :mod:`ddnn.edge.drift`: at the configured thresholds the
+exits' answers disagree with the cloud's more than ``--agreement-budget`` allows) is named
+under ``warnings``, by how much and with the thresholds in force meanwhile, and leaves the edge
+ready: its answers still go out, and a readiness probe taking it out of service would cut off
+the devices that post over HTTP.
 
 Ready again by itself once the cause is gone. A small thread samples the worker's progress
 every :data:`SAMPLE` seconds, so a stall is measured, not guessed from one look.
@@ -118,9 +121,6 @@ class EdgeHealth:
         stall = self.stall_reason()
         if stall is not None:
             check.reasons.append(stall)
-        drift = self.agg.snapshot().drift_reason
-        if drift is not None:
-            check.reasons.append(drift)
         check.reasons += self.liveness().reasons
         return check
 
@@ -185,6 +185,8 @@ def snapshot_check(snap: EdgeSnapshot) -> Check:
                "cloud_up": snap.cloud_up, "late_devices": list(snap.late_devices)}
     if snap.drift is not None:
         details["drift"] = dict(snap.drift)
+    if snap.drift_reason is not None:  # (a warning: the edge still serves)
+        details["warnings"] = [snap.drift_reason]
     return Check(details=details)
 
 

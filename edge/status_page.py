@@ -42,6 +42,7 @@ def status(agg, check: Check) -> dict[str, Any]:
     degraded = sum(frames.value(exit=tier, degraded="true") for tier in EXITS)
     return {
         "model": m.name, "version": m.version, "healthy": check.ok, "reasons": check.reasons,
+        "warnings": check.details.get("warnings", []),
         "answered": snap.answered, "pending_frames": snap.pending, "cloud_up": snap.cloud_up,
         "devices": devices,
         "exits": {tier: {"frames": int(n), "share": (n / total if total else None)}
@@ -97,6 +98,9 @@ def render(data: dict[str, Any]) -> bytes:
     recent = "".join(_row(r["frame"], r["label"], r["exit"], r["entropy"], ", ".join(r["views"]),
                           ", ".join(f"{k}: {v}" for k, v in r["missing"].items()) or None)
                      for r in data["recent"])
+    if data.get("warnings"):
+        health += "<ul id='warnings' class='bad'>" + "".join(
+            f"<li>{html.escape(w)}</li>" for w in data["warnings"]) + "</ul>"
     title = html.escape(f"ddnn edge: {data['model']} {data['version']}")
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_S}">
