@@ -90,7 +90,7 @@ class DeviceService:
         if not s.broker:
             return HttpTransport(s.edge_url, s.token)
         options = MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                              security=s.security)
+                              connect_timeout=s.connect_timeout, security=s.security)
         # "since": when this device came online; replaying peers agree on a start from it.
         status = {"device": s.device_id, "view": s.view, "model": self.bundle.ref,
                   "mode": s.mode, "since": round(time.time(), 3)}
@@ -245,8 +245,12 @@ class DeviceService:
         s = self.settings
         if s.start_at is not None or s.wait_peers <= 0:
             return s.start_at
-        if not self.transport.wait_peers(list(s.peers), s.wait_peers):
-            log.warning("not every peer came online within %.0f s; starting now", s.wait_peers)
+        log.info("waiting up to %g s for the edge %s and the devices %s to be online",
+                 s.wait_peers, s.edge_id, ",".join(s.peers))
+        if not self.transport.wait_peers(list(s.peers), s.wait_peers, self.stop_event):
+            if not self.stop_event.is_set():
+                log.warning("not every peer came online within %.0f s; starting now",
+                            s.wait_peers)
             return None
         start = getattr(self.transport, "agreed_start", lambda peers: None)(list(s.peers))
         if start is not None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing.health import MonitorHttp
-from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity
+from ddnn.plumbing.mqtt import CONNECT_TIMEOUT_OPTION, SECURITY_OPTIONS, BrokerUrl, MqttSecurity
 from ddnn.plumbing.options import Option, bind, boolean, describe, grouped, id_list, path
 from ddnn.plumbing.ota_settings import (
     BUNDLE_KEY_OPTION,
@@ -76,6 +76,7 @@ class DeviceSettings:
     local_threshold: float | None = None  # one-view bundles: override the local exit threshold
     keepalive: int = 10  # MQTT keepalive seconds; the broker declares us offline after 1.5x
     reconnect_max: int = 30  # cap of the reconnection backoff, seconds
+    connect_timeout: float = 10.0  # seconds for TCP, TLS and the CONNACK, each
     wait_peers: float = 30.0  # replays: seconds to wait for the edge and the peers; 0: do not
     peers: tuple[str, ...] = ()  # devices to wait for; empty: every view's default id
     start_at: float | None = None  # Unix time of the first frame: cameras triggered together
@@ -127,7 +128,8 @@ class DeviceSettings:
         at_least = {"buffer": 1, "keep": 1, "threads": 1, "reconnect_max": 1, "start": 0,
                     "keepalive": 0, "fps": 0, "grace": 0, "wait_peers": 0,
                     "spool_sync_every": 1, "spool_sync_ms": 0, "camera_retries": 0,
-                    "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0}
+                    "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0,
+                    "connect_timeout": 0.1}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
@@ -211,6 +213,7 @@ OPTIONS = (
            "MQTT keepalive seconds; the broker declares the device offline after 1.5x"),
     Option("reconnect-max", int, "S",
            "longest wait in seconds between reconnection attempts (exponential backoff)"),
+    CONNECT_TIMEOUT_OPTION,
     Option("wait-peers", float, "S",
            "replays: wait up to this many seconds for the edge and --peers to be online, then "
            "start together with them (at the moment the last came online, plus a second); "

@@ -133,6 +133,7 @@ class EdgeService:
         s = self.settings
         options = MqttOptions(
             keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=s.security,
+            connect_timeout=s.connect_timeout,
             persistent=True,  # the broker keeps device messages while the edge restarts
             subscriptions=[subscription(topics.all_devices(k), k) for k in DEVICE_KINDS]
             + [subscription(topics.bundle, "bundle")]

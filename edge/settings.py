@@ -10,7 +10,7 @@ from ddnn.errors import ConfigError
 from ddnn.exits import check_threshold
 from ddnn.names import check_name
 from ddnn.plumbing.health import MonitorHttp
-from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity
+from ddnn.plumbing.mqtt import CONNECT_TIMEOUT_OPTION, SECURITY_OPTIONS, BrokerUrl, MqttSecurity
 from ddnn.plumbing.options import Option, bind, describe, grouped, id_list, path
 from ddnn.plumbing.ota_settings import (
     BUNDLE_KEY_OPTION,
@@ -115,6 +115,7 @@ class EdgeSettings:
     expect_frames: int | None = None  # stop after this many results (replays, tests, demos)
     keepalive: int = 10  # MQTT keepalive seconds
     reconnect_max: int = 30  # cap of the reconnection backoff, seconds
+    connect_timeout: float = 10.0  # seconds for TCP, TLS and the CONNACK, each
     threads: int = 1  # ONNX Runtime threads
     health_grace: float = 30.0  # broker unreachable (or devices never seen) this long: 503
     stall_after: float = 30.0  # frames pending and none answered this long: 503
@@ -136,7 +137,7 @@ class EdgeSettings:
         behind = [d for _, ds in self.gateways for d in ds]
         if len(set(behind)) != len(behind):
             raise ConfigError("--gateways puts a device behind two gateways")
-        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms"):
+        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms", "connect_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("health_grace", "stall_after"):
@@ -258,6 +259,7 @@ OPTIONS = (
     Option("keepalive", int, "SECONDS", "MQTT keepalive seconds"),
     Option("reconnect-max", int, "SECONDS",
            "longest wait in seconds between reconnection attempts (exponential backoff)"),
+    CONNECT_TIMEOUT_OPTION,
     Option("threads", int, "N", "ONNX Runtime threads"),
     Option("health-grace", float, "SECONDS",
            "GET /healthz answers 503 once the broker has been unreachable this long, or every "

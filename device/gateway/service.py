@@ -58,7 +58,7 @@ class GatewayService:
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                        security=s.security,
+                        connect_timeout=s.connect_timeout, security=s.security,
                         subscriptions=[subscription(t.requests(s.edge_id), "requests"),
                                        subscription(t.edge_status(s.edge_id), "status"),
                                        subscription(t.bundle, "bundle")]),
@@ -69,6 +69,7 @@ class GatewayService:
         self.local = MqttClient(
             s.local, f"ddnn-{s.deployment}-{s.gateway_id}-local",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max, persistent=True,
+                        connect_timeout=s.connect_timeout,
                         subscriptions=[subscription(t.all_devices(k), k) for k in DEVICE_KINDS]
                         + ([subscription(t.results, "results")] if s.forward_results else [])),
             on_message=self._from_device)

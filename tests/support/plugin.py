@@ -66,6 +66,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "test_hostile_pulls": ("device",), "test_ota_retry": ("plumbing",),
     "test_paho_versions": ("plumbing",), "test_results_callback": ("edge",),
     "test_security": (*HIERARCHY, "plumbing"), "test_topic_aliases": ("plumbing",),
+    "test_unreachable_broker": ("device", "edge", "plumbing"),
     "test_updater_rollback": ("plumbing",), "test_without_torch": ("device", "contract"),
     # end to end
     "test_offline_cli": ("models",), "test_readme": (*HIERARCHY, "models"),
