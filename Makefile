@@ -45,8 +45,10 @@ $(BIN)/.installed: pyproject.toml
 #   mosquitto   the broker of the integration tests and the demo (the demo falls back to the
 #               embedded pure-Python broker, amqtt, without it)
 #   prometheus  promtool and a real Prometheus for the monitoring tests (deploy/prometheus)
+#   chromium, chromium-driver   a real headless browser for the edge's status page test
 # Without root the tests that need them are skipped (CI, which is root, fails instead).
-SYSTEM_PACKAGES ?= mosquitto:/usr/sbin/mosquitto prometheus:/usr/bin/promtool
+SYSTEM_PACKAGES ?= mosquitto:/usr/sbin/mosquitto prometheus:/usr/bin/promtool \
+	chromium:/usr/bin/chromium chromium-driver:/usr/bin/chromedriver
 
 system:
 	@missing=""; for entry in $(SYSTEM_PACKAGES); do \

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from ddnn.bundle import Manifest
 from ddnn.edge.assembler import Frame, FrameAssembler
@@ -49,6 +49,7 @@ class EdgeSnapshot:
     devices: tuple[str, ...]  # the device of each view
     late_devices: tuple[str, ...]  # devices late for most of their recent views
     manifest: Manifest  # of the bundle new frames run on
+    thresholds: Mapping[str, float] = field(default_factory=dict)  # the exit thresholds in force
 
     @property
     def single_view(self) -> bool:
@@ -132,7 +133,7 @@ class EdgeAggregator:
             answered=self.fanout.answered, pending=len(self.assembler),
             cloud_up=self.cloud_stage.up, devices=tuple(self.devices),
             late_devices=tuple(self.devices[v] for v in self.assembler.late_views()),
-            manifest=self.manifest)
+            manifest=self.manifest, thresholds=dict(self.pipeline.policy.thresholds))
 
     def accept(self, payload: bytes, device: str | None = None) -> str | None:
         """One device message from outside MQTT (HTTP ingest): the drop reason, or None."""

@@ -24,6 +24,7 @@ import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ddnn import envelope as env
+from ddnn.edge import status_page
 from ddnn.edge.aggregator import EdgeAggregator, EdgeSnapshot
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
 from ddnn.edge.health import EdgeHealth, health_check
@@ -302,6 +303,12 @@ class EdgeHandler(BaseHTTPRequestHandler):
         elif url.path in ("/healthz", "/readyz", "/livez"):  # edge.health: 503 with reasons
             check = health_check(agg, self.health, url.path)
             self._send(check.status(), check.body())
+        elif url.path in ("/status", "/v1/status"):  # edge.status_page: for an operator
+            data = status_page.status(agg, health_check(agg, self.health, "/readyz"))
+            if url.path == "/status":
+                self._send(200, status_page.render(data), "text/html; charset=utf-8")
+            else:
+                self._json(200, data)
         elif url.path == "/v1/results":
             q = urllib.parse.parse_qs(url.query)
             try:

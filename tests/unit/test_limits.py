@@ -100,3 +100,15 @@ def test_no_test_module_imports_another():
 ])
 def test_the_import_check_finds_test_modules(code, imports):
     assert list(imported_test_modules(ast.parse(code))) == imports
+
+
+def test_test_modules_have_unique_names():
+    # pytest imports test modules by their basename (rootdir-relative
+    # packages are not used here), so two files of one name break collection.
+    seen: dict[str, Path] = {}
+    clashes = []
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        if path.name in seen:
+            clashes.append(f"{seen[path.name].relative_to(ROOT)} and {path.relative_to(ROOT)}")
+        seen[path.name] = path
+    assert not clashes, "test modules share a name: " + "; ".join(clashes)
