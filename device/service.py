@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from ddnn.device.buffer import DELIVERED, Outbox, OutMessage
 from ddnn.device.health import DeviceMetrics, DeviceVersionProbe, SourceWatch, monitor
 from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
+from ddnn.device.spool_run import SpoolRun, default_spool_dir
 from ddnn.device.transport import HttpTransport, MqttTransport
 from ddnn.errors import ConfigError
 from ddnn.plumbing.health import MonitorServer
@@ -63,9 +65,11 @@ class DeviceService:
         self.sender = Worker("device-sender", self._send_loop, stop=self._sender_done.set,
                              join=SENDER_JOIN)
         self._send_lock = threading.Lock()
-        self.outbox = Outbox(settings.buffer, settings.spool,
+        self.outbox = Outbox(settings.buffer, None if settings.no_spool else settings.spool,
                              sync_every=settings.spool_sync_every,
-                             sync_interval=settings.spool_sync_ms / 1000)
+                             sync_interval=settings.spool_sync_ms / 1000,
+                             max_bytes=int(settings.buffer_mb * (1 << 20)),
+                             run=spool_run(settings, bundle, source))
         self.metrics = DeviceMetrics()
         self.metrics.bundle.set(1, model=bundle.manifest.name, version=bundle.manifest.version)
         self.http: MonitorServer | None = None  # /metrics, /healthz, /livez (--http-port)
@@ -303,7 +307,20 @@ def for_bundle(settings: DeviceSettings, bundle: Bundle) -> DeviceSettings:
         log.info("HTTP fallback has no pull channel: using push mode")
         mode = "push"
     peers = settings.peers or tuple(default_device_ids(m.views))
-    return dataclasses.replace(settings, mode=mode, peers=peers)
+    spool = settings.spool
+    if spool is None and not settings.no_spool:
+        spool = default_spool_dir(settings.deployment, settings.device_id)
+    return dataclasses.replace(settings, mode=mode, peers=peers, spool=spool)
+
+
+def spool_run(settings: DeviceSettings, bundle: Bundle, source: Source | None) -> SpoolRun:
+    """Who writes the spool: what a restart of this run sends again, and nothing else."""
+    s = settings
+    where = (f"data:{Path(s.data).resolve()}" if s.data is not None else
+             f"images:{Path(s.images).resolve()}" if s.images is not None else
+             f"camera:{s.camera}")
+    return SpoolRun(s.deployment, s.device_id, bundle.ref, where,  # type: ignore[arg-type]
+                    replayed=getattr(source, "replayed", None))
 
 
 def open_source(settings: DeviceSettings, bundle: Bundle) -> Source:

@@ -67,7 +67,9 @@ class DeviceSettings:
     limit: int | None = None  # stop after this many frames
     start: int = 0  # first frame index of a replay
     buffer: int = 10_000  # messages held while the uplink is away; the oldest dropped when full
-    spool: Path | None = None  # keep the outbox on disk too, so a restart loses nothing
+    spool: Path | None = None  # the on-disk outbox; None: the default place (spool_run.py)
+    no_spool: bool = False  # keep the outbox in memory only
+    buffer_mb: float = 64.0  # the outbox's bound in MiB (memory and spool)
     spool_sync_every: int = 64  # fsync the spool after this many messages ...
     spool_sync_ms: float = 200.0  # ... or when the oldest unsynced one is this old
     keep: int = 1024  # frames whose features are kept for pulls (covers a broker outage)
@@ -117,6 +119,8 @@ class DeviceSettings:
             raise ConfigError("--after-send applies to --images only")
         if self.follow and self.images is None:
             raise ConfigError("--follow applies to --images only")
+        if self.no_spool and self.spool is not None:
+            raise ConfigError("--spool and --no-spool exclude each other")
         after_send_mode(self.after_send)
         src = self.update_source
         if (src.token or src.ca_file) and src.origin is None:
@@ -129,7 +133,7 @@ class DeviceSettings:
                     "keepalive": 0, "fps": 0, "grace": 0, "wait_peers": 0,
                     "spool_sync_every": 1, "spool_sync_ms": 0, "camera_retries": 0,
                     "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0,
-                    "connect_timeout": 0.1}
+                    "connect_timeout": 0.1, "buffer_mb": 0.01}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
@@ -195,9 +199,15 @@ OPTIONS = (
     Option("start", int, "N", "first frame index of a replay"),
     Option("buffer", int, "N",
            "messages held while the broker is unreachable; the oldest is dropped when full"),
+    Option("buffer-mb", float, "MB",
+           "... and MiB of them at most, in memory and in the spool (the oldest is dropped)"),
     Option("spool", path, "DIR",
-           "directory to keep the outbox on disk until the broker acknowledged each message, "
-           "so a crash or restart loses nothing (delivery at least once)"),
+           "the outbox on disk: a message stays there until the broker acknowledged it, so a "
+           "crash or restart of this run loses nothing (at least once); unset: "
+           "$STATE_DIRECTORY, else $XDG_STATE_HOME/ddnn, else ~/.local/state/ddnn, then "
+           "spool/DEPLOYMENT/DEVICE_ID"),
+    Option("no-spool", boolean, "BOOL",
+           "keep the outbox in memory only: a crash or restart loses what waits in it"),
     Option("spool-sync-every", int, "N",
            "fsync the spool after this many new messages (1: every message)"),
     Option("spool-sync-ms", float, "MS",

@@ -52,6 +52,7 @@ def test_a_source_flag_overrides_the_source_variables(env):
     ({"DDNN_DEVICE_TOKEN": " "}, "token must not be empty"),
     ({"DDNN_DEVICE_BUNDLE": "/nonexistent"}, "no such directory"),
     ({"DDNN_DEVICE_VIEW": "one"}, "DDNN_DEVICE_VIEW: invalid value"),
+    ({"DDNN_DEVICE_SPOOL": "/s", "DDNN_DEVICE_NO_SPOOL": "true"}, "exclude each other"),
 ])
 def test_bad_settings_are_refused_with_the_reason(env, change, why):
     with pytest.raises(ConfigError, match=why):
@@ -71,7 +72,7 @@ def test_describe_masks_every_secret(env):
 
 
 def test_from_settings_checks_the_view_and_resolves_for_the_bundle(tiny_bundle, tiny_data,
-                                                                   caplog):
+                                                                   device_state, caplog):
     base = dict(bundle=tiny_bundle, data=tiny_data.test, edge_url="http://127.0.0.1:9")
     with pytest.raises(ConfigError, match="outside the bundle's views 0..2"):
         DeviceService.from_settings(DeviceSettings(view=3, **base))
@@ -82,6 +83,11 @@ def test_from_settings_checks_the_view_and_resolves_for_the_bundle(tiny_bundle, 
     # The HTTP fallback has no pull channel; peers default to every view.
     assert (s.mode, s.peers, s.device_id) == ("push", ("cam0", "cam1", "cam2"), "cam2")
     assert service.agent.settings is s and len(service.source) == 120
+    # Durable by default: the spool is in the state directory, per deployment and device.
+    assert s.spool == device_state / "ddnn" / "spool" / "default" / "cam2"
+    assert service.outbox.spooled
+    off = DeviceService.from_settings(DeviceSettings(view=2, no_spool=True, **base))
+    assert off.settings.spool is None and not off.outbox.spooled
 
 
 def test_over_the_air_options(env):
