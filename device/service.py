@@ -20,6 +20,7 @@ import numpy as np
 from ddnn.bundle import Bundle, load_bundle
 from ddnn.device.agent import DeviceAgent
 from ddnn.device.buffer import DELIVERED, Outbox, OutMessage
+from ddnn.device.failover import FailoverTransport
 from ddnn.device.health import DeviceMetrics, DeviceVersionProbe, SourceWatch, monitor
 from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
@@ -77,7 +78,7 @@ class DeviceService:
                                  emit=self.deliver)
         self.transport = self._transport()
         # Updates are announced over MQTT.
-        self.updater = self._updater() if isinstance(self.transport, MqttTransport) else None
+        self.updater = self._updater() if self.mqtt is not None else None
         self._clean = True  # False when leaving on an error: a version on probation is condemned
         self.lifecycle = self._lifecycle()
 
@@ -89,10 +90,21 @@ class DeviceService:
         log.info("device config: bundle %s, %s", bundle.ref, settings.describe())
         return cls(settings, bundle, open_source(settings, bundle))
 
-    def _transport(self) -> MqttTransport | HttpTransport:
+    @property
+    def mqtt(self) -> MqttTransport | None:
+        """The MQTT side of the uplink (statuses, peers, updates); None on HTTP alone."""
+        t = self.transport
+        return t.mqtt if isinstance(t, FailoverTransport) else (
+            t if isinstance(t, MqttTransport) else None)
+
+    def _transport(self) -> MqttTransport | HttpTransport | FailoverTransport:
         s = self.settings
+        http = None
+        if s.edge_url:
+            http = HttpTransport(s.edge_url, s.token,
+                                 ca_file=str(s.edge_ca_file) if s.edge_ca_file else None)
         if not s.broker:
-            return HttpTransport(s.edge_url, s.token)
+            return http  # type: ignore[return-value]
         options = MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
                               connect_timeout=s.connect_timeout, security=s.security)
         # "since": when this device came online; replaying peers agree on a start from it.
@@ -103,6 +115,9 @@ class DeviceService:
                                   on_bundle=self._on_bundle, on_refused=self._on_refused)
         # A pull repeated after a reconnection is answered again (the agent's de-duplication).
         self.agent.connections = lambda: transport.client.connects
+        if http is not None:  # both: HTTP(S) while the broker is away
+            return FailoverTransport(transport, http, s.failover_after, lambda: dict(
+                model=self.agent.manifest.name, deployment=s.deployment, device=s.device_id))
         return transport
 
     def _updater(self) -> BundleUpdater:
@@ -128,7 +143,8 @@ class DeviceService:
             parts.add("bundle updater", self.updater,
                       stop=lambda: self.updater.stop(clean=self._clean))
         parts.add("outbox", stop=self._close_outbox)
-        parts.add("mqtt" if isinstance(self.transport, MqttTransport) else "http fallback",
+        parts.add({MqttTransport: "mqtt", HttpTransport: "http fallback",
+                   FailoverTransport: "mqtt+http failover"}[type(self.transport)],
                   self.transport)
         parts.add("sender", self.sender)
         return parts
@@ -180,26 +196,25 @@ class DeviceService:
         self.agent.swap(BundleRuntime(bundle, threads=self.settings.threads))
         self.metrics.bundle.set(0, model=old.name, version=old.version)
         self.metrics.bundle.set(1, model=bundle.manifest.name, version=bundle.manifest.version)
-        if isinstance(self.transport, MqttTransport):
-            self.transport.update_status(model=bundle.ref)
+        if self.mqtt is not None:
+            self.mqtt.update_status(model=bundle.ref)
 
     def _rolled_back(self, ref: str, why: str) -> None:
         """A version failed its probation (or a crash during it): counted, and in the retained
         status until an update succeeds."""
         self.metrics.bundle_updates.inc(result="rolled_back")
-        if isinstance(self.transport, MqttTransport):
-            self.transport.update_status(rolled_back_from=ref, ota_error=why[:300])
+        if self.mqtt is not None:
+            self.mqtt.update_status(rolled_back_from=ref, ota_error=why[:300])
 
     def _update_result(self, ok: bool | None) -> None:
         """Count an update's outcome (None: a fetch to retry); a refusal is also in the
         retained status (``ota_error``), beside the version that keeps running."""
         self.metrics.bundle_updates.inc(result={True: "applied", False: "refused",
                                                 None: "retry"}[ok])
-        if ok is not None and self.updater is not None and isinstance(self.transport,
-                                                                      MqttTransport):
+        if ok is not None and self.updater is not None and self.mqtt is not None:
             error = self.updater.last_error if not ok else None
             cleared = {"rolled_back_from": None} if ok else {}  # a newer version applied
-            self.transport.update_status(ota_error=error[:300] if error else None, **cleared)
+            self.mqtt.update_status(ota_error=error[:300] if error else None, **cleared)
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -303,8 +318,9 @@ def for_bundle(settings: DeviceSettings, bundle: Bundle) -> DeviceSettings:
         raise ConfigError(f"--view {settings.view} is outside the bundle's views "
                           f"0..{m.views - 1}")
     mode = settings.mode
-    if not settings.broker and mode == "pull" and m.views > 1:
-        log.info("HTTP fallback has no pull channel: using push mode")
+    if settings.edge_url and mode == "pull" and m.views > 1:
+        log.info("the HTTP path%s has no pull channel: using push mode",
+                 " (failover)" if settings.broker else "")
         mode = "push"
     peers = settings.peers or tuple(default_device_ids(m.views))
     spool = settings.spool

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,8 +50,10 @@ class DeviceSettings:
     bundle_key: Path | None = None  # Ed25519 public key: run only bundles signed by it
     updates: UpdatePolicy = UpdatePolicy(probation=60.0)  # which over-the-air versions apply
     update_source: UpdateSource = UpdateSource()  # where over-the-air bundles come from
-    edge_url: str | None = None  # the HTTP fallback: the edge's http://host:port
-    token: str | None = None  # bearer token for the HTTP fallback
+    edge_url: str | None = None  # the edge's HTTP ingest: without a broker, or its failover
+    token: str | None = None  # bearer token for the HTTP path
+    edge_ca_file: Path | None = None  # CA that signed the edge's HTTPS certificate
+    failover_after: float = 30.0  # seconds without the broker before the HTTP path takes over
     device_id: str | None = None  # the id in topics and messages; None: cam0, cam1, ... by view
     deployment: str = "default"  # deployments sharing a broker are kept apart by topic
     edge_id: str = "edge0"  # whose feature pulls to answer
@@ -115,6 +118,7 @@ class DeviceSettings:
             raise ConfigError(f"bundle key {self.bundle_key}: no such file")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the bearer token must not be empty")
+        self._check_http_path()
         if self.after_send != "keep" and self.images is None:
             raise ConfigError("--after-send applies to --images only")
         if self.follow and self.images is None:
@@ -133,7 +137,7 @@ class DeviceSettings:
                     "keepalive": 0, "fps": 0, "grace": 0, "wait_peers": 0,
                     "spool_sync_every": 1, "spool_sync_ms": 0, "camera_retries": 0,
                     "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0,
-                    "connect_timeout": 0.1, "buffer_mb": 0.01}
+                    "connect_timeout": 0.1, "buffer_mb": 0.01, "failover_after": 0.1}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
@@ -146,6 +150,24 @@ class DeviceSettings:
             raise ConfigError(f"drain_timeout must be above 0, got {self.drain_timeout}")
         if self.local_threshold is not None and not 0 <= self.local_threshold <= 1:
             raise ConfigError(f"local_threshold must be in 0..1, got {self.local_threshold}")
+
+    def _check_http_path(self) -> None:
+        """Options of the HTTP path that would be ignored are refused, never dropped."""
+        if self.edge_url is None:
+            unused = [f for f, v in (("--token", self.token), ("--edge-ca-file",
+                                                                 self.edge_ca_file)) if v]
+            if unused:
+                raise ConfigError(f"{' and '.join(unused)}: used on the HTTP path only, "
+                                  "which needs --edge-url")
+            return
+        u = urllib.parse.urlsplit(self.edge_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ConfigError(f"--edge-url {self.edge_url!r} must be http(s)://host[:port]")
+        if self.edge_ca_file is not None:
+            if u.scheme != "https":
+                raise ConfigError("--edge-ca-file needs an https:// --edge-url")
+            if not Path(self.edge_ca_file).is_file():
+                raise ConfigError(f"edge CA file {self.edge_ca_file}: no such file")
 
     def describe(self) -> dict:
         """The resolved settings for the start-up log: secrets masked, the broker's password
@@ -167,8 +189,16 @@ OPTIONS = (
     *grouped("updates", UPDATE_OPTIONS),
     *grouped("update_source", SOURCE_OPTIONS),
     Option("edge-url", str, "URL",
-           "HTTP fallback when no --broker: the edge's http://host:port (push mode only)"),
-    Option("token", str, "TOKEN", "bearer token for the HTTP fallback", secret=True),
+           "the edge's HTTP ingest, http(s)://host:port (push mode only): the uplink without "
+           "--broker; with it, the failover while the broker is unreachable"),
+    Option("token", str, "TOKEN", "bearer token for the HTTP path (needs --edge-url)",
+           secret=True),
+    Option("edge-ca-file", path, "FILE",
+           "CA certificate that signed the edge's HTTPS certificate (an https:// --edge-url; "
+           "unset: the system's CAs)"),
+    Option("failover-after", float, "SECONDS",
+           "with --broker and --edge-url: seconds the broker may be unreachable before frames "
+           "go over HTTP(S); back to MQTT once it returns"),
     Option("device-id", str, "ID",
            "this device's id in topics and messages (unset: cam0, cam1, ... by view)"),
     Option("deployment", str, "NAME",

@@ -1,4 +1,5 @@
-"""How a device reaches its edge: MQTT (the normal case) or HTTP POSTs (no broker configured).
+"""How a device reaches its edge: MQTT (the normal case) or HTTP(S) POSTs (no broker configured;
+with one, :mod:`~ddnn.device.failover` switches between the two).
 
 Both take :class:`~ddnn.device.buffer.OutMessage` from :class:`~ddnn.device.service.DeviceService`,
 one at a time, oldest first. ``send`` returns False when the message could not be handed over
@@ -213,11 +214,12 @@ class HttpTransport:
     There is no channel for the edge to pull features, so a device on HTTP runs in push mode.
     """
 
-    def __init__(self, edge_url: str, token: str | None = None, timeout: float = 5.0):
+    def __init__(self, edge_url: str, token: str | None = None, timeout: float = 5.0,
+                 ca_file: str | None = None):
         # Imported here: urllib3 costs an MQTT device 2.5 MiB it never uses.
         from ddnn.plumbing.http import KeepAliveConnection
 
-        self._edge = KeepAliveConnection(edge_url, "edge", timeout)
+        self._edge = KeepAliveConnection(edge_url, "edge", timeout, ca_file)
         self._headers = {"Content-Type": "application/octet-stream"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"

@@ -10,7 +10,9 @@ device's token posts only that device's envelopes and results (``403`` otherwise
 broker's ACL lets a device publish only on its own topics. A multi-view bundle's devices never
 post results: the edge answers their frames. At most ``max_connections`` connections are open,
 one thread each: past that, the connection that has waited longest for a request is closed to
-make room, and when every one is busy inside a route the new one gets ``503``.
+make room, and when every one is busy inside a route the new one gets ``503``. With a
+certificate and key (``--http-cert-file``, ``--http-key-file``) every route is served over TLS
+(HTTPS) only.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import contextlib
 import json
 import logging
 import socket
+import ssl
 import threading
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from ddnn import envelope as env
 from ddnn.edge import status_page
@@ -29,6 +33,7 @@ from ddnn.edge.aggregator import EdgeAggregator, EdgeSnapshot
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
 from ddnn.edge.health import EdgeHealth, health_check
 from ddnn.envelope import DecodeError
+from ddnn.errors import ConfigError
 from ddnn.plumbing.metrics import CONTENT_TYPE
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, ResultError
@@ -105,14 +110,25 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 128  # the listen backlog (socketserver's default is 5)
 
-    def __init__(self, address, handler, max_connections: int, metrics: HttpMetrics):
+    def __init__(self, address, handler, max_connections: int, metrics: HttpMetrics,
+                 tls: ssl.SSLContext | None = None):
         self.max_connections = max_connections
         self.metrics = metrics
+        self.tls = tls
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._waiting: dict[socket.socket, None] = {}  # insertion order: longest waiting first
         self._busy_log = LogThrottle(period=BUSY_LOG_EVERY)  # a flood: a line per period
         super().__init__(address, handler)
+
+    def get_request(self):
+        request, client_address = super().get_request()
+        if self.tls is not None:
+            # The handshake runs on the connection's first read, in its own thread (under its
+            # idle timeout): a slow or silent client never holds the accepting thread.
+            request = self.tls.wrap_socket(request, server_side=True,
+                                           do_handshake_on_connect=False)
+        return request, client_address
 
     @property
     def open_connections(self) -> int:
@@ -203,18 +219,20 @@ class EdgeHttpServer:
 
     def __init__(self, aggregator: EdgeAggregator, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, *, tokens: dict[str, str] | None = None,
-                 max_connections: int = MAX_CONNECTIONS, health: EdgeHealth | None = None):
+                 max_connections: int = MAX_CONNECTIONS, health: EdgeHealth | None = None,
+                 tls: ssl.SSLContext | None = None):
         credentials = HttpCredentials(token, tokens)
         handler = _make_handler(aggregator, credentials, health)
         self.metrics = HttpMetrics(aggregator.metrics.registry)
-        self.server = BoundedHTTPServer((host, port), handler, max_connections, self.metrics)
+        self.server = BoundedHTTPServer((host, port), handler, max_connections, self.metrics,
+                                        tls)
         self.port = self.server.server_address[1]
         self.host = host
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.server.tls else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> EdgeHttpServer:
         self._thread = threading.Thread(target=self.server.serve_forever, name="edge-http",
@@ -231,6 +249,17 @@ class EdgeHttpServer:
             self.server.shutdown()
             self._thread.join(timeout=5)
         self.server.server_close()
+
+
+def server_tls(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
+    """The TLS side of the edge's HTTP server: its certificate (chain) and key."""
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        tls.load_cert_chain(str(cert_file), str(key_file))
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"cannot load the HTTP server's certificate ({cert_file}, "
+                          f"{key_file}): {e}") from None
+    return tls
 
 
 def _make_handler(agg: EdgeAggregator, credentials: HttpCredentials,

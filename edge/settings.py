@@ -109,6 +109,8 @@ class EdgeSettings:
     http_token: str | None = None  # one bearer token of the POST routes, for every device
     http_tokens: Path | None = None  # file of per-device tokens (edge.credentials)
     http_max_connections: int = 64  # open HTTP connections at most (one thread each)
+    http_cert_file: Path | None = None  # with http_key_file: HTTPS only
+    http_key_file: Path | None = None
     results_out: Path | None = None  # also append every result to this JSON-lines file
     results_url: str | None = None  # also POST every result to this URL (edge.callback)
     results_token: str | None = None
@@ -154,6 +156,7 @@ class EdgeSettings:
                               "would speak for every device the per-device tokens separate")
         if self.http_tokens is not None and self.http.port is None:
             raise ConfigError("--http-tokens needs --http-port (the tokens guard its POST routes)")
+        self._check_http_tls()
         if self.expect_frames is not None and self.expect_frames < 1:
             raise ConfigError(f"expect_frames must be at least 1, got {self.expect_frames}")
         for tier in ("local", "edge"):
@@ -162,6 +165,17 @@ class EdgeSettings:
         for name in ("http_token", "results_token"):
             if getattr(self, name) is not None and not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
+
+    def _check_http_tls(self) -> None:
+        pair = (self.http_cert_file, self.http_key_file)
+        if any(pair) and not all(pair):
+            raise ConfigError("give --http-cert-file and --http-key-file together")
+        if any(pair) and self.http.port is None:
+            raise ConfigError("--http-cert-file and --http-key-file need --http-port (they "
+                              "secure its server)")
+        for f in pair:
+            if f is not None and not Path(f).is_file():
+                raise ConfigError(f"HTTP server certificate or key {f}: no such file")
 
     @property
     def deadline(self) -> float:
@@ -249,6 +263,10 @@ OPTIONS = (
     Option("http-max-connections", int, "N",
            "open HTTP connections at most; past it the longest-idle one is closed, or the new "
            "one refused with 503 when all are busy"),
+    Option("http-cert-file", path, "FILE",
+           "the HTTP server's certificate (PEM, chain first): with --http-key-file, every route "
+           "is HTTPS only"),
+    Option("http-key-file", path, "FILE", "the private key of --http-cert-file"),
     Option("results-out", path, "FILE", "also append every result to this JSON-lines file"),
     Option("results-url", str, "URL",
            "also POST every result as JSON to this http(s) URL (an application's web hook); "

@@ -53,6 +53,16 @@ def test_a_source_flag_overrides_the_source_variables(env):
     ({"DDNN_DEVICE_BUNDLE": "/nonexistent"}, "no such directory"),
     ({"DDNN_DEVICE_VIEW": "one"}, "DDNN_DEVICE_VIEW: invalid value"),
     ({"DDNN_DEVICE_SPOOL": "/s", "DDNN_DEVICE_NO_SPOOL": "true"}, "exclude each other"),
+    # Options of the HTTP path that would be ignored are refused.
+    ({"DDNN_DEVICE_TOKEN": "t0ken"}, "--token: used on the HTTP path only, which needs "
+                                     "--edge-url"),
+    ({"DDNN_DEVICE_EDGE_CA_FILE": "/ca.crt"}, "--edge-ca-file: used on the HTTP path only"),
+    ({"DDNN_DEVICE_EDGE_URL": "http://edge:9100", "DDNN_DEVICE_EDGE_CA_FILE": "/ca.crt"},
+     "--edge-ca-file needs an https:// --edge-url"),
+    ({"DDNN_DEVICE_EDGE_URL": "https://edge:9100", "DDNN_DEVICE_EDGE_CA_FILE": "/ca.crt"},
+     "edge CA file /ca.crt: no such file"),
+    ({"DDNN_DEVICE_EDGE_URL": "edge:9100"}, "must be http\\(s\\)://host"),
+    ({"DDNN_DEVICE_FAILOVER_AFTER": "0"}, "failover_after must be at least 0.1"),
 ])
 def test_bad_settings_are_refused_with_the_reason(env, change, why):
     with pytest.raises(ConfigError, match=why):
@@ -65,7 +75,8 @@ def test_bundle_and_view_are_required(env):
 
 
 def test_describe_masks_every_secret(env):
-    shown = settings_from(argparse.Namespace(token="tok"), env).describe()
+    shown = settings_from(argparse.Namespace(token="tok", edge_url="http://edge:9100"),
+                          env).describe()
     assert shown["password"] == "***" and shown["token"] == "***"
     assert shown["broker"] == "mqtt://cam1@broker:1883"
     assert "s3cret" not in repr(shown) and "hunter2" not in repr(shown)
