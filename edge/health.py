@@ -140,7 +140,7 @@ class EdgeHealth:
         since = mqtt.disconnected_since  # type: ignore[union-attr]
         if since is not None and now - since > grace:
             check.reasons.append(f"broker {mqtt.url} unreachable for {now - since:.0f} s (more "
-                                 f"than --health-grace {grace:g} s)")
+                                 f"than --health-grace {grace:g} s){mqtt.attempts.last_attempt()}")
 
 
 class EdgeVersionProbe:

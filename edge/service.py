@@ -22,7 +22,7 @@ from ddnn.edge.credentials import load_http_tokens
 from ddnn.edge.device_results import DeviceResults
 from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
-from ddnn.edge.http import EdgeHttpServer
+from ddnn.edge.http import EdgeHttpServer, server_tls
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
@@ -75,9 +75,10 @@ class EdgeService:
         self.http: EdgeHttpServer | None = None
         if s.http.port is not None:
             tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
+            tls = server_tls(s.http_cert_file, s.http_key_file) if s.http_cert_file else None
             self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port, s.http_token,
                                        tokens=tokens, max_connections=s.http_max_connections,
-                                       health=self.health)
+                                       health=self.health, tls=tls)
         # Updates are announced over MQTT.
         self.updater = self._updater() if self.mqtt is not None else None
         self._refused = threading.Event()
@@ -140,6 +141,7 @@ class EdgeService:
         s = self.settings
         options = MqttOptions(
             keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=s.security,
+            connect_timeout=s.connect_timeout,
             persistent=True,  # the broker keeps device messages while the edge restarts
             subscriptions=[subscription(topics.all_devices(k), k) for k in DEVICE_KINDS]
             + [subscription(topics.bundle, "bundle")]

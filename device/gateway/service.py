@@ -59,7 +59,7 @@ class GatewayService:
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                        security=s.security,
+                        connect_timeout=s.connect_timeout, security=s.security,
                         subscriptions=[subscription(t.requests(s.edge_id), "requests"),
                                        subscription(t.edge_status(s.edge_id), "status"),
                                        subscription(t.bundle, "bundle")]),
@@ -70,7 +70,7 @@ class GatewayService:
         self.local = MqttClient(
             s.local, f"ddnn-{s.deployment}-{s.gateway_id}-local",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max, persistent=True,
-                        security=s.local_security,
+                        security=s.local_security, connect_timeout=s.connect_timeout,
                         subscriptions=[subscription(t.all_devices(k), k) for k in DEVICE_KINDS
                                        if k != "results" or s.forward_results]),
             on_message=self._from_device)
