@@ -68,6 +68,23 @@ def test_a_device_that_joins_ahead_is_held_refused_and_flagged():
     assert a.late_views() == []  # the honest devices were never late
 
 
+def test_two_devices_together_are_not_ahead_of_a_third_that_lags():
+    # cam2 replays the same frames 20 frames (0.8 s) behind cam0 and cam1: the two that run
+    # together open every frame and are never held; cam2's views come late and are not fused.
+    a = FrameAssembler(3, deadline=0.3, max_wait=0.3)
+    c = Clock(a)
+    for k in range(200):
+        t = k / 25
+        c.tick(t)
+        c.send(0, k, t)
+        c.send(1, k, t)
+        if k >= 20:
+            c.send(2, k - 20, t)
+    c.tick(20.0)
+    assert sorted(c.answered) == list(range(200))
+    assert all(c.answered[f] == {0, 1} for f in range(200)) and a.flagged() == {}
+
+
 def test_a_device_that_starts_first_opens_one_frame_at_most():
     a = FrameAssembler(6, deadline=0.2, max_wait=1.0)
     c = Clock(a)
