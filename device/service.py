@@ -27,6 +27,7 @@ from ddnn.device.sources import Camera, ImageFolder, NpzReplay
 from ddnn.device.spool_run import SpoolRun, default_spool_dir
 from ddnn.device.transport import HttpTransport, MqttTransport
 from ddnn.errors import ConfigError
+from ddnn.plumbing.good_version import resume
 from ddnn.plumbing.health import MonitorServer
 from ddnn.plumbing.lifecycle import Lifecycle, Worker
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions
@@ -86,6 +87,8 @@ class DeviceService:
     def from_settings(cls, settings: DeviceSettings) -> DeviceService:
         """Load and verify the bundle, check the settings against it, open the frame source."""
         bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
+        # The version it had over the air, unless --bundle is newer.
+        bundle = resume(bundle, tag=settings.device_id, public_key=settings.bundle_key)
         settings = for_bundle(settings, bundle)
         log.info("device config: bundle %s, %s", bundle.ref, settings.describe())
         return cls(settings, bundle, open_source(settings, bundle))

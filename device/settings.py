@@ -127,9 +127,9 @@ class DeviceSettings:
             raise ConfigError("--spool and --no-spool exclude each other")
         after_send_mode(self.after_send)
         src = self.update_source
-        if (src.token or src.ca_file) and src.origin is None:
-            raise ConfigError("--ota-token and --ota-ca-file need --ota-origin (a token is "
-                              "sent to that origin only)")
+        if (src.token or src.ca_file or src.cert_file) and src.origin is None:
+            raise ConfigError("--ota-token, --ota-ca-file and --ota-cert-file need --ota-origin "
+                              "(a token and a certificate go to that origin only)")
         self._check_numbers()
 
     def _check_numbers(self) -> None:

@@ -19,7 +19,7 @@ from ddnn.device.buffer import OutMessage, Receipt
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.retry import RETRY_STATUSES, RetryPolicy
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.status import status_fields
+from ddnn.status import status_fields, status_time
 from ddnn.topics import DELIVERY, Topics, subscription
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,8 @@ class MqttTransport:
             ("scores", topics.device(device_id, "scores"), "scores"),
             ("absent", topics.device(device_id, "scores"), "scores"),
             ("features", topics.device(device_id, "features"), "features"),
-            ("results", topics.results, "results"))}
+            # A one-view device's own result: to the edge, which publishes it (broker ACL).
+            ("results", topics.device(device_id, "results"), "results"))}
         self._requests = topics.requests(edge_id)
         self._edge_status = topics.edge_status(edge_id)
         options.subscriptions = [subscription(self._requests, "requests"),
@@ -107,9 +108,9 @@ class MqttTransport:
         if state in ("online", "offline"):
             with self._peers_changed:
                 self.peers[peer] = state
-                since = info.get("since")
-                if isinstance(since, int | float) and not isinstance(since, bool):
-                    self.since[peer] = float(since)
+                since = status_time(info, "since")  # (one far ahead would stall the start)
+                if since is not None:
+                    self.since[peer] = since
                 self._peers_changed.notify_all()
 
     def start(self) -> None:

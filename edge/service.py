@@ -19,6 +19,7 @@ from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.callback import ResultsCallback
 from ddnn.edge.cloud_client import CLOUD_RETRY, CloudClient
 from ddnn.edge.credentials import load_http_tokens
+from ddnn.edge.device_results import DeviceResults
 from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
 from ddnn.edge.http import EdgeHttpServer, server_tls
@@ -26,6 +27,7 @@ from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
 from ddnn.errors import ConfigError
+from ddnn.plumbing.good_version import resume
 from ddnn.plumbing.lifecycle import Lifecycle
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.ota import BundleUpdater
@@ -60,9 +62,12 @@ class EdgeService:
             sinks=[*self._sinks(topics), *sinks],
             publish=self.mqtt.publish if self.mqtt else None,
             connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
+        # One-view devices' own results (their own topic, or through a gateway), checked.
+        self.device_results = DeviceResults(self.aggregator)
         self.gateways = GatewayIngest(
             self.aggregator.ingest, topics, dict(s.gateways),
-            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason))
+            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason),
+            on_result=self.device_results.take)
         self.lifecycle = Lifecycle()  # its parts are added below, once made
         # /healthz, /readyz, /livez (edge.health), served by the HTTP server.
         self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater,
@@ -93,6 +98,8 @@ class EdgeService:
         """
         if runtime is None:
             bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
+            # The version it had over the air, unless --bundle is newer.
+            bundle = resume(bundle, tag=settings.edge_id, public_key=settings.bundle_key)
             runtime = BundleRuntime(bundle, threads=settings.threads)
         cloud = None
         link = settings.cloud_link
@@ -159,6 +166,11 @@ class EdgeService:
             return None
         if self.gateways.handles(topic):
             return self.gateways.on_message(topic, payload)
+        if topic.endswith("/results"):  # a device's own result (cheap test first)
+            parsed = self.aggregator.topics.parse_device(topic)
+            if parsed is not None:
+                self.device_results.take(payload, (parsed[0],), parsed[0])
+                return None
         return self.aggregator.ingest.on_message(topic, payload)
 
     def _connected(self) -> None:
@@ -219,12 +231,14 @@ class EdgeService:
         self._started = False
         self.lifecycle.stop()
         m = self.metrics
-        log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d)",
+        log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d, no view "
+                 "%d)",
                  self.settings.edge_id, self.aggregator.answered,
                  m.frames.value(exit="local", degraded="false"),
                  m.frames.value(exit="edge", degraded="false"),
                  m.frames.value(exit="cloud", degraded="false"),
-                 m.frames.value(exit="edge", degraded="true"))
+                 m.frames.value(exit="edge", degraded="true"),
+                 m.frames.value(exit="none", degraded="false"))
 
     def __enter__(self) -> EdgeService:
         return self.start()

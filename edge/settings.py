@@ -6,6 +6,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddnn.edge.drift import DRIFT_OPTIONS, DriftPolicy
+from ddnn.edge.recorder import RECORDING_OPTIONS, ExperienceRecording
 from ddnn.errors import ConfigError
 from ddnn.exits import check_threshold
 from ddnn.names import check_name
@@ -103,8 +105,11 @@ class EdgeSettings:
     max_wait_ms: float = 1000.0  # and at most this long, for devices that usually lag
     feature_deadline_ms: float = 500.0  # and this long for pulled features
     suspect_after: int = 3  # missed deadlines in a row before a silent device is not waited for
+    max_fps: float = 240.0  # a device alone advancing frames faster than this runs ahead
     local_threshold: float | None = None  # overrides of the bundle's exit thresholds
     edge_threshold: float | None = None
+    drift: DriftPolicy = DriftPolicy()  # the exits checked against the cloud (edge.drift)
+    recording: ExperienceRecording = ExperienceRecording()  # experience for ddnn federate
     http: MonitorHttp = MonitorHttp()  # the HTTP server (/metrics, /healthz, /v1/ingest)
     http_token: str | None = None  # one bearer token of the POST routes, for every device
     http_tokens: Path | None = None  # file of per-device tokens (edge.credentials)
@@ -139,7 +144,8 @@ class EdgeSettings:
         behind = [d for _, ds in self.gateways for d in ds]
         if len(set(behind)) != len(behind):
             raise ConfigError("--gateways puts a device behind two gateways")
-        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms", "connect_timeout"):
+        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms", "max_fps",
+                     "connect_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("health_grace", "stall_after"):
@@ -162,6 +168,10 @@ class EdgeSettings:
         for tier in ("local", "edge"):
             if getattr(self, f"{tier}_threshold") is not None:
                 check_threshold(tier, getattr(self, f"{tier}_threshold"))
+        if self.recording.directory is not None and self.cloud_link.url is None:
+            raise ConfigError("--experience needs --cloud: the cloud's answers are the labels")
+        if self.drift.monitoring and self.cloud_link.url is None:
+            raise ConfigError("--audit-rate needs --cloud: the cloud's answers check the exits")
         for name in ("http_token", "results_token"):
             if getattr(self, name) is not None and not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
@@ -245,8 +255,14 @@ OPTIONS = (
     Option("feature-deadline-ms", float, "MS", "how long a frame waits for pulled features"),
     Option("suspect-after", int, "N",
            "deadlines a silent device may miss in a row before frames stop waiting for it"),
+    Option("max-fps", float, "FPS",
+           "frames per second (of capture time) no honest device exceeds: a device that no "
+           "other device's views accompany and whose frame ids advance faster runs ahead, and "
+           "opens no frame alone (docs/security.md)"),
     Option("local-threshold", float, "T", "override the bundle's local exit threshold (0..1)"),
     Option("edge-threshold", float, "T", "override the bundle's edge exit threshold (0..1)"),
+    *grouped("drift", DRIFT_OPTIONS),
+    *grouped("recording", RECORDING_OPTIONS),
     *grouped("http", (
         Option("http-host", str, "ADDR", "address of the HTTP server", key="host"),
         Option("http-port", int, "PORT",

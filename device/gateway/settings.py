@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ddnn.errors import ConfigError
@@ -22,6 +23,7 @@ class GatewaySettings:
     local: str  # the devices' broker
     broker: str  # the edge's broker, over the uplink
     security: MqttSecurity = MqttSecurity()  # TLS and credentials for the edge's broker
+    local_security: MqttSecurity = MqttSecurity()  # the same for the devices' broker
     gateway_id: str = "gw0"
     devices: tuple[str, ...] = ()  # the devices it forwards; empty: any, up to MAX_DEVICES
     deployment: str = "default"
@@ -56,8 +58,14 @@ class GatewaySettings:
         return describe(self, OPTIONS)
 
 
+# The devices' broker takes the same TLS and credential options, as --local-ca-file etc.
+LOCAL_SECURITY_OPTIONS = tuple(
+    dataclasses.replace(o, name=f"local-{o.name}", key=o.attr,
+                        help=f"{o.help} (the devices' broker)") for o in SECURITY_OPTIONS)
+
 OPTIONS = (
-    Option("local", str, "URL", "the devices' MQTT broker (local to the site)"),
+    Option("local", str, "URL", "the devices' MQTT broker (local to the site; mqtts:// for TLS)"),
+    *grouped("local_security", LOCAL_SECURITY_OPTIONS),
     Option("broker", str, "URL", "the edge's MQTT broker, over the uplink (mqtts:// for TLS)"),
     *grouped("security", SECURITY_OPTIONS),
     Option("gateway-id", str, "ID", "this gateway's id: its topics, and what the edge lets it "

@@ -34,7 +34,7 @@ from ddnn.plumbing.mqtt.errors import (
 )
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.status import status_payload
-from ddnn.topics import DELIVERY
+from ddnn.topics import DELIVERY, may_retain
 
 log = logging.getLogger("ddnn.plumbing.mqtt")  # one logger for the package (operators filter on it)
 
@@ -118,6 +118,8 @@ class MqttClient:
         self.disconnected_since: float | None = time.monotonic()
         self.publishes_refused = 0
         self._refusals_log = LogThrottle(every=1000)  # the first, then one in a thousand
+        self.retained_dropped = 0  # retained messages on kinds never retained (topics.DELIVERY)
+        self._retained_log = LogThrottle(every=1000)
         self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
         self._tls_alert: str | None = None
@@ -281,7 +283,14 @@ class MqttClient:
         handled = None
         self.delivering = (msg.mid, msg.qos)  # for a handler that acknowledges later
         try:
-            if self._on_message is not None:
+            if msg.retain and not may_retain(msg.topic):
+                # Stale by nature (a retained score is taken again by every new subscriber):
+                # only status and bundle announcements are retained in ddnn.
+                self.retained_dropped += 1
+                if self._retained_log():
+                    log.warning("dropped a retained message on %s, a kind never retained (%d "
+                                "so far)", msg.topic[:200], self.retained_dropped)
+            elif self._on_message is not None:
                 handled = self._on_message(msg.topic, msg.payload)
         except Exception:  # a handler bug must not kill paho's network thread
             log.exception("message handler failed on %s", msg.topic)
