@@ -49,10 +49,14 @@ MAX_QUEUED_MESSAGES = 100_000
 MAX_QUEUED_BYTES = 32 << 20
 
 
-def mosquitto_config(host: str, port: int) -> str:
-    """The Mosquitto configuration of a test or demo broker on ``host:port``."""
+def mosquitto_config(host: str, port: int, persist: Path | None = None) -> str:
+    """The Mosquitto configuration of a test or demo broker on ``host:port``; with ``persist``
+    (a directory), sessions, subscriptions and queued messages survive its restarts there, as
+    in deploy/mosquitto/*.conf."""
+    persistence = (f"persistence true\npersistence_location {persist}/\n" if persist
+                   else "persistence false\n")
     return (
-        f"listener {port} {host}\nallow_anonymous true\npersistence false\n"
+        f"listener {port} {host}\nallow_anonymous true\n{persistence}"
         f"max_inflight_messages 1000\nmax_queued_messages {MAX_QUEUED_MESSAGES}\n"
         f"max_queued_bytes {MAX_QUEUED_BYTES}\n"
         # Small messages must not wait for a delayed ACK (Nagle): ~40 ms per feature pull.
@@ -125,9 +129,11 @@ def mosquitto_path() -> str | None:
 
 
 def start_broker(
-    host: str = "127.0.0.1", port: int = 0, prefer: str = "auto", timeout: float = 10.0
+    host: str = "127.0.0.1", port: int = 0, prefer: str = "auto", timeout: float = 10.0,
+    persist: Path | None = None,
 ) -> BrokerProcess:
-    """Start Mosquitto (or amqtt when Mosquitto is absent or ``prefer="amqtt"``) and wait for it."""
+    """Start Mosquitto (or amqtt when Mosquitto is absent or ``prefer="amqtt"``) and wait for it.
+    ``persist``: Mosquitto's persistence directory (state kept across restarts)."""
     port = port or free_port(host)
     workdir = Path(tempfile.mkdtemp(prefix="ddnn-broker-"))
     exe = mosquitto_path()
@@ -137,7 +143,9 @@ def start_broker(
         raise ConfigError("mosquitto is not installed (apt-get install mosquitto)")
     if exe is not None and prefer != "amqtt":
         conf = workdir / "mosquitto.conf"
-        conf.write_text(mosquitto_config(host, port))
+        if persist is not None:
+            Path(persist).mkdir(parents=True, exist_ok=True)
+        conf.write_text(mosquitto_config(host, port, persist))
         cmd, kind = [exe, "-c", str(conf)], "mosquitto"
     else:
         cmd, kind = (

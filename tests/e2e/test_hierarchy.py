@@ -141,18 +141,25 @@ def test_a_killed_device_never_blocks_a_frame(mosquitto, tiny_bundle, tiny_data,
 
 def test_a_broker_outage_loses_no_frame(mosquitto, tiny_bundle, tiny_data, cloud_url, tmp_path,
                                        thresholds):
-    h = Hierarchy(tmp_path, tiny_bundle, tiny_data.test, mosquitto.url, cloud_url, fps=40,
+    # A broker as deployed (deploy/mosquitto/*.conf): its sessions persist across a restart, so
+    # the edge's subscriptions are there again before the devices resend what they kept. (A
+    # broker that comes back with no state at all drops what devices publish before the edge
+    # has subscribed again: nobody is listening yet.)
+    mosquitto.stop()
+    db = tmp_path / "broker-db"
+    broker = start_broker(mosquitto.host, mosquitto.port, prefer="mosquitto", persist=db)
+    h = Hierarchy(tmp_path, tiny_bundle, tiny_data.test, broker.url, cloud_url, fps=40,
                   thresholds=thresholds, deadline_ms=1000)
     try:
         h.wait_results(30)
-        mosquitto.stop()
+        broker.stop()  # Mosquitto saves its state as it stops
         time.sleep(2.0)  # the outage itself: devices keep capturing into their outboxes
-        fresh = start_broker(mosquitto.host, mosquitto.port, prefer="mosquitto")
-        mosquitto.proc, mosquitto.workdir = fresh.proc, fresh.workdir
+        broker = start_broker(mosquitto.host, mosquitto.port, prefer="mosquitto", persist=db)
         assert h.edge.wait(120) == 0, h.log("edge")
         for d in h.devices:
             assert d.wait(60) == 0
     finally:
         h.stop()
+        broker.stop()
     assert_each_frame_once(h.results())
     assert "reconnect" in h.log("device0").lower() or "connected" in h.log("device0")
