@@ -33,10 +33,11 @@ class ArrivalLag:
         self._recent = [collections.deque(maxlen=RECENT) for _ in range(views)]
         self.late = [0] * views  # views that came after their frame was answered, in total
 
-    def observe(self, view: int, lag: float, *, late: bool = False) -> None:
-        """A view of ``view`` arrived ``lag`` seconds after its frame's first view."""
-        lag = max(lag, 0.0)
-        self.estimate[view] = max(lag, self.estimate[view] * self.decay)
+    def observe(self, view: int, lag: float | None, *, late: bool = False) -> None:
+        """A view of ``view`` arrived ``lag`` seconds after its frame's first view (None: a
+        lag that says nothing of the device, counted late or not but not learnt)."""
+        if lag is not None:
+            self.estimate[view] = max(max(lag, 0.0), self.estimate[view] * self.decay)
         self._recent[view].append(late)
         if late:
             self.late[view] += 1

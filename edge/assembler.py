@@ -9,6 +9,12 @@ first view, longer when a device still awaited usually lags
 unless their status says offline (the last will), or they missed ``suspect_after`` waits in a
 row; any message revives them. Feature pulls get their own deadline.
 
+A device that runs ahead of the others opens no frame alone (:mod:`ddnn.edge.runahead`): its
+view of a frame not yet open is held until another device opens the frame, and joins it if it
+was held within the budget; a device whose views keep running ahead is flagged
+(:mod:`ddnn.edge.conduct`), not waited for, and its views are no longer fused. A late view of
+a frame a flagged device opened says nothing about the late device's lag.
+
 Bounded whatever the devices send: frame ids more than ``window`` ahead of the newest frame any
 device is at are refused (one message moves the window by at most ``window``), at most
 ``max_open`` frames wait at once, and answered frames are forgotten smallest id first, so no
@@ -19,182 +25,159 @@ the MQTT thread, waits are checked on the worker.
 from __future__ import annotations
 
 import heapq
-import threading
-from collections.abc import Collection
-from dataclasses import dataclass, field
+from collections.abc import Callable, Collection
 
 import numpy as np
 
-from ddnn.edge.arrivals import ArrivalLag
+from ddnn.edge.frame import DONE, FEATURES, SCORES, Drop, Frame
+from ddnn.edge.roster import DeviceRoster
+from ddnn.edge.runahead import MAX_FPS, Held
 
-SCORES, FEATURES, DONE = "scores", "features", "done"
 WINDOW = 1_000_000  # frame ids this far ahead of every device's newest are refused ("ahead")
 MAX_OPEN = 4096  # frames waiting at once; a message opening one more is refused ("overload")
 
 
-class Drop(Exception):
-    """A message that is valid but not wanted; ``reason`` is the metric label.
-
-    ``view`` and ``lag`` (seconds after its frame's first view) say who was late, and by how
-    much, for the warning and the per-device counter.
-    """
-
-    def __init__(self, reason: str, detail: str = "", *, view: int | None = None,
-                 lag: float | None = None):
-        super().__init__(detail or reason)
-        self.reason, self.view, self.lag = reason, view, lag
+def _ignore(*args) -> None:
+    pass
 
 
-@dataclass
-class Frame:
-    """One frame being assembled from per-view messages."""
-
-    id: int
-    captured: float  # earliest wall-clock capture time among the views (for latency)
-    opened: float  # monotonic time of its first message (the scores wait runs from here)
-    deadline: float = float("inf")  # when it stops waiting (scores: rechecked when it comes)
-    stage: str = SCORES
-    scores: dict[int, np.ndarray] = field(default_factory=dict)
-    absent: set[int] = field(default_factory=set)
-    features: dict[int, np.ndarray] = field(default_factory=dict)
-    requested: tuple[int, ...] = ()
-    missing: set[int] = field(default_factory=set)  # views expected but not heard by the deadline
-    taken: bool = False  # handed to the worker: its views are frozen until it is given back
-    pipeline: object = None  # the ExitPipeline (bundle version) it runs on, pinned at its start
-    local: object = None  # the local exit's answer, kept for when no features arrive
-    # Monotonic times for the latency breakdown: its first message (``opened`` moves when the
-    # broker comes back), when it became ready for its current stage (its last view, or its
-    # deadline), and when its features were pulled.
-    first_at: float = 0.0
-    ready_at: float = 0.0
-    pulled_at: float = 0.0
-
-    @property
-    def present(self) -> list[int]:
-        """Views that sent scores: the views the local and edge exits fuse over."""
-        return sorted(self.scores)
-
-    def take(self, now: float) -> Frame:
-        """Ready for its stage: handed to the worker, out of the deadline watch until it is
-        given back."""
-        self.deadline = float("inf")
-        self.taken = True
-        self.ready_at = now
-        return self
-
-
-class FrameAssembler:
-    """Per-frame bookkeeping of which views arrived, with deadlines and dead-device tracking."""
+class FrameAssembler(DeviceRoster):
+    """Per-frame bookkeeping of which views arrived, with deadlines; the devices' side (who is
+    expected, lags, runs ahead, is flagged) is :class:`~ddnn.edge.roster.DeviceRoster`'s."""
 
     def __init__(self, views: int, deadline: float = 0.2, feature_deadline: float = 0.5,
                  suspect_after: int = 3, history: int = 65536, single_view: bool = False,
-                 max_wait: float | None = None, window: int = WINDOW, max_open: int = MAX_OPEN):
-        self.views = views
-        self.deadline, self.feature_deadline = deadline, feature_deadline
+                 max_wait: float | None = None, window: int = WINDOW, max_open: int = MAX_OPEN,
+                 max_fps: float = MAX_FPS, on_refused: Callable[[int, str], None] = _ignore,
+                 on_flag: Callable[[int, str, bool], None] = _ignore):
         # The latency budget: None (or less than deadline) is the fixed deadline of old.
-        self.max_wait = deadline if max_wait is None else max(max_wait, deadline)
-        self.suspect_after = suspect_after
-        self.single_view = single_view
+        max_wait = deadline if max_wait is None else max(max_wait, deadline)
+        super().__init__(views, max_wait, suspect_after, single_view, max_fps, on_refused,
+                         on_flag)
+        self.deadline, self.feature_deadline = deadline, feature_deadline
         self.window, self.max_open = window, max_open
-        self.lag = ArrivalLag(views)
         self._frames: dict[int, Frame] = {}
-        self._done: dict[int, tuple[tuple[int, ...], float]] = {}  # id -> (requested, opened)
+        # id -> (requested, opened, opener)
+        self._done: dict[int, tuple[tuple[int, ...], float, int]] = {}
         self._done_ids: list[int] = []  # heap of the ids in _done: forgotten smallest first
         self._history = history
         self._low_water = -1  # frames at or below this id are forgotten: anything for them is late
         self._newest: int | None = None  # newest frame id any device has opened or joined
-        self._offline = [False] * views
-        self._misses = [0] * views
-        self._expected = tuple(range(views))  # what expected() says, kept up to date
-        # Devices in push mode send features unasked; the edge learns it from the first ones.
-        self.pushing = [False] * views
-        self._lock = threading.Lock()
-
-    # --- devices ----------------------------------------------------------------------------
-
-    def set_online(self, view: int, online: bool, pushing: bool | None = None) -> None:
-        """The device of ``view`` says it is online or offline (its status, or its last will);
-        ``pushing``: whether it sends its features with every frame (push mode), when it
-        says."""
-        with self._lock:
-            self._offline[view] = not online
-            self._misses[view] = 0
-            self._update_expected()
-        if pushing is not None:
-            self.pushing[view] = pushing
-
-    def expected(self) -> list[int]:
-        """Views a frame waits for right now: their devices are believed alive."""
-        return list(self._expected)
-
-    def _update_expected(self) -> None:
-        """The one rule of who is expected: not offline, and not silent ``suspect_after``
-        waits in a row (called under the lock whenever either changes)."""
-        self._expected = tuple(v for v in range(self.views)
-                               if not self._offline[v] and self._misses[v] < self.suspect_after)
 
     # --- messages ---------------------------------------------------------------------------
 
     def _frame(self, frame: int, now: float, captured: float, view: int) -> Frame:
         f = self._frames.get(frame)
         if f is None:
-            if frame in self._done or frame <= self._low_water:
-                lag = now - self._done[frame][1] if frame in self._done else None
-                if lag is not None:
-                    self.lag.observe(view, lag, late=True)
-                raise Drop("late", f"frame {frame} is already answered", view=view, lag=lag)
-            if self._newest is not None and frame > self._newest + self.window:
-                raise Drop("ahead", f"frame {frame} is more than {self.window} frames ahead of "
-                                    f"the newest ({self._newest})", view=view)
-            if len(self._frames) >= self.max_open:
-                raise Drop("overload", f"{len(self._frames)} frames already wait", view=view)
-            f = self._frames[frame] = Frame(frame, captured, now, first_at=now)
-        elif captured < f.captured:
+            self._check_new(frame, now, view)
+            return self._open(frame, now, captured, view)
+        if captured < f.captured:
             f.captured = captured
-        if self._newest is None or frame > self._newest:
-            self._newest = frame
         return f
 
-    def _heard(self, view: int) -> None:
-        if self._offline[view] or self._misses[view]:  # (the hot path: most views are alive)
-            self._offline[view] = False
-            self._misses[view] = 0
-            self._update_expected()
+    def _check_new(self, frame: int, now: float, view: int) -> None:
+        """Raises the Drop of a view of ``frame`` (not open) that is late, or beyond the window."""
+        if frame in self._done or frame <= self._low_water:
+            lag = None
+            if frame in self._done:
+                _, opened, opener = self._done[frame]
+                lag = now - opened
+                self._observe_late(view, lag, opener, frame, now)
+            raise Drop("late", f"frame {frame} is already answered", view=view, lag=lag)
+        if self._newest is not None and frame > self._newest + self.window:
+            raise Drop("ahead", f"frame {frame} is more than {self.window} frames ahead of "
+                                f"the newest ({self._newest})", view=view)
+
+    def _open(self, frame: int, now: float, captured: float, view: int) -> Frame:
+        if len(self._frames) >= self.max_open:
+            raise Drop("overload", f"{len(self._frames)} frames already wait", view=view)
+        f = self._frames[frame] = Frame(frame, captured, now, first_at=now, opener=view)
+        if self._newest is None or frame > self._newest:
+            self._newest = frame
+        for u, held in self.runahead.claim(frame):
+            self._join(f, u, held, now)
+        return f
+
+    def _join(self, f: Frame, view: int, held: Held, now: float) -> None:
+        """A held view of a frame another device just opened: fused if it was held within the
+        budget (a flagged device that keeps in step again is cleared so); else it ran ahead."""
+        if now - held.arrived > self.max_wait:
+            f.refused.add(view)
+            self._ran_ahead(view)
+            return
+        if held.scores is None:
+            f.absent.add(view)
+        else:
+            f.scores[view] = held.scores
+        if held.features is not None:
+            f.features[view] = held.features
+        f.captured = min(f.captured, held.captured)
+        self._on_time(view, f.id, 0.0, now)  # it came before the frame opened
 
     def add_scores(self, view: int, frame: int, scores: np.ndarray | None, captured: float,
                    now: float) -> Frame | None:
         """Scores (or ``None`` for an absent view) of one view; returns the frame if now ready."""
         with self._lock:
             self._heard(view)
-            f = self._frame(frame, now, captured, view)
-            if view in f.scores or view in f.absent:
+            f = self._frames.get(frame)
+            if f is None:
+                self._check_new(frame, now, view)
+                if self._holds(view, frame, captured, now):
+                    self._hold(view, frame, scores, captured, now)
+                    return None
+                f = self._open(frame, now, captured, view)
+            elif captured < f.captured:
+                f.captured = captured
+            if view in f.scores or view in f.absent or view in f.refused:
                 raise Drop("duplicate", f"view {view} of frame {frame} arrived twice")
             if f.stage != SCORES or f.taken:
-                self.lag.observe(view, now - f.opened, late=True)
+                self._observe_late(view, now - f.opened, f.opener, frame, now)
                 raise Drop("late", f"view {view} of frame {frame} came after its deadline",
                            view=view, lag=now - f.opened)
-            self.lag.observe(view, now - f.opened)
+            self._on_time(view, frame, now - f.opened, now)
             if scores is None:
                 f.absent.add(view)
             else:
                 f.scores[view] = scores
-            awaited = self._awaited(f)
-            if not awaited:
-                return f.take(now)
-            f.deadline = self._scores_deadline(f, awaited)
-            return None
+            return self._ready_or_wait(f, now)
+
+    def refuse(self, view: int, frame: int, reason: str, now: float) -> Frame | None:
+        """A message of ``view`` for ``frame`` came and was refused (``reason``: scores out of
+        bounds): its device is judged for it, and an open frame stops waiting for the view.
+        Returns the frame if that made it ready. A refused message opens no frame."""
+        with self._lock:
+            self._heard(view)
+            self.conduct.bad(view, reason)
+            f = self._frames.get(frame)
+            if (f is None or f.stage != SCORES or f.taken or view in f.scores
+                    or view in f.absent):
+                return None
+            f.refused.add(view)
+            return self._ready_or_wait(f, now)
+
+    def _ready_or_wait(self, f: Frame, now: float) -> Frame | None:
+        awaited = self._awaited(f)
+        if not awaited:
+            return f.take(now)
+        f.deadline = self._scores_deadline(f, awaited)
+        return None
 
     def add_features(self, view: int, frame: int, features: np.ndarray, captured: float,
                      now: float) -> Frame | None:
         """Features of one view (pulled, pushed, or a one-view device's uplink)."""
         with self._lock:
             self._heard(view)
-            if frame in self._done and view not in self._done[frame] and not self.single_view:
+            if frame in self._done and not self.single_view:
+                if view in self._done[frame][0]:
+                    raise Drop("late", f"features of view {view} of answered frame {frame}")
                 # Pushed features of a frame that exited locally are the price of push mode.
                 reason = "unneeded" if self.pushing[view] else "unrequested"
                 raise Drop(reason, f"features of view {view} for answered frame {frame}")
             if (not self.single_view and frame not in self._frames and frame not in self._done
                     and frame > self._low_water):
+                if self.runahead.hold_features(view, frame, features):
+                    self.pushing[view] = True  # pushed with its held scores: they go together
+                    return None
                 # Never open a frame on features (pulled by an edge that restarted since).
                 raise Drop("unrequested", f"features of view {view} for unknown frame {frame}")
             f = self._frame(frame, now, captured, view)
@@ -225,7 +208,7 @@ class FrameAssembler:
         """Views ``f`` still waits for: expected, not arrived, and not hopelessly late."""
         hopeless, budget, scores, absent = self.lag.hopeless, self.max_wait, f.scores, f.absent
         return [v for v in self._expected if v not in scores and v not in absent
-                and not hopeless(v, budget)]
+                and v not in f.refused and not hopeless(v, budget)]
 
     # --- the worker's side ------------------------------------------------------------------
 
@@ -246,7 +229,7 @@ class FrameAssembler:
             self._frames.pop(f.id, None)
             if f.id not in self._done:
                 heapq.heappush(self._done_ids, f.id)
-            self._done[f.id] = (f.requested, f.opened)
+            self._done[f.id] = (f.requested, f.opened, f.opener)
             while len(self._done) > self._history:
                 old = heapq.heappop(self._done_ids)
                 del self._done[old]
@@ -265,6 +248,7 @@ class FrameAssembler:
         """Frames whose deadline passed: ready with the views they have."""
         out = []
         with self._lock:
+            self._expire_held(now)
             for f in self._frames.values():
                 if f.taken or f.deadline > now:
                     continue
@@ -273,11 +257,9 @@ class FrameAssembler:
                     f.deadline = self._scores_deadline(f)
                     if f.deadline > now:
                         continue
-                    expected = self.expected()
-                    f.missing = {v for v in expected if v not in f.scores and v not in f.absent}
-                    for v in f.missing:
-                        self._misses[v] += 1
-                    self._update_expected()
+                    f.missing = {v for v in self._expected if v not in f.scores
+                                 and v not in f.absent and v not in f.refused}
+                    self._missed(f.missing)
                 else:
                     f.missing = {v for v in f.requested if v not in f.features}
                 out.append(f.take(now))
@@ -305,11 +287,6 @@ class FrameAssembler:
             return min((f.deadline for f in self._frames.values() if not f.taken),
                        default=float("inf"))
 
-    def late_views(self) -> list[int]:
-        """Views whose devices are late for most of their recent views (for health checks)."""
-        with self._lock:
-            return self.lag.systematically_late()
-
     def why_missing(self, f: Frame, fused: Collection[int]) -> dict[int, str]:
         """Why each view not in ``fused`` is missing from ``f``'s answer (the Result's reasons)."""
         out = {}
@@ -320,6 +297,8 @@ class FrameAssembler:
                 out[v] = "absent"
             elif v in f.scores:
                 out[v] = "no_features"
+            elif v in f.refused or self.conduct.flagged(v):
+                out[v] = "refused"
             else:
                 out[v] = "late" if v in self._expected else "offline"
         return out

@@ -33,13 +33,13 @@ def check_device_result(body: bytes, agg: EdgeSnapshot, speaks_for: Collection[s
         raise Forbidden(f"the bundle has {agg.manifest.views} views: its devices do not post "
                         "results, the edge answers their frames")
     result = Result.from_json(body)
+    if result.exit != "local" or result.cls is None:  # (a frame it did not see: the edge's)
+        raise ResultError("a device's own result exits at 'local'")
     classes = agg.manifest.classes
     if result.cls >= len(classes):
         raise ResultError(f"class must be an integer in 0..{len(classes) - 1}")
     if result.label != classes[result.cls]:
         raise ResultError(f"label must be {classes[result.cls]!r}, the name of class {result.cls}")
-    if result.exit != "local":
-        raise ResultError("a device's own result exits at 'local'")
     if len(result.views) != 1 or result.views[0] not in agg.devices or result.missing:
         raise ResultError("views must list the one device of this deployment that answered")
     if speaks_for is not None and result.views[0] not in speaks_for:

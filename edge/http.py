@@ -16,14 +16,18 @@ room for a new one and is closed after ten seconds), so ``/livez`` answers howev
 misbehave. ``GET /v1/results`` answers a page of at most :data:`RESULTS_PAGE` results in frame
 order (``?after=N&limit=K``; a client pages on with the last frame it got), at most
 :data:`RESULTS_RATE` requests a second per client address (``429`` past that).
+With a certificate and key (``--http-cert-file``, ``--http-key-file``) every route is served
+over TLS (HTTPS) only.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 import urllib.parse
+from pathlib import Path
 
 from ddnn import envelope as env
 from ddnn.edge import status_page
@@ -32,6 +36,7 @@ from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
 from ddnn.edge.device_results import Forbidden, check_device_result
 from ddnn.edge.health import EdgeHealth, health_check
 from ddnn.envelope import DecodeError
+from ddnn.errors import ConfigError
 from ddnn.plumbing.http_server import BoundedHandler, BoundedHTTPServer, ConnectionEvents
 from ddnn.plumbing.metrics import CONTENT_TYPE
 from ddnn.plumbing.rate import RateLimiter
@@ -85,19 +90,20 @@ class EdgeHttpServer:
 
     def __init__(self, aggregator: EdgeAggregator, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, *, tokens: dict[str, str] | None = None,
-                 max_connections: int = MAX_CONNECTIONS, health: EdgeHealth | None = None):
+                 max_connections: int = MAX_CONNECTIONS, health: EdgeHealth | None = None,
+                 tls: ssl.SSLContext | None = None):
         credentials = HttpCredentials(token, tokens)
         self.metrics = HttpMetrics(aggregator.metrics.registry)
         handler = _make_handler(aggregator, credentials, health, self.metrics)
         self.server = BoundedHTTPServer((host, port), handler, max_connections,
-                                        events=_Events(self.metrics))
+                                        events=_Events(self.metrics), tls=tls)
         self.port = self.server.server_address[1]
         self.host = host
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.server.tls else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> EdgeHttpServer:
         self._thread = threading.Thread(target=self.server.serve_forever, name="edge-http",
@@ -114,6 +120,17 @@ class EdgeHttpServer:
             self.server.shutdown()
             self._thread.join(timeout=5)
         self.server.server_close()
+
+
+def server_tls(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
+    """The TLS side of the edge's HTTP server: its certificate (chain) and key."""
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        tls.load_cert_chain(str(cert_file), str(key_file))
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"cannot load the HTTP server's certificate ({cert_file}, "
+                          f"{key_file}): {e}") from None
+    return tls
 
 
 def _make_handler(agg: EdgeAggregator, credentials: HttpCredentials,

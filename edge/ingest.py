@@ -34,6 +34,7 @@ from ddnn import envelope as env
 from ddnn.bundle import Manifest
 from ddnn.codec import FeatureCodec
 from ddnn.edge.assembler import Drop, Frame, FrameAssembler
+from ddnn.edge.score_bounds import ScoreBounds
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.status import status_fields
@@ -130,6 +131,7 @@ class Ingest:
         self._scores_shape = (1, manifest.num_classes)
         self._feature_shape = (1, *manifest.devices[0].output("features").sample_shape)
         self._reader = self._reader_for(manifest)
+        self._bounds = ScoreBounds.of(manifest.calibration)
 
     def _reader_for(self, m: Manifest) -> ScoresReader | None:
         return None if m.views == 1 else ScoresReader(m.version, m.codec["scores"],
@@ -140,6 +142,7 @@ class Ingest:
         self._previous = (self.manifest.name, self.manifest.version)
         self.manifest = manifest
         self._reader = self._reader_for(manifest)
+        self._bounds = ScoreBounds.of(manifest.calibration)
 
     def announce(self, version: tuple[str, str] | None) -> None:
         """Also take messages of this ``(name, version)``, announced for an update (None: no
@@ -258,7 +261,7 @@ class Ingest:
         self._count("scores", reader.size, len(payload) - reader.size)
         wall = time.time()
         captured = self._capture_time(device, env.capture_time(ticks, wall), wall)
-        f = self.assembler.add_scores(view, frame, scores, captured, time.monotonic())
+        f = self._scores(view, frame, scores, captured, time.monotonic())
         return _TAKEN if f is None else f
 
     def _take(self, payload: bytes, device: str | None) -> Frame | None:
@@ -270,13 +273,25 @@ class Ingest:
         captured = self._capture_time(e.device, e.timestamp, time.time())
         if e.kind == MessageType.SCORES and not a.single_view:
             x = self._tensor(e, m.codec["scores"], self._scores_shape)
-            return a.add_scores(view, e.frame, tuple(x[0].tolist()), captured, now)
+            return self._scores(view, e.frame, tuple(x[0].tolist()), captured, now)
         if e.kind == MessageType.ABSENT:
             return a.add_scores(view, e.frame, None, captured, now)
         if e.kind == MessageType.FEATURES:
             x = self._tensor(e, m.codec["device_features"], self._feature_shape)
             return a.add_features(view, e.frame, x, captured, now)
         raise Drop("malformed", f"a device cannot send {kind} messages")
+
+    def _scores(self, view: int, frame: int, scores: tuple[float, ...], captured: float,
+                now: float) -> Frame | None:
+        """Scores within the bundle's bounds go to the assembler; others are refused (a Drop),
+        their device judged for them, and their frame waits no more for the view."""
+        why = self._bounds.check(scores)
+        if why is None:
+            return self.assembler.add_scores(view, frame, scores, captured, now)
+        f = self.assembler.refuse(view, frame, "scores", now)
+        if f is not None:
+            self._on_ready(f)
+        raise Drop("scores", f"{self.devices[view]}, frame {frame}: {why}", view=view)
 
     def _decode(self, payload: bytes, device: str | None) -> env.Envelope:
         """The envelope of a message of this deployment, model and devices, else a Drop."""

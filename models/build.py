@@ -6,6 +6,7 @@ import platform
 import shutil
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from ddnn.bundle import load_bundle
@@ -35,17 +36,24 @@ def _check_compatible(train_ds: MultiViewDataset, val_ds: MultiViewDataset, path
         raise DatasetError(f"{path}: class names differ from the training file")
 
 
+def seen(ds: MultiViewDataset) -> MultiViewDataset:
+    """The samples at least one view sees: one that no camera sees (label -1) has nothing to
+    learn from or to calibrate on."""
+    keep = ds.label >= 0
+    return ds if keep.all() else ds.subset(keep)
+
+
 def split_data(data: str | Path, val_data: str | Path | None, cfg: DDNNConfig):
     """The whole training file and three disjoint parts: training, early stopping, calibration.
 
     The calibration split selects the thresholds and nothing else; the early-stopping split
     picks the epoch. A directory dataset stays memory-mapped; the held-out parts are read in.
     """
-    full = load_dataset(data, mmap=True)
+    full = seen(load_dataset(data, mmap=True))
     if val_data is None:
         rest, val_ds = split_holdout(full, cfg.val_fraction, cfg.seed)
     else:
-        rest, val_ds = full, load_dataset(val_data, num_classes=len(full.classes))
+        rest, val_ds = full, seen(load_dataset(val_data, num_classes=len(full.classes)))
         _check_compatible(full, val_ds, Path(val_data))
     share = cfg.stop_fraction / (1 - (0 if val_data else cfg.val_fraction))
     train_ds, stop_ds = split_holdout(rest, share, cfg.seed + 1)
@@ -113,6 +121,13 @@ def build_bundle(
         dist.close()
 
 
+def scores_record(device_scores: np.ndarray, present: np.ndarray) -> dict:
+    """What the devices send, for the edge's bounds (ddnn.edge.score_bounds): logits, and the
+    largest magnitude of any on the calibration data (``device_scores`` (N, V, C))."""
+    seen = device_scores[np.asarray(present, bool)]
+    return {"kind": "logits", "max_abs": float(np.abs(seen).max()) if seen.size else 0.0}
+
+
 def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data, val_data,
                    name, version, world) -> dict:
     model = result.model.cpu()
@@ -142,7 +157,8 @@ def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data,
         ort_val = onnx_exits(staging, val_ds)
         parity = check_parity(torch_val, ort_val, val_ds.present)
         cal = calibrate(ort_val, val_ds.label, cfg.tolerance, cfg.threshold_grid)
-        calibration = {**cal.to_dict(), "parity": parity.to_dict()}
+        calibration = {**cal.to_dict(), "parity": parity.to_dict(),
+                       "scores": scores_record(ort_val["device"], val_ds.present)}
         final = manifest({"local": cal.local, "edge": cal.edge}, calibration)
         write_manifest(staging, final)
         metrics = {

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import ssl
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -60,8 +61,10 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     request_queue_size = 128  # the listen backlog (socketserver's default is 5)
 
     def __init__(self, address, handler, max_connections: int, *,
-                 wait_timeout: float = WAIT_TIMEOUT, events: ConnectionEvents | None = None):
+                 wait_timeout: float = WAIT_TIMEOUT, events: ConnectionEvents | None = None,
+                 tls: ssl.SSLContext | None = None):
         self.max_connections = max_connections
+        self.tls = tls  # serve HTTPS only
         self.wait_timeout = wait_timeout
         self.events = events or ConnectionEvents()
         self._lock = threading.Lock()
@@ -70,6 +73,15 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._waiting: dict[socket.socket, float] = {}
         self._busy_log = LogThrottle(period=BUSY_LOG_EVERY)  # a flood: a line per period
         super().__init__(address, handler)
+
+    def get_request(self):
+        request, client_address = super().get_request()
+        if self.tls is not None:
+            # The handshake runs on the connection's first read, in its own thread (under its
+            # wait timeout): a slow or silent client never holds the accepting thread.
+            request = self.tls.wrap_socket(request, server_side=True,
+                                           do_handshake_on_connect=False)
+        return request, client_address
 
     @property
     def open_connections(self) -> int:

@@ -23,7 +23,7 @@ from ddnn.plumbing.lifecycle import Lifecycle, Worker
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, ResultError
-from ddnn.status import status_fields
+from ddnn.status import status_fields, status_time
 from ddnn.topics import DELIVERY, DEVICE_KINDS, Topics, subscription
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class GatewayService:
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                        security=s.security,
+                        connect_timeout=s.connect_timeout, security=s.security,
                         subscriptions=[subscription(t.requests(s.edge_id), "requests"),
                                        subscription(t.edge_status(s.edge_id), "status"),
                                        subscription(t.bundle, "bundle")]),
@@ -70,7 +70,7 @@ class GatewayService:
         self.local = MqttClient(
             s.local, f"ddnn-{s.deployment}-{s.gateway_id}-local",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max, persistent=True,
-                        security=s.local_security,
+                        security=s.local_security, connect_timeout=s.connect_timeout,
                         subscriptions=[subscription(t.all_devices(k), k) for k in DEVICE_KINDS
                                        if k != "results" or s.forward_results]),
             on_message=self._from_device)
@@ -198,6 +198,8 @@ class GatewayService:
         if info.get("state") not in ("online", "offline"):
             return
         fields = {k: info[k] for k in _STATUS_FIELDS if k in info}
+        if "since" in fields and status_time(info, "since") is None:
+            del fields["since"]  # not a time that can be true: the edge is not told it
         if self.statuses.get(device) == fields:
             return  # nothing new for the edge (retained statuses come again on reconnection)
         self.statuses[device] = fields

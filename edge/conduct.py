@@ -1,0 +1,100 @@
+"""Devices that misbehave, flagged from what they recently sent (docs/security.md).
+
+The edge judges some of a device's messages, each for one reason: ``ahead`` (a view that ran
+ahead of the other devices' views of its frame by more than the latency budget, see
+:mod:`ddnn.edge.runahead`), ``scores`` (class scores out of the bounds the bundle allows). A
+device is *flagged* for a reason while most of its recent judged messages were bad, and at least
+:data:`EVIDENCE` of them: a flagged device is not waited for and cannot open or close a frame,
+and the edge says so in its metrics and health. Good messages clear the flag again, so a
+device that was wrong for a while (a clock that jumped, a replay started too early) comes back
+by itself. Not thread-safe: the assembler calls it under its lock.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Sequence
+
+log = logging.getLogger(__name__)
+
+RECENT = 50  # judged messages per device and reason the verdict looks at
+EVIDENCE = 10  # bad ones at least before a device is flagged (a few can be bad luck)
+REASONS = ("ahead", "scores")
+
+
+def _ignore(view: int, reason: str, flagged: bool) -> None:
+    pass
+
+
+class Conduct:
+    """Per device and reason, the verdicts on its recent messages, and the flags they give;
+    ``on_change(view, reason, flagged)`` is told of every flag raised or cleared."""
+
+    def __init__(self, views: int, on_change: Callable[[int, str, bool], None] = _ignore):
+        self._recent: dict[tuple[int, str], collections.deque[bool]] = {}
+        self._bad: dict[tuple[int, str], int] = {}
+        self.flags: list[set[str]] = [set() for _ in range(views)]
+        self.on_change = on_change
+
+    def good(self, view: int, reason: str) -> None:
+        """A message of ``view`` judged good. Counted only while the device has bad ones on
+        record (the hot path of a well-behaved device costs one dictionary lookup)."""
+        if (view, reason) in self._recent:
+            self._note(view, reason, False)
+
+    def bad(self, view: int, reason: str) -> None:
+        self._note(view, reason, True)
+
+    def flagged(self, view: int, reason: str | None = None) -> bool:
+        flags = self.flags[view]
+        return bool(flags) if reason is None else reason in flags
+
+    def _note(self, view: int, reason: str, bad: bool) -> None:
+        key = (view, reason)
+        recent = self._recent.get(key)
+        if recent is None:
+            recent = self._recent[key] = collections.deque(maxlen=RECENT)
+            self._bad[key] = 0
+        if len(recent) == recent.maxlen:
+            self._bad[key] -= recent[0]
+        recent.append(bad)
+        self._bad[key] += bad
+        n = self._bad[key]
+        flagged = n >= EVIDENCE and 2 * n > len(recent)
+        if not n:  # nothing bad on record any more: back to the cheap path
+            del self._recent[key], self._bad[key]
+        if flagged != (reason in self.flags[view]):
+            (self.flags[view].add if flagged else self.flags[view].discard)(reason)
+            self.on_change(view, reason, flagged)
+
+
+class ConductReport:
+    """What the edge says of its devices' conduct: the metrics (every device's flags exported
+    at 0 from the start) and one log line per flag raised or cleared. ``metrics`` is the
+    edge's :class:`~ddnn.edge.metrics.EdgeMetrics`; ``budget``: its latency budget (s)."""
+
+    def __init__(self, devices: Sequence[str], metrics, budget: float):
+        self.devices, self.metrics, self.budget = devices, metrics, budget
+        for device in devices:
+            for reason in REASONS:
+                metrics.flagged.set(0, device=device, reason=reason)
+
+    def refused(self, view: int, reason: str) -> None:
+        """A held view dropped: it ran ahead (the ingest counts the scores it refuses)."""
+        self.metrics.dropped.inc(reason=reason)
+        self.metrics.refused.inc(device=self.devices[view], reason=reason)
+
+    def flagged(self, view: int, reason: str, flagged: bool) -> None:
+        device = self.devices[view]
+        self.metrics.flagged.set(1 if flagged else 0, device=device, reason=reason)
+        if not flagged:
+            log.info("device %s is no longer flagged (%s): its views are fused again", device,
+                     reason)
+        elif reason == "ahead":
+            log.warning("device %s runs ahead of the other devices (its views come more than "
+                        "%.0f ms before theirs, or faster than --max-fps alone): flagged, not "
+                        "waited for, its views not fused", device, self.budget * 1000)
+        else:
+            log.warning("device %s sends class scores out of the bundle's bounds: flagged, "
+                        "not waited for, its views not fused", device)

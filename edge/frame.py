@@ -1,0 +1,63 @@
+"""A frame being assembled from its views' messages, and a message the assembler does not
+want (:mod:`ddnn.edge.assembler`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SCORES, FEATURES, DONE = "scores", "features", "done"
+
+
+class Drop(Exception):
+    """A message that is valid but not wanted; ``reason`` is the metric label.
+
+    ``view`` and ``lag`` (seconds after its frame's first view) say who was late, and by how
+    much, for the warning and the per-device counter.
+    """
+
+    def __init__(self, reason: str, detail: str = "", *, view: int | None = None,
+                 lag: float | None = None):
+        super().__init__(detail or reason)
+        self.reason, self.view, self.lag = reason, view, lag
+
+
+@dataclass
+class Frame:
+    """One frame being assembled from per-view messages."""
+
+    id: int
+    captured: float  # earliest wall-clock capture time among the views (for latency)
+    opened: float  # monotonic time of its first message (the scores wait runs from here)
+    deadline: float = float("inf")  # when it stops waiting (scores: rechecked when it comes)
+    stage: str = SCORES
+    scores: dict[int, np.ndarray] = field(default_factory=dict)
+    absent: set[int] = field(default_factory=set)
+    features: dict[int, np.ndarray] = field(default_factory=dict)
+    requested: tuple[int, ...] = ()
+    missing: set[int] = field(default_factory=set)  # views expected but not heard by the deadline
+    refused: set[int] = field(default_factory=set)  # views that came but were refused (flagged)
+    opener: int = -1  # the view that opened it
+    taken: bool = False  # handed to the worker: its views are frozen until it is given back
+    pipeline: object = None  # the ExitPipeline (bundle version) it runs on, pinned at its start
+    local: object = None  # the local exit's answer, kept for when no features arrive
+    # Monotonic times for the latency breakdown: its first message (``opened`` moves when the
+    # broker comes back), when it became ready for its current stage (its last view, or its
+    # deadline), and when its features were pulled.
+    first_at: float = 0.0
+    ready_at: float = 0.0
+    pulled_at: float = 0.0
+
+    @property
+    def present(self) -> list[int]:
+        """Views that sent scores: the views the local and edge exits fuse over."""
+        return sorted(self.scores)
+
+    def take(self, now: float) -> Frame:
+        """Ready for its stage: handed to the worker, out of the deadline watch until it is
+        given back."""
+        self.deadline = float("inf")
+        self.taken = True
+        self.ready_at = now
+        return self

@@ -1,0 +1,148 @@
+"""The devices a frame waits for, and how each is doing: the device side of the
+:class:`~ddnn.edge.assembler.FrameAssembler`.
+
+Devices are expected unless their status says offline (the last will), they missed
+``suspect_after`` waits in a row, or they are flagged (:mod:`ddnn.edge.conduct`); any message
+revives a silent one. Each device's lag behind its frames' first views is learnt
+(:class:`~ddnn.edge.arrivals.ArrivalLag`), and a device that runs ahead of the others opens no
+frame alone (:mod:`ddnn.edge.runahead`): its views of frames not yet open are held here until
+another device opens the frame, or refused once held past the budget.
+
+The frame assembler holds the lock whenever it calls the ``_`` methods.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from ddnn.edge.arrivals import ArrivalLag
+from ddnn.edge.conduct import Conduct
+from ddnn.edge.frame import Drop
+from ddnn.edge.runahead import MAX_FPS, RunAhead
+
+
+def _ignore(*args) -> None:
+    pass
+
+
+class DeviceRoster:
+    """Who is expected, who lags, who runs ahead and who is flagged, per view.
+
+    ``on_refused(view, reason)``: a held view dropped after the fact (it ran ahead);
+    ``on_flag(view, reason, flagged)``: a device flagged or cleared (:mod:`ddnn.edge.conduct`).
+    Both are called under the lock.
+    """
+
+    def __init__(self, views: int, max_wait: float, suspect_after: int = 3,
+                 single_view: bool = False, max_fps: float = MAX_FPS,
+                 on_refused: Callable[[int, str], None] = _ignore,
+                 on_flag: Callable[[int, str, bool], None] = _ignore):
+        self.views, self.max_wait = views, max_wait
+        self.suspect_after, self.single_view = suspect_after, single_view
+        self.lag = ArrivalLag(views)
+        self.runahead = RunAhead(views, max_wait, max_fps)
+        self._on_refused, self._on_flag = on_refused, on_flag
+        self.conduct = Conduct(views, on_change=self._flag_changed)
+        self._offline = [False] * views
+        self._misses = [0] * views
+        self._expected = tuple(range(views))  # what expected() says, kept up to date
+        # Devices in push mode send features unasked; the edge learns it from the first ones.
+        self.pushing = [False] * views
+        self._lock = threading.Lock()
+
+    def set_online(self, view: int, online: bool, pushing: bool | None = None) -> None:
+        """The device of ``view`` says it is online or offline (its status, or its last will);
+        ``pushing``: whether it sends its features with every frame (push mode), when it
+        says."""
+        with self._lock:
+            self._offline[view] = not online
+            self._misses[view] = 0
+            self._update_expected()
+        if pushing is not None:
+            self.pushing[view] = pushing
+
+    def expected(self) -> list[int]:
+        """Views a frame waits for right now: their devices are believed alive."""
+        return list(self._expected)
+
+    def flagged(self) -> dict[int, list[str]]:
+        """The flagged devices' views, and why (for the health checks)."""
+        with self._lock:
+            return {v: sorted(r) for v, r in enumerate(self.conduct.flags) if r}
+
+    def late_views(self) -> list[int]:
+        """Views whose devices are late for most of their recent views (for health checks)."""
+        with self._lock:
+            return self.lag.systematically_late()
+
+    def _update_expected(self) -> None:
+        """The one rule of who is expected: not offline, not silent ``suspect_after`` waits
+        in a row, not flagged (called under the lock whenever one changes)."""
+        flagged = self.conduct.flagged
+        self._expected = tuple(v for v in range(self.views)
+                               if not self._offline[v] and self._misses[v] < self.suspect_after
+                               and not flagged(v))
+
+    def _flag_changed(self, view: int, reason: str, flagged: bool) -> None:
+        self._update_expected()
+        self._on_flag(view, reason, flagged)
+
+    def _heard(self, view: int) -> None:
+        if self._offline[view] or self._misses[view]:  # (the hot path: most views are alive)
+            self._offline[view] = False
+            self._misses[view] = 0
+            self._update_expected()
+
+    def _missed(self, views: set[int]) -> None:
+        """``views`` were waited for in vain."""
+        for v in views:
+            self._misses[v] += 1
+        self._update_expected()
+
+    def _on_time(self, view: int, frame: int, lag: float, now: float) -> None:
+        """A view of ``view`` opened or joined ``frame``, ``lag`` seconds after its first view."""
+        self.lag.observe(view, lag)
+        self.runahead.taken(view, frame, now)
+        self.conduct.good(view, "ahead")
+
+    def _observe_late(self, view: int, lag: float, opener: int, frame: int, now: float) -> None:
+        """A view came after its frame was answered or taken: counted late (and it did not run
+        ahead). Its lag is learnt unless a flagged device opened the frame (then the lag is that
+        device's lead)."""
+        self.lag.observe(view, None if self.conduct.flagged(opener) else lag, late=True)
+        self.runahead.taken(view, frame, now)  # it is there, only late
+        self.conduct.good(view, "ahead")
+
+    # --- devices that run ahead ---------------------------------------------------------------
+
+    def _holds(self, view: int, frame: int, captured: float, now: float) -> bool:
+        """Whether a view of ``frame`` (not open) is held: its device is flagged, or runs
+        ahead of the others."""
+        if self.single_view:
+            return False
+        return self.conduct.flagged(view) or self.runahead.ahead(view, frame, captured, now,
+                                                                 self._expected)
+
+    def _hold(self, view: int, frame: int, scores: object, captured: float, now: float) -> None:
+        if self.runahead.is_held(view, frame):
+            raise Drop("duplicate", f"view {view} of frame {frame} arrived twice")
+        for _ in self.runahead.hold(view, frame, scores, captured, now):
+            self._ran_ahead(view)
+
+    def _ran_ahead(self, view: int) -> None:
+        self.conduct.bad(view, "ahead")
+        self._on_refused(view, "ahead")
+
+    def _expire_held(self, now: float) -> None:
+        """Views held past the budget ran ahead. Where no other device reports at all, the
+        devices expected are silent: each such view counts as a wait they missed."""
+        aged = self.runahead.aged(now)
+        for view, _ in aged:
+            self._ran_ahead(view)
+            others = [v for v in self._expected if v != view]
+            if others and not self.runahead.peers(others, now):
+                for v in others:
+                    self._misses[v] += 1
+        if aged:
+            self._update_expected()
