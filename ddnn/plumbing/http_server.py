@@ -87,6 +87,12 @@ class BoundedHTTPServer(ThreadingHTTPServer):
     def open_connections(self) -> int:
         return len(self._open)
 
+    @property
+    def busy_connections(self) -> int:
+        """Connections whose request a route is computing an answer to."""
+        with self._lock:
+            return len(self._open) - len(self._waiting)
+
     def process_request(self, request, client_address) -> None:
         with self._lock:
             admitted = len(self._open) < self.max_connections or self._make_room()
