@@ -42,7 +42,8 @@ from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
 
-CLOCK_TOLERANCE = 30.0  # seconds a device's timestamps may differ from the edge's clock
+CLOCK_TOLERANCE = 30.0  # seconds a device's timestamps may be behind the edge's clock
+FUTURE_TOLERANCE = 2.0  # and ahead of it: no capture comes from the future (NTP: milliseconds)
 _TAKEN = object()  # the fast path took a message that completed no frame
 MAX_ROUTES = 1024  # device topics remembered with their device and kind (bounded: any can come)
 _U32 = struct.Struct("<I")
@@ -322,13 +323,14 @@ class Ingest:
     def _capture_time(self, device: str, timestamp: float, wall: float) -> float:
         """A message's capture time, or ``wall`` (now) when the device's clock is far off (then
         the latency of its frames would be nonsense): counted, and warned once per device."""
-        if abs(timestamp - wall) <= CLOCK_TOLERANCE:
+        if -CLOCK_TOLERANCE <= timestamp - wall <= FUTURE_TOLERANCE:
             return timestamp
         self._on_clock(device)
         if self._skewed(device):
             log.warning("device %s stamps its frames %+.1f s from this edge's clock (more than "
-                        "%.0f s): its latencies are measured from arrival; check its NTP",
-                        device, timestamp - wall, CLOCK_TOLERANCE)
+                        "%.0f s behind or %.0f s ahead): its latencies are measured from "
+                        "arrival; check its NTP", device, timestamp - wall, CLOCK_TOLERANCE,
+                        FUTURE_TOLERANCE)
         return wall
 
     def _tensor(self, e: env.Envelope, codec: str, shape: tuple[int, ...]) -> np.ndarray:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ddnn.edge.arrivals import ArrivalLag
 from ddnn.edge.conduct import Conduct
-from ddnn.edge.frame import Drop
+from ddnn.edge.frame import Drop, Frame
 from ddnn.edge.runahead import MAX_FPS, RunAhead
 
 
@@ -105,6 +105,12 @@ class DeviceRoster:
         self.lag.observe(view, lag)
         self.runahead.taken(view, frame, now)
         self.conduct.good(view, "ahead")
+
+    def _settle(self, f: Frame) -> None:
+        """``f``'s views are all in: its capture time from those that agree, and each device
+        judged for its clock (one far from the others' is not trusted for latency)."""
+        for view, trusted in f.settle_capture():
+            (self.conduct.good if trusted else self.conduct.bad)(view, "clock")
 
     def _observe_late(self, view: int, lag: float, opener: int, frame: int, now: float) -> None:
         """A view came after its frame was answered or taken: counted late (and it did not run
