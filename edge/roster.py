@@ -115,9 +115,8 @@ class DeviceRoster:
     def _observe_late(self, view: int, lag: float, opener: int, frame: int, now: float) -> None:
         """A view came after its frame was answered or taken: counted late (and it did not run
         ahead). Its lag is learnt unless a flagged device opened the frame (then the lag is that
-        device's lead)."""
+        device's lead). Its device is no reference for who runs ahead: it is behind."""
         self.lag.observe(view, None if self.conduct.flagged(opener) else lag, late=True)
-        self.runahead.taken(view, frame, now)  # it is there, only late
         self.conduct.good(view, "ahead")
 
     # --- devices that run ahead ---------------------------------------------------------------

@@ -7,7 +7,7 @@ frames alone; they would be answered from it alone and the other devices' views 
 late. So a view of a frame not yet open opens it only if its device is not running ahead:
 
 * **with peers**: other devices whose views were taken in the last :attr:`RunAhead.active`
-  seconds. The view runs ahead when its frame id leads the lower median of those peers' newest
+  seconds. The view runs ahead when its frame id leads the upper median of those peers' newest
   frame ids by more than :data:`BURST` frames. The median of the *other* devices, so one device
   that runs ahead never sets the reference, and a flagged one is no peer. Holding costs nothing
   where the peers come soon: the view joins the frame they open.
@@ -86,7 +86,7 @@ class RunAhead:
         peers = self.peers(others, now)
         if peers:
             newest = sorted(self.positions[u].newest for u in peers)  # type: ignore[type-var]
-            return frame - newest[(len(newest) - 1) // 2] > BURST
+            return frame - newest[len(newest) // 2] > BURST  # (the upper median)
         if not others or p.newest is None:
             return False  # nobody to run ahead of, or its first view: nothing known of it yet
         return frame - p.newest > p.tokens

@@ -186,9 +186,10 @@ def test_open_frames_are_bounded():
 
 def test_a_device_late_for_most_views_is_systematically_late():
     a = FrameAssembler(2, deadline=0.1)
-    for frame in range(12):
+    for frame in range(12):  # (captured a second apart, like the frames' arrivals)
         # Once it is known to lag past the budget, frames no longer wait for it at all.
-        f = a.add_scores(0, frame, S, 0.0, now=float(frame)) or a.expire(now=frame + 0.2)[0]
+        f = (a.add_scores(0, frame, S, float(frame), now=float(frame))
+             or a.expire(now=frame + 0.2)[0])
         a.finish(f)
         with pytest.raises(Drop):
             a.add_scores(1, frame, S, 0.0, now=frame + 0.3)
