@@ -8,7 +8,6 @@ its 4xx status; anything else is logged with its traceback and answered as a pla
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import zlib
 from contextlib import asynccontextmanager
@@ -21,6 +20,7 @@ from starlette.requests import ClientDisconnect
 from starlette.routing import Route
 
 from ddnn import __version__
+from ddnn.cloud.access import Access
 from ddnn.cloud.bundles import add_bundle_routes
 from ddnn.cloud.service import CloudService
 from ddnn.cloud.settings import CloudSettings
@@ -31,8 +31,6 @@ log = logging.getLogger(__name__)
 
 SERVER_NAME = "ddnn-cloud"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
-# Health checks stay open with a token set: orchestrators probe them without credentials.
-OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
 _INFLATE_CHUNK = 1 << 20
 _TRITON_TYPES = {"BOOL": "TYPE_BOOL", "FP32": "TYPE_FP32", "UINT8": "TYPE_UINT8"}
 INFER_PATHS = ("/v2/models/{model_name}/infer",
@@ -46,29 +44,6 @@ _INFER_DOC = {"requestBody": {"required": True, "description": (
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return Response(error_body(message), status, headers=headers, media_type=JSON_TYPE)
-
-
-class BearerAuth:
-    """ASGI middleware: every path but the health checks needs ``Authorization: Bearer TOKEN``."""
-
-    def __init__(self, app, token: str, on_refuse):
-        self.app = app
-        self.expected = f"Bearer {token}".encode()
-        self.on_refuse = on_refuse
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http" or scope["path"] in OPEN_PATHS:
-            return await self.app(scope, receive, send)
-        given = next((v for k, v in scope["headers"] if k == b"authorization"), b"")
-        if hmac.compare_digest(given, self.expected):
-            return await self.app(scope, receive, send)
-        self.on_refuse()
-        message = "missing bearer token" if not given else "invalid bearer token"
-        client = (scope.get("client") or ("?",))[0]
-        log.warning("refused %s %s from %s: %s", scope.get("method", "?"), scope["path"][:100],
-                    client, message)
-        reply = _error(401, message, {"WWW-Authenticate": 'Bearer realm="ddnn"'})
-        return await reply(scope, receive, send)
 
 
 async def read_body(request: Request, limit: int) -> bytes | bytearray:
@@ -151,9 +126,8 @@ def create_app(settings: CloudSettings) -> FastAPI:
         lifespan=lifespan,
     )
     app.state.service = service
-    if settings.token:
-        app.add_middleware(BearerAuth, token=settings.token,
-                           on_refuse=lambda: service.metrics.error(401))
+    if settings.token or (settings.ssl_ca_certs and settings.ssl_client_roles):
+        app.add_middleware(Access, settings=settings, on_refuse=service.metrics.error)
 
     @app.exception_handler(OipError)
     async def _oip_error(_request: Request, e: OipError) -> Response:

@@ -7,8 +7,8 @@ from ddnn.plumbing.metrics import Registry
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
 
 # Error kinds by HTTP status, so dashboards can tell a client's mistakes from the server's.
-ERROR_KINDS = {400: "bad_request", 401: "unauthorized", 404: "not_found", 405: "bad_method",
-               413: "too_large", 503: "overloaded", 500: "internal"}
+ERROR_KINDS = {400: "bad_request", 401: "unauthorized", 403: "forbidden", 404: "not_found",
+               405: "bad_method", 413: "too_large", 503: "overloaded", 500: "internal"}
 
 
 class CloudMetrics:

@@ -12,6 +12,10 @@ runs, and a client sending a header byte every few seconds holds its connection 
   of the headers — else ``408`` and close — and ``body_timeout`` seconds from there to the end
   of the body, else the connection is closed (the route sees a disconnected client).
 
+It also hands the routes what TLS says of the client, as the ASGI TLS extension
+(``scope["extensions"]["tls"]``, its ``client_cert_name`` in RFC 4514 form): whose client
+certificate this connection presented, for :mod:`ddnn.cloud.access`'s role checks.
+
 Idle keep-alive connections are closed by uvicorn's own ``timeout_keep_alive``. The parser stays
 httptools, the fast one (docs/cloud.md has the measurement); without httptools installed the
 server falls back to h11 with ``h11_max_incomplete_event_size`` (the head bound only).
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from dataclasses import dataclass
 
@@ -65,6 +70,34 @@ def _response(status: int, phrase: str, message: str) -> bytes:
             f"content-length: {len(body)}\r\nconnection: close\r\n\r\n").encode() + body
 
 
+_SHORT = {"commonName": "CN", "organizationalUnitName": "OU", "organizationName": "O",
+          "countryName": "C", "localityName": "L", "stateOrProvinceName": "ST"}
+
+
+def _escape(value: str) -> str:
+    out = "".join("\\" + ch if ch in ',+"\\<>;=' else ch for ch in value)
+    return "\\" + out if out[:1] in ("#", " ") else out
+
+
+def rfc4514(subject) -> str:
+    """The RFC 4514 string of a subject as :meth:`ssl.SSLSocket.getpeercert` gives it."""
+    return ",".join("+".join(f"{_SHORT.get(k, k)}={_escape(v)}" for k, v in rdn)
+                    for rdn in reversed(subject))
+
+
+def tls_extension(transport) -> dict | None:
+    """The ASGI TLS extension of a connection (None over plain TCP): the client certificate,
+    if it presented one that was verified, and its subject."""
+    tls: ssl.SSLObject | None = transport.get_extra_info("ssl_object")
+    if tls is None:
+        return None
+    cert = tls.getpeercert()  # verified (the server asked for it), else None or {}
+    der = tls.getpeercert(binary_form=True) if cert else None
+    return {"server_cert": None, "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der
+            else [], "client_cert_name": rfc4514(cert["subject"]) if cert else None,
+            "client_cert_error": None, "tls_version": None, "cipher_suite": None}
+
+
 def httptools_available() -> bool:
     try:
         import httptools  # noqa: F401
@@ -83,6 +116,7 @@ class _Guard:
         self._in_head = True  # waiting for the end of a request's headers
         self._head_bytes = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._tls: dict | None = None  # the connection's ASGI TLS extension
 
     # --- timers ---------------------------------------------------------------------------
 
@@ -125,6 +159,7 @@ class _Guard:
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
+        self._tls = tls_extension(transport)  # the handshake is over when this is called
         self._arm(self.limits.header_timeout, self._head_timed_out)  # a silent client too
 
     def connection_lost(self, exc) -> None:
@@ -157,6 +192,8 @@ class _Guard:
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self._tls is not None:
+            self.scope["extensions"] = {**self.scope.get("extensions", {}), "tls": self._tls}
         if self._timer is None:  # the first byte of a request after a keep-alive pause
             self._arm(self.limits.header_timeout, self._head_timed_out)
 

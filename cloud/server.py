@@ -33,6 +33,10 @@ def http_options(settings: CloudSettings) -> dict:
         limits = ConnectionLimits(settings.max_header_bytes, settings.header_timeout,
                                   settings.body_timeout)
         return {"http": guarded_protocol(limits)}
+    if settings.ssl_ca_certs and settings.ssl_client_roles:
+        raise ConfigError("checking client certificates' roles (--ssl-client-roles) needs "
+                          "httptools (pip install httptools), which tells the routes whose "
+                          "certificate a connection presented")
     log.warning("httptools is not installed: serving with h11, whose head size is bounded but "
                 "whose header and body read times are not")
     return {"http": "h11", "h11_max_incomplete_event_size": settings.max_header_bytes}

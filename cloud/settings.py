@@ -34,7 +34,9 @@ class CloudSettings:
     header_timeout: float = 10.0  # seconds a client may take to send its request line and headers
     body_timeout: float = 60.0  # seconds from the end of the headers to the end of the body
     keep_alive_timeout: float = 5.0  # an idle keep-alive connection is closed after this
-    token: str | None = None  # require "Authorization: Bearer TOKEN" (health checks exempt)
+    token: str | None = None  # the edges' token: "Authorization: Bearer TOKEN" on every route
+    # The devices' read-only token: bundle downloads only (ddnn.cloud.access), never inference.
+    download_token: str | None = None
     ssl_certfile: Path | None = None  # TLS certificate (PEM); with ssl_keyfile turns on HTTPS
     ssl_keyfile: Path | None = None
     ssl_keyfile_password: str | None = None
@@ -43,6 +45,10 @@ class CloudSettings:
     # that chains to ssl_ca_certs), "optional" (one that is presented must chain to it) or
     # "none" (never asked for). Unset: "required" when ssl_ca_certs is given, else "none".
     ssl_client_cert: str | None = None
+    # With ssl_ca_certs: a client certificate's role (its subject's OU, make-certs.sh) decides
+    # what it may call: edge everything, device bundle downloads only. False: any certificate
+    # of the CA may call what its token allows (a CA that issues no roles).
+    ssl_client_roles: bool = True
     access_log: bool = False  # one log line per request (off: it costs throughput)
     bundle_key: Path | None = None  # Ed25519 public key (PEM): serve only bundles signed by it
 
@@ -72,8 +78,20 @@ class CloudSettings:
         self._check_client_certificates()
         if self.bundle_key is not None and not Path(self.bundle_key).is_file():
             raise ConfigError(f"bundle key {self.bundle_key}: no such file")
-        if self.token is not None and not self.token.strip():
-            raise ConfigError("the bearer token must not be empty")
+        self._check_tokens()
+
+    def _check_tokens(self) -> None:
+        for name in ("token", "download_token"):
+            value = getattr(self, name)
+            if value is not None and not value.strip():
+                raise ConfigError(f"the {name.replace('_', ' ')} must not be empty")
+        if self.download_token is not None:
+            if self.token is None:
+                raise ConfigError("--download-token needs --token: without it every route is "
+                                  "open, and a read-only token means nothing")
+            if self.download_token == self.token:
+                raise ConfigError("--download-token must differ from --token (the devices' "
+                                  "token must not be the edges')")
 
     def _check_client_certificates(self) -> None:
         mode = self.ssl_client_cert
@@ -137,9 +155,12 @@ OPTIONS = (
            "the connection is closed)"),
     Option("keep-alive-timeout", float, "SECONDS",
            "an idle keep-alive connection is closed after this many seconds"),
-    Option("token", str, "TOKEN", "require 'Authorization: Bearer TOKEN' on every route but the "
-                                  "health checks (prefer the environment variable to the flag)",
-           secret=True),
+    Option("token", str, "TOKEN", "the edges' token: require 'Authorization: Bearer TOKEN' on "
+                                  "every route but the health checks (prefer the environment "
+                                  "variable to the flag)", secret=True),
+    Option("download-token", str, "TOKEN",
+           "the devices' read-only token (their --ota-token): good for bundle downloads "
+           "(GET /v1/bundles/...) only, 403 elsewhere; needs --token", secret=True),
     Option("ssl-certfile", path, "FILE", "TLS certificate (PEM); with --ssl-keyfile serves HTTPS"),
     Option("ssl-keyfile", path, "FILE", "TLS private key (PEM)"),
     Option("ssl-keyfile-password", str, "TEXT", "password of the TLS private key", secret=True),
@@ -152,6 +173,11 @@ OPTIONS = (
            "--ssl-ca-certs), optional (one that is presented must chain to it), none (never "
            "asked for); unset: required with --ssl-ca-certs, else none",
            choices=CLIENT_CERT_MODES),
+    Option("ssl-client-roles", boolean, "BOOL",
+           "with --ssl-ca-certs, a client certificate's role (the OU of its subject, "
+           "deploy/make-certs.sh) decides what it may call: OU=edge every route, OU=device bundle "
+           "downloads only, others the health checks only (403); false: any certificate of the "
+           "CA, the token decides"),
     Option("access-log", boolean, "BOOL", "log one line per request"),
     Option("bundle-key", path, "FILE", "Ed25519 public key (PEM): serve only bundles whose "
                                        "manifest it signed (ddnn bundle sign); others are refused "

@@ -2,7 +2,8 @@
 
 A file (``.npz``): ``X`` float32 ``(N, V, 3, H, W)`` in [0, 1]; ``y`` int ``(N, V)``, ``-1`` where a
 view is absent; optional ``label`` int ``(N,)`` (default: the largest label among the present
-views, the MVMC convention); optional ``classes``, the class names. The original MVMC file marks
+views, the MVMC convention; ``-1`` for a sample no view sees, which training skips and evaluation
+counts apart); optional ``classes``, the class names. The original MVMC file marks
 an absent view with label 3: an all-zero image is taken as absent whatever its label says.
 
 A directory (what ``ddnn data import`` writes, for sets larger than memory): ``dataset.json``
@@ -258,13 +259,13 @@ def _labels(path, y, blank, label, classes, num_classes):
     y = np.where(blank, -1, y).astype(np.int64)
     if (y < -1).any():
         raise _fail(path, f"y holds a negative label other than -1: {int(y.min())}")
-    if not (y >= 0).any(axis=1).all():
-        bad = int(np.flatnonzero(~(y >= 0).any(axis=1))[0])
-        raise _fail(path, f"sample {bad} has no present view")
+    # A sample no view saw (every camera blank) is a frame of the scene like any other: it is
+    # kept, its label is -1 (nothing to classify), training skips it and evaluation counts it.
+    unseen = ~(y >= 0).any(axis=1)
     if label is not None:
         if label.shape != (n,) or not np.issubdtype(label.dtype, np.integer):
             raise _fail(path, f"label must be integer with shape ({n},), got {label.shape}")
-        label = label.astype(np.int64)
+        label = np.where(unseen, -1, label).astype(np.int64)
     else:
         label = y.max(axis=1)
     if num_classes is None:
@@ -276,7 +277,7 @@ def _labels(path, y, blank, label, classes, num_classes):
     if num_classes < 2:
         raise _fail(path, "a classifier needs at least two classes")
     top = int(max(label.max(), y.max()))
-    if label.min() < 0 or top >= num_classes:
+    if (label[~unseen] < 0).any() or top >= num_classes:
         raise _fail(path, f"label out of range: classes are 0..{num_classes - 1}, found {top}")
     return y, label, tuple(classes)
 

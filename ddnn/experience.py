@@ -88,7 +88,7 @@ def write_chunk(directory: str | Path, features: np.ndarray, present: np.ndarray
     name = f"{PREFIX}{int(time.time() * 1000)}-{os.getpid()}-{next(_seq)}.npz"
     tmp = directory / f".{name}.tmp"
     with open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez_compressed(f, **arrays)  # binarized features shrink several times
     os.replace(tmp, directory / name)
     return directory / name
 

@@ -10,7 +10,13 @@ to the HTTP callback, the results file and ``GET /v1/results``)::
 ``views`` are the views fused; ``missing`` names each expected view that was not fused and why;
 ``partial`` is true when a view the devices reported was not fused (an absent view, a camera
 that saw nothing, does not make a frame partial); ``degraded`` means a tier the frame needed was
-unreachable. Built, validated and serialised here only; :func:`json_schema` is the schema in the
+unreachable. A frame in which no view was fused — every camera saw nothing — is never classified:
+its ``exit`` is ``"none"`` and its ``class``, ``label`` and ``entropy`` are ``null``::
+
+    {"frame": 18, "class": null, "label": null, "exit": "none", "entropy": null, "views": [],
+     "missing": {"cam0": "absent", "cam1": "absent"}, "partial": false, "degraded": false,
+     "latency_ms": 2.0}
+ Built, validated and serialised here only; :func:`json_schema` is the schema in the
 docs (``docs/result.schema.json``).
 """
 
@@ -27,6 +33,7 @@ from ddnn.errors import DdnnError
 from ddnn.names import is_name
 
 EXITS = ("local", "edge", "cloud")
+NO_EXIT = "none"  # the "exit" of a frame no view was fused in: nobody classified it
 # Why an expected view was not fused: the camera saw nothing; its message came after the frame
 # was answered; its device is offline (last will, or silent for several frames); its features
 # were pulled but never arrived; the edge refused it (its device ran ahead of the others, or
@@ -48,10 +55,10 @@ class Result:
     """One frame's answer; validated on construction."""
 
     frame: int
-    cls: int  # "class" in JSON (a keyword in Python)
-    label: str
+    cls: int | None  # "class" in JSON (a keyword in Python); None when exit is "none"
+    label: str | None
     exit: str
-    entropy: float
+    entropy: float | None
     views: tuple[str, ...]
     missing: Mapping[str, str] = field(default_factory=dict)
     degraded: bool = False
@@ -60,16 +67,12 @@ class Result:
     def __post_init__(self) -> None:
         if type(self.frame) is not int or self.frame < 0:
             raise ResultError("frame must be a non-negative integer")
-        if type(self.cls) is not int or self.cls < 0:
-            raise ResultError("class must be a non-negative integer")
-        if not isinstance(self.label, str) or not self.label:
-            raise ResultError("label must be a non-empty string")
-        if self.exit not in EXITS:
-            raise ResultError(f"exit must be one of {', '.join(EXITS)}")
-        for key in ("entropy", "latency_ms"):
-            v = getattr(self, key)
-            if type(v) not in (int, float) or not 0 <= v < math.inf:
-                raise ResultError(f"{key} must be a non-negative number")
+        if self.exit == NO_EXIT:
+            self._check_unanswered()
+        else:
+            self._check_answer()
+        if type(self.latency_ms) not in (int, float) or not 0 <= self.latency_ms < math.inf:
+            raise ResultError("latency_ms must be a non-negative number")
         if type(self.degraded) is not bool:
             raise ResultError("degraded must be true or false")
         views = tuple(self.views) if isinstance(self.views, list | tuple) else None
@@ -84,6 +87,27 @@ class Result:
         object.__setattr__(self, "views", views)
         object.__setattr__(self, "missing", MappingProxyType(dict(self.missing)))
 
+    def _check_answer(self) -> None:
+        if type(self.cls) is not int or self.cls < 0:
+            raise ResultError("class must be a non-negative integer")
+        if not isinstance(self.label, str) or not self.label:
+            raise ResultError("label must be a non-empty string")
+        if self.exit not in EXITS:
+            raise ResultError(f"exit must be one of {', '.join((*EXITS, NO_EXIT))}")
+        if type(self.entropy) not in (int, float) or not 0 <= self.entropy < math.inf:
+            raise ResultError("entropy must be a non-negative number")
+
+    def _check_unanswered(self) -> None:
+        if self.cls is not None or self.label is not None or self.entropy is not None:
+            raise ResultError(f"a frame with exit {NO_EXIT!r} has null class, label and entropy")
+        if not isinstance(self.views, list | tuple) or self.views:
+            raise ResultError(f"a frame with exit {NO_EXIT!r} fused no view: views must be []")
+
+    @property
+    def answered(self) -> bool:
+        """Whether a tier classified the frame (False: no view was fused, exit "none")."""
+        return self.exit != NO_EXIT
+
     @property
     def partial(self) -> bool:
         """True when a view that had something to report was not fused."""
@@ -91,7 +115,8 @@ class Result:
 
     def to_dict(self) -> dict[str, Any]:
         return {"frame": self.frame, "class": self.cls, "label": self.label, "exit": self.exit,
-                "entropy": round(float(self.entropy), 6), "views": list(self.views),
+                "entropy": None if self.entropy is None else round(float(self.entropy), 6),
+                "views": list(self.views),
                 "missing": dict(self.missing), "partial": self.partial,
                 "degraded": self.degraded, "latency_ms": round(float(self.latency_ms), 3)}
 
@@ -131,6 +156,13 @@ def result_for(*, frame: int, scores: Sequence[float], classes: Sequence[str], e
                   latency_ms=max(float(latency_ms), 0.0))
 
 
+def unanswered(*, frame: int, missing: Mapping[str, str], degraded: bool = False,
+               latency_ms: float = 0.0) -> Result:
+    """The result of a frame in which no view was fused: exit "none", nothing classified."""
+    return Result(frame=frame, cls=None, label=None, exit=NO_EXIT, entropy=None, views=(),
+                  missing=missing, degraded=degraded, latency_ms=max(float(latency_ms), 0.0))
+
+
 def json_schema() -> dict[str, Any]:
     """The JSON schema (draft 2020-12) of one result message."""
     name = {"type": "string", "pattern": "^[a-z0-9][a-z0-9._-]{0,63}$"}
@@ -144,11 +176,15 @@ def json_schema() -> dict[str, Any]:
         "required": list(KEYS),
         "properties": {
             "frame": {"type": "integer", "minimum": 0, "description": "frame id"},
-            "class": {"type": "integer", "minimum": 0, "description": "index into the classes"},
-            "label": {"type": "string", "minLength": 1, "description": "the class's name"},
-            "exit": {"enum": list(EXITS), "description": "the tier that answered"},
-            "entropy": {"type": "number", "minimum": 0,
-                        "description": "normalized entropy of the answering exit"},
+            "class": {"type": ["integer", "null"], "minimum": 0,
+                      "description": "index into the classes; null when no view was fused"},
+            "label": {"type": ["string", "null"], "minLength": 1,
+                      "description": "the class's name; null when no view was fused"},
+            "exit": {"enum": [*EXITS, NO_EXIT],
+                     "description": "the tier that answered; \"none\" when no view was fused"},
+            "entropy": {"type": ["number", "null"], "minimum": 0,
+                        "description": "normalized entropy of the answering exit; null when no "
+                                       "view was fused"},
             "views": {"type": "array", "items": name, "uniqueItems": True,
                       "description": "device ids of the views fused"},
             "missing": {"type": "object", "propertyNames": name,
@@ -161,4 +197,10 @@ def json_schema() -> dict[str, Any]:
             "latency_ms": {"type": "number", "minimum": 0,
                            "description": "capture to result, milliseconds"},
         },
+        # Null class, label and entropy, and no view fused, exactly when nobody classified it.
+        "if": {"properties": {"exit": {"const": NO_EXIT}}},
+        "then": {"properties": {"class": {"type": "null"}, "label": {"type": "null"},
+                                "entropy": {"type": "null"}, "views": {"maxItems": 0}}},
+        "else": {"properties": {"class": {"type": "integer"}, "label": {"type": "string"},
+                                "entropy": {"type": "number"}}},
     }

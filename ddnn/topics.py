@@ -1,6 +1,6 @@
 """MQTT topic names of a deployment, in one place so devices, edge and tools agree.
 
-``{prefix}/{deployment}/devices/{device}/scores|features|status``,
+``{prefix}/{deployment}/devices/{device}/scores|features|status|results``,
 ``{prefix}/{deployment}/gateways/{gateway}/messages|status``,
 ``{prefix}/{deployment}/edges/{edge}/requests|status``, ``{prefix}/{deployment}/results`` and
 ``{prefix}/{deployment}/bundle``. Names are lowercase-safe and never contain MQTT wildcards.
@@ -16,8 +16,10 @@ from dataclasses import dataclass
 from ddnn.errors import ConfigError
 from ddnn.names import check_name, is_name
 
-DEVICE_KINDS = ("scores", "features", "status")
-GATEWAY_KINDS = ("messages", "status")
+# A one-view device's own result goes on its own "results" topic; the edge checks it and
+# publishes it on the deployment's results topic, which only the edge may write.
+DEVICE_KINDS = ("scores", "features", "status", "results")
+GATEWAY_KINDS = ("messages", "status", "results")
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,14 @@ DELIVERY = {
     "bundle": Delivery(qos=1, retain=True, body="announcement"),  # the current version
     "messages": Delivery(qos=1, body="batch"),  # a gateway's scores and features of a frame
 }
+
+
+def may_retain(topic: str) -> bool:
+    """Whether a retained message on ``topic`` can be one of ddnn's: its kind (the last level)
+    is retained (status, bundle) or not one of ddnn's. A retained scores message would be taken
+    again by every edge that subscribes; receivers and the embedded broker drop such ones."""
+    delivery = DELIVERY.get(topic.rsplit("/", 1)[-1])
+    return delivery is None or delivery.retain
 
 
 def subscription(topic: str, kind: str) -> tuple[str, int]:

@@ -134,10 +134,7 @@ class DeviceMetrics:
 
 def uplink_down_for(transport) -> float | None:
     """Seconds the transport has been unable to reach its peer; None while it can."""
-    client = getattr(transport, "client", None)
-    since = getattr(client, "disconnected_since", None) if client is not None else \
-        getattr(transport, "disconnected_since", None)
-    return None if since is None else time.monotonic() - since
+    return transport.down_for()
 
 
 def readiness(service) -> Check:
@@ -147,11 +144,15 @@ def readiness(service) -> Check:
                            "outbox": len(service.outbox), "dropped": service.outbox.dropped})
     if service.refused is not None:
         check.reasons.append(f"the broker refused this device for good: {service.refused}")
-    down = uplink_down_for(service.transport)
+    transport = service.transport
+    down = transport.down_for()
+    check.details["uplink"] = transport.describe()
     if down is not None and down > s.health_grace:
+        why = transport.last_error()
         check.reasons.append(f"uplink unreachable for {down:.0f} s (more than "
                              f"--health-grace {s.health_grace:g} s); messages wait in the "
-                             f"outbox ({len(service.outbox)})")
+                             f"outbox ({len(service.outbox)})"
+                             + (f"; last attempt: {why}" if why else ""))
     if service.updater is not None:
         check.details["bundle"] = service.updater.status()
     source = service.source

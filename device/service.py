@@ -13,17 +13,21 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
+from pathlib import Path
 
 import numpy as np
 
 from ddnn.bundle import Bundle, load_bundle
 from ddnn.device.agent import DeviceAgent
 from ddnn.device.buffer import DELIVERED, Outbox, OutMessage
+from ddnn.device.failover import FailoverTransport
 from ddnn.device.health import DeviceMetrics, DeviceVersionProbe, SourceWatch, monitor
 from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
+from ddnn.device.spool_run import SpoolRun, default_spool_dir
 from ddnn.device.transport import HttpTransport, MqttTransport
 from ddnn.errors import ConfigError
+from ddnn.plumbing.good_version import resume
 from ddnn.plumbing.health import MonitorServer
 from ddnn.plumbing.lifecycle import Lifecycle, Worker
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions
@@ -63,9 +67,11 @@ class DeviceService:
         self.sender = Worker("device-sender", self._send_loop, stop=self._sender_done.set,
                              join=SENDER_JOIN)
         self._send_lock = threading.Lock()
-        self.outbox = Outbox(settings.buffer, settings.spool,
+        self.outbox = Outbox(settings.buffer, None if settings.no_spool else settings.spool,
                              sync_every=settings.spool_sync_every,
-                             sync_interval=settings.spool_sync_ms / 1000)
+                             sync_interval=settings.spool_sync_ms / 1000,
+                             max_bytes=int(settings.buffer_mb * (1 << 20)),
+                             run=spool_run(settings, bundle, source))
         self.metrics = DeviceMetrics()
         self.metrics.bundle.set(1, model=bundle.manifest.name, version=bundle.manifest.version)
         self.http: MonitorServer | None = None  # /metrics, /healthz, /livez (--http-port)
@@ -73,7 +79,7 @@ class DeviceService:
                                  emit=self.deliver)
         self.transport = self._transport()
         # Updates are announced over MQTT.
-        self.updater = self._updater() if isinstance(self.transport, MqttTransport) else None
+        self.updater = self._updater() if self.mqtt is not None else None
         self._clean = True  # False when leaving on an error: a version on probation is condemned
         self.lifecycle = self._lifecycle()
 
@@ -81,16 +87,29 @@ class DeviceService:
     def from_settings(cls, settings: DeviceSettings) -> DeviceService:
         """Load and verify the bundle, check the settings against it, open the frame source."""
         bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
+        # The version it had over the air, unless --bundle is newer.
+        bundle = resume(bundle, tag=settings.device_id, public_key=settings.bundle_key)
         settings = for_bundle(settings, bundle)
         log.info("device config: bundle %s, %s", bundle.ref, settings.describe())
         return cls(settings, bundle, open_source(settings, bundle))
 
-    def _transport(self) -> MqttTransport | HttpTransport:
+    @property
+    def mqtt(self) -> MqttTransport | None:
+        """The MQTT side of the uplink (statuses, peers, updates); None on HTTP alone."""
+        t = self.transport
+        return t.mqtt if isinstance(t, FailoverTransport) else (
+            t if isinstance(t, MqttTransport) else None)
+
+    def _transport(self) -> MqttTransport | HttpTransport | FailoverTransport:
         s = self.settings
+        http = None
+        if s.edge_url:
+            http = HttpTransport(s.edge_url, s.token,
+                                 ca_file=str(s.edge_ca_file) if s.edge_ca_file else None)
         if not s.broker:
-            return HttpTransport(s.edge_url, s.token)
+            return http  # type: ignore[return-value]
         options = MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                              security=s.security)
+                              connect_timeout=s.connect_timeout, security=s.security)
         # "since": when this device came online; replaying peers agree on a start from it.
         status = {"device": s.device_id, "view": s.view, "model": self.bundle.ref,
                   "mode": s.mode, "since": round(time.time(), 3)}
@@ -99,6 +118,9 @@ class DeviceService:
                                   on_bundle=self._on_bundle, on_refused=self._on_refused)
         # A pull repeated after a reconnection is answered again (the agent's de-duplication).
         self.agent.connections = lambda: transport.client.connects
+        if http is not None:  # both: HTTP(S) while the broker is away
+            return FailoverTransport(transport, http, s.failover_after, lambda: dict(
+                model=self.agent.manifest.name, deployment=s.deployment, device=s.device_id))
         return transport
 
     def _updater(self) -> BundleUpdater:
@@ -124,7 +146,8 @@ class DeviceService:
             parts.add("bundle updater", self.updater,
                       stop=lambda: self.updater.stop(clean=self._clean))
         parts.add("outbox", stop=self._close_outbox)
-        parts.add("mqtt" if isinstance(self.transport, MqttTransport) else "http fallback",
+        parts.add({MqttTransport: "mqtt", HttpTransport: "http fallback",
+                   FailoverTransport: "mqtt+http failover"}[type(self.transport)],
                   self.transport)
         parts.add("sender", self.sender)
         return parts
@@ -176,26 +199,25 @@ class DeviceService:
         self.agent.swap(BundleRuntime(bundle, threads=self.settings.threads))
         self.metrics.bundle.set(0, model=old.name, version=old.version)
         self.metrics.bundle.set(1, model=bundle.manifest.name, version=bundle.manifest.version)
-        if isinstance(self.transport, MqttTransport):
-            self.transport.update_status(model=bundle.ref)
+        if self.mqtt is not None:
+            self.mqtt.update_status(model=bundle.ref)
 
     def _rolled_back(self, ref: str, why: str) -> None:
         """A version failed its probation (or a crash during it): counted, and in the retained
         status until an update succeeds."""
         self.metrics.bundle_updates.inc(result="rolled_back")
-        if isinstance(self.transport, MqttTransport):
-            self.transport.update_status(rolled_back_from=ref, ota_error=why[:300])
+        if self.mqtt is not None:
+            self.mqtt.update_status(rolled_back_from=ref, ota_error=why[:300])
 
     def _update_result(self, ok: bool | None) -> None:
         """Count an update's outcome (None: a fetch to retry); a refusal is also in the
         retained status (``ota_error``), beside the version that keeps running."""
         self.metrics.bundle_updates.inc(result={True: "applied", False: "refused",
                                                 None: "retry"}[ok])
-        if ok is not None and self.updater is not None and isinstance(self.transport,
-                                                                      MqttTransport):
+        if ok is not None and self.updater is not None and self.mqtt is not None:
             error = self.updater.last_error if not ok else None
             cleared = {"rolled_back_from": None} if ok else {}  # a newer version applied
-            self.transport.update_status(ota_error=error[:300] if error else None, **cleared)
+            self.mqtt.update_status(ota_error=error[:300] if error else None, **cleared)
 
     # --- sending -----------------------------------------------------------------------------
 
@@ -245,8 +267,12 @@ class DeviceService:
         s = self.settings
         if s.start_at is not None or s.wait_peers <= 0:
             return s.start_at
-        if not self.transport.wait_peers(list(s.peers), s.wait_peers):
-            log.warning("not every peer came online within %.0f s; starting now", s.wait_peers)
+        log.info("waiting up to %g s for the edge %s and the devices %s to be online",
+                 s.wait_peers, s.edge_id, ",".join(s.peers))
+        if not self.transport.wait_peers(list(s.peers), s.wait_peers, self.stop_event):
+            if not self.stop_event.is_set():
+                log.warning("not every peer came online within %.0f s; starting now",
+                            s.wait_peers)
             return None
         start = getattr(self.transport, "agreed_start", lambda peers: None)(list(s.peers))
         if start is not None:
@@ -295,11 +321,25 @@ def for_bundle(settings: DeviceSettings, bundle: Bundle) -> DeviceSettings:
         raise ConfigError(f"--view {settings.view} is outside the bundle's views "
                           f"0..{m.views - 1}")
     mode = settings.mode
-    if not settings.broker and mode == "pull" and m.views > 1:
-        log.info("HTTP fallback has no pull channel: using push mode")
+    if settings.edge_url and mode == "pull" and m.views > 1:
+        log.info("the HTTP path%s has no pull channel: using push mode",
+                 " (failover)" if settings.broker else "")
         mode = "push"
     peers = settings.peers or tuple(default_device_ids(m.views))
-    return dataclasses.replace(settings, mode=mode, peers=peers)
+    spool = settings.spool
+    if spool is None and not settings.no_spool:
+        spool = default_spool_dir(settings.deployment, settings.device_id)
+    return dataclasses.replace(settings, mode=mode, peers=peers, spool=spool)
+
+
+def spool_run(settings: DeviceSettings, bundle: Bundle, source: Source | None) -> SpoolRun:
+    """Who writes the spool: what a restart of this run sends again, and nothing else."""
+    s = settings
+    where = (f"data:{Path(s.data).resolve()}" if s.data is not None else
+             f"images:{Path(s.images).resolve()}" if s.images is not None else
+             f"camera:{s.camera}")
+    return SpoolRun(s.deployment, s.device_id, bundle.ref, where,  # type: ignore[arg-type]
+                    replayed=getattr(source, "replayed", None))
 
 
 def open_source(settings: DeviceSettings, bundle: Bundle) -> Source:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing.health import MonitorHttp
-from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity
+from ddnn.plumbing.mqtt import CONNECT_TIMEOUT_OPTION, SECURITY_OPTIONS, BrokerUrl, MqttSecurity
 from ddnn.plumbing.options import Option, bind, boolean, describe, grouped, id_list, path
 from ddnn.plumbing.ota_settings import (
     BUNDLE_KEY_OPTION,
@@ -49,8 +50,10 @@ class DeviceSettings:
     bundle_key: Path | None = None  # Ed25519 public key: run only bundles signed by it
     updates: UpdatePolicy = UpdatePolicy(probation=60.0)  # which over-the-air versions apply
     update_source: UpdateSource = UpdateSource()  # where over-the-air bundles come from
-    edge_url: str | None = None  # the HTTP fallback: the edge's http://host:port
-    token: str | None = None  # bearer token for the HTTP fallback
+    edge_url: str | None = None  # the edge's HTTP ingest: without a broker, or its failover
+    token: str | None = None  # bearer token for the HTTP path
+    edge_ca_file: Path | None = None  # CA that signed the edge's HTTPS certificate
+    failover_after: float = 30.0  # seconds without the broker before the HTTP path takes over
     device_id: str | None = None  # the id in topics and messages; None: cam0, cam1, ... by view
     deployment: str = "default"  # deployments sharing a broker are kept apart by topic
     edge_id: str = "edge0"  # whose feature pulls to answer
@@ -67,7 +70,9 @@ class DeviceSettings:
     limit: int | None = None  # stop after this many frames
     start: int = 0  # first frame index of a replay
     buffer: int = 10_000  # messages held while the uplink is away; the oldest dropped when full
-    spool: Path | None = None  # keep the outbox on disk too, so a restart loses nothing
+    spool: Path | None = None  # the on-disk outbox; None: the default place (spool_run.py)
+    no_spool: bool = False  # keep the outbox in memory only
+    buffer_mb: float = 64.0  # the outbox's bound in MiB (memory and spool)
     spool_sync_every: int = 64  # fsync the spool after this many messages ...
     spool_sync_ms: float = 200.0  # ... or when the oldest unsynced one is this old
     keep: int = 1024  # frames whose features are kept for pulls (covers a broker outage)
@@ -76,6 +81,7 @@ class DeviceSettings:
     local_threshold: float | None = None  # one-view bundles: override the local exit threshold
     keepalive: int = 10  # MQTT keepalive seconds; the broker declares us offline after 1.5x
     reconnect_max: int = 30  # cap of the reconnection backoff, seconds
+    connect_timeout: float = 10.0  # seconds for TCP, TLS and the CONNACK, each
     wait_peers: float = 30.0  # replays: seconds to wait for the edge and the peers; 0: do not
     peers: tuple[str, ...] = ()  # devices to wait for; empty: every view's default id
     start_at: float | None = None  # Unix time of the first frame: cameras triggered together
@@ -112,22 +118,26 @@ class DeviceSettings:
             raise ConfigError(f"bundle key {self.bundle_key}: no such file")
         if self.token is not None and not self.token.strip():
             raise ConfigError("the bearer token must not be empty")
+        self._check_http_path()
         if self.after_send != "keep" and self.images is None:
             raise ConfigError("--after-send applies to --images only")
         if self.follow and self.images is None:
             raise ConfigError("--follow applies to --images only")
+        if self.no_spool and self.spool is not None:
+            raise ConfigError("--spool and --no-spool exclude each other")
         after_send_mode(self.after_send)
         src = self.update_source
-        if (src.token or src.ca_file) and src.origin is None:
-            raise ConfigError("--ota-token and --ota-ca-file need --ota-origin (a token is "
-                              "sent to that origin only)")
+        if (src.token or src.ca_file or src.cert_file) and src.origin is None:
+            raise ConfigError("--ota-token, --ota-ca-file and --ota-cert-file need --ota-origin "
+                              "(a token and a certificate go to that origin only)")
         self._check_numbers()
 
     def _check_numbers(self) -> None:
         at_least = {"buffer": 1, "keep": 1, "threads": 1, "reconnect_max": 1, "start": 0,
                     "keepalive": 0, "fps": 0, "grace": 0, "wait_peers": 0,
                     "spool_sync_every": 1, "spool_sync_ms": 0, "camera_retries": 0,
-                    "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0}
+                    "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0,
+                    "connect_timeout": 0.1, "buffer_mb": 0.01, "failover_after": 0.1}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
@@ -140,6 +150,24 @@ class DeviceSettings:
             raise ConfigError(f"drain_timeout must be above 0, got {self.drain_timeout}")
         if self.local_threshold is not None and not 0 <= self.local_threshold <= 1:
             raise ConfigError(f"local_threshold must be in 0..1, got {self.local_threshold}")
+
+    def _check_http_path(self) -> None:
+        """Options of the HTTP path that would be ignored are refused, never dropped."""
+        if self.edge_url is None:
+            unused = [f for f, v in (("--token", self.token), ("--edge-ca-file",
+                                                                 self.edge_ca_file)) if v]
+            if unused:
+                raise ConfigError(f"{' and '.join(unused)}: used on the HTTP path only, "
+                                  "which needs --edge-url")
+            return
+        u = urllib.parse.urlsplit(self.edge_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ConfigError(f"--edge-url {self.edge_url!r} must be http(s)://host[:port]")
+        if self.edge_ca_file is not None:
+            if u.scheme != "https":
+                raise ConfigError("--edge-ca-file needs an https:// --edge-url")
+            if not Path(self.edge_ca_file).is_file():
+                raise ConfigError(f"edge CA file {self.edge_ca_file}: no such file")
 
     def describe(self) -> dict:
         """The resolved settings for the start-up log: secrets masked, the broker's password
@@ -161,8 +189,16 @@ OPTIONS = (
     *grouped("updates", UPDATE_OPTIONS),
     *grouped("update_source", SOURCE_OPTIONS),
     Option("edge-url", str, "URL",
-           "HTTP fallback when no --broker: the edge's http://host:port (push mode only)"),
-    Option("token", str, "TOKEN", "bearer token for the HTTP fallback", secret=True),
+           "the edge's HTTP ingest, http(s)://host:port (push mode only): the uplink without "
+           "--broker; with it, the failover while the broker is unreachable"),
+    Option("token", str, "TOKEN", "bearer token for the HTTP path (needs --edge-url)",
+           secret=True),
+    Option("edge-ca-file", path, "FILE",
+           "CA certificate that signed the edge's HTTPS certificate (an https:// --edge-url; "
+           "unset: the system's CAs)"),
+    Option("failover-after", float, "SECONDS",
+           "with --broker and --edge-url: seconds the broker may be unreachable before frames "
+           "go over HTTP(S); back to MQTT once it returns"),
     Option("device-id", str, "ID",
            "this device's id in topics and messages (unset: cam0, cam1, ... by view)"),
     Option("deployment", str, "NAME",
@@ -193,9 +229,15 @@ OPTIONS = (
     Option("start", int, "N", "first frame index of a replay"),
     Option("buffer", int, "N",
            "messages held while the broker is unreachable; the oldest is dropped when full"),
+    Option("buffer-mb", float, "MB",
+           "... and MiB of them at most, in memory and in the spool (the oldest is dropped)"),
     Option("spool", path, "DIR",
-           "directory to keep the outbox on disk until the broker acknowledged each message, "
-           "so a crash or restart loses nothing (delivery at least once)"),
+           "the outbox on disk: a message stays there until the broker acknowledged it, so a "
+           "crash or restart of this run loses nothing (at least once); unset: "
+           "$STATE_DIRECTORY, else $XDG_STATE_HOME/ddnn, else ~/.local/state/ddnn, then "
+           "spool/DEPLOYMENT/DEVICE_ID"),
+    Option("no-spool", boolean, "BOOL",
+           "keep the outbox in memory only: a crash or restart loses what waits in it"),
     Option("spool-sync-every", int, "N",
            "fsync the spool after this many new messages (1: every message)"),
     Option("spool-sync-ms", float, "MS",
@@ -211,6 +253,7 @@ OPTIONS = (
            "MQTT keepalive seconds; the broker declares the device offline after 1.5x"),
     Option("reconnect-max", int, "S",
            "longest wait in seconds between reconnection attempts (exponential backoff)"),
+    CONNECT_TIMEOUT_OPTION,
     Option("wait-peers", float, "S",
            "replays: wait up to this many seconds for the edge and --peers to be online, then "
            "start together with them (at the moment the last came online, plus a second); "

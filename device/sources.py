@@ -48,6 +48,11 @@ class NpzReplay:
     def __len__(self) -> int:
         return len(self._range)
 
+    @property
+    def replayed(self) -> range:
+        """The frame ids this replay produces (a restart produces them again)."""
+        return self._range
+
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         yield from zip(self._range, self._images, strict=True)
 
@@ -102,6 +107,12 @@ class ImageFolder:
 
     def __len__(self) -> int:
         return len(self.files)
+
+    @property
+    def replayed(self) -> range | None:
+        """The frame ids of a folder read once (by position: a restart produces them again);
+        None when followed (ids from modification times, never repeated)."""
+        return None if self.follow else range(len(self.files))
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
         if self.follow:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ddnn.device.buffer import OutMessage
+from ddnn.device.spool_run import SpoolLock, SpoolRun, adopt
 from ddnn.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,7 @@ class _Segment:
     done: Path
     outstanding: set[int] = field(default_factory=set)
     done_fd: int | None = None
+    size: int = 0  # bytes of its log
 
     def close(self) -> None:
         if self.done_fd is not None:
@@ -88,18 +90,23 @@ class Spool:
     calls it under its lock).
 
     After construction :attr:`recovered` holds the messages a previous process left undone,
-    oldest first, and :attr:`next_seq` the first sequence number that is free.
+    oldest first, and :attr:`next_seq` the first sequence number that is free. With ``run``
+    (:mod:`~ddnn.device.spool_run`) the spool is locked for this process and keeps only what
+    that run sends again.
     """
 
     def __init__(self, directory: str | Path, *, sync_every: int = 64,
-                 sync_interval: float = 0.2, segment_bytes: int = 4 << 20):
+                 sync_interval: float = 0.2, segment_bytes: int = 4 << 20,
+                 run: SpoolRun | None = None):
         if sync_every < 1 or sync_interval < 0:
             raise ConfigError("the spool syncs every N >= 1 messages or T >= 0 seconds")
         self.dir = Path(directory)
         self.dir.mkdir(parents=True, exist_ok=True)
+        self._lock = SpoolLock(self.dir) if run is not None else None
         self.sync_every, self.sync_interval = sync_every, sync_interval
         self.segment_bytes = segment_bytes
         self.syncs = 0  # fsyncs made (for tests and the exit summary)
+        self.bytes = 0  # bytes of the segments on disk
         self._segments: dict[int, _Segment] = {}
         self._starts: list[int] = []  # first seq of every segment, ascending
         self._active: _Segment | None = None
@@ -111,6 +118,11 @@ class Spool:
         self.recovered: list[tuple[int, OutMessage]] = []
         self.next_seq = 0
         self._recover()
+        if run is not None:
+            self.recovered = adopt(self, run)
+        if self.recovered:
+            log.info("spool: %d unacknowledged messages recovered from %s; sending them again "
+                     "(at least once: the edge drops duplicates)", len(self.recovered), self.dir)
 
     # --- recovery ---------------------------------------------------------------------------
 
@@ -134,9 +146,6 @@ class Spool:
             self.sync()
             for f in self.dir.glob("*.msg"):
                 f.unlink(missing_ok=True)
-        if self.recovered:
-            log.info("spool: %d unacknowledged messages recovered from %s; sending them again "
-                     "(at least once: the edge drops duplicates)", len(self.recovered), self.dir)
 
     def _recover_segment(self, first: int, path: Path) -> None:
         data = path.read_bytes()
@@ -150,7 +159,7 @@ class Spool:
         if done_path.exists():
             raw = done_path.read_bytes()
             done = {_SEQ.unpack_from(raw, i)[0] for i in range(0, len(raw) - 7, _SEQ.size)}
-        seg = _Segment(first, path, done_path)
+        seg = _Segment(first, path, done_path, size=len(data))
         for seq, msg in records:
             self.next_seq = max(self.next_seq, seq + 1)
             if seq not in done:
@@ -159,6 +168,7 @@ class Spool:
         if seg.outstanding:
             self._segments[first] = seg
             self._starts.append(first)
+            self.bytes += seg.size
         else:
             self._remove(seg)
 
@@ -200,6 +210,8 @@ class Spool:
         record = _encode(seq, msg)
         os.write(self._fd, record)  # type: ignore[arg-type]
         self._size += len(record)
+        self._active.size += len(record)  # type: ignore[union-attr]
+        self.bytes += len(record)
         self._active.outstanding.add(seq)  # type: ignore[union-attr]
         self.next_seq = max(self.next_seq, seq + 1)
         if self._unsynced == 0:
@@ -246,6 +258,7 @@ class Spool:
     def _forget(self, seg: _Segment) -> None:
         del self._segments[seg.first]
         self._starts.remove(seg.first)
+        self.bytes -= seg.size
         self._remove(seg)
 
     @staticmethod
@@ -262,3 +275,5 @@ class Spool:
             self._fd = None
         for seg in self._segments.values():
             seg.close()
+        if self._lock is not None:
+            self._lock.release()

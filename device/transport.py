@@ -1,4 +1,5 @@
-"""How a device reaches its edge: MQTT (the normal case) or HTTP POSTs (no broker configured).
+"""How a device reaches its edge: MQTT (the normal case) or HTTP(S) POSTs (no broker configured;
+with one, :mod:`~ddnn.device.failover` switches between the two).
 
 Both take :class:`~ddnn.device.buffer.OutMessage` from :class:`~ddnn.device.service.DeviceService`,
 one at a time, oldest first. ``send`` returns False when the message could not be handed over
@@ -37,6 +38,8 @@ class PubackReceipt:
             self._transport.collect_acks()
         return self.acked
 
+STOP_CHECK = 0.1  # seconds between two looks at the stop flag while waiting for peers
+
 # Seconds between the last peer coming online and the agreed replay start: time for its status
 # to reach every device through the broker, with room for a busy machine.
 START_MARGIN = 1.0
@@ -66,7 +69,8 @@ class MqttTransport:
             ("scores", topics.device(device_id, "scores"), "scores"),
             ("absent", topics.device(device_id, "scores"), "scores"),
             ("features", topics.device(device_id, "features"), "features"),
-            ("results", topics.results, "results"))}
+            # A one-view device's own result: to the edge, which publishes it (broker ACL).
+            ("results", topics.device(device_id, "results"), "results"))}
         self._requests = topics.requests(edge_id)
         self._edge_status = topics.edge_status(edge_id)
         options.subscriptions = [subscription(self._requests, "requests"),
@@ -125,6 +129,21 @@ class MqttTransport:
     def connected(self) -> bool:
         return self.client.connected.is_set()
 
+    def down_for(self) -> float | None:
+        """Seconds since the broker was lost (or this device started); None while connected."""
+        since = self.client.disconnected_since
+        return None if since is None else time.monotonic() - since
+
+    def last_error(self) -> str | None:
+        """Why the last attempt to connect failed; None once connected."""
+        return self.client.attempts.last_error
+
+    def describe(self) -> dict:
+        """For /healthz: where the uplink goes and how it fares."""
+        return {"via": "mqtt", "broker": str(self.client.url), "connected": self.connected,
+                "failed_attempts": self.client.attempts.failures,
+                "last_error": self.last_error()}
+
     def can_send(self) -> bool:
         return self.connected and self.client.pending() < self.max_pending
 
@@ -156,12 +175,18 @@ class MqttTransport:
         """Everything handed over has been acknowledged by the broker."""
         return self.client.pending() == 0
 
-    def wait_peers(self, devices: list[str], timeout: float) -> bool:
-        """Block until the edge and every listed device announce themselves online."""
+    def wait_peers(self, devices: list[str], timeout: float, stop: threading.Event) -> bool:
+        """Block until the edge and every listed device announce themselves online; False after
+        ``timeout`` seconds, or soon after ``stop`` is set (a SIGTERM must not wait them out)."""
         wanted = [*devices, f"edge:{self.edge_id}"]
+        deadline = time.monotonic() + timeout
         with self._peers_changed:
-            return self._peers_changed.wait_for(
-                lambda: all(self.peers.get(p) == "online" for p in wanted), timeout)
+            while not all(self.peers.get(p) == "online" for p in wanted):
+                left = deadline - time.monotonic()
+                if left <= 0 or stop.is_set():
+                    return False
+                self._peers_changed.wait(min(left, STOP_CHECK))
+        return True
 
     def agreed_start(self, devices: list[str]) -> float | None:
         """The replay start every device of ``devices`` computes alike: the moment the last of
@@ -190,11 +215,12 @@ class HttpTransport:
     There is no channel for the edge to pull features, so a device on HTTP runs in push mode.
     """
 
-    def __init__(self, edge_url: str, token: str | None = None, timeout: float = 5.0):
+    def __init__(self, edge_url: str, token: str | None = None, timeout: float = 5.0,
+                 ca_file: str | None = None):
         # Imported here: urllib3 costs an MQTT device 2.5 MiB it never uses.
         from ddnn.plumbing.http import KeepAliveConnection
 
-        self._edge = KeepAliveConnection(edge_url, "edge", timeout)
+        self._edge = KeepAliveConnection(edge_url, "edge", timeout, ca_file)
         self._headers = {"Content-Type": "application/octet-stream"}
         if token:
             self._headers["Authorization"] = f"Bearer {token}"
@@ -202,6 +228,7 @@ class HttpTransport:
         self.connected = False
         self.disconnected_since: float | None = None  # monotonic: the edge became unreachable
         self.refused = 0  # messages the edge refused (4xx other than "later"): dropped
+        self.last_failure: str | None = None  # why the last send failed; None after a success
         self._refusals_log = LogThrottle(every=1000)
 
     def start(self) -> None:
@@ -231,6 +258,7 @@ class HttpTransport:
             log.info("edge %s reachable over HTTP", edge.netloc)
         self.connected = True
         self.disconnected_since = None
+        self.last_failure = None
         self._backoff.succeeded()
         if status >= 400:  # the edge refused this message itself: resending cannot help
             self.refused += 1
@@ -243,6 +271,7 @@ class HttpTransport:
         if self.connected or self._backoff.failures == 0:
             log.warning("%s; keeping the message and retrying with backoff", why)
         self.connected = False
+        self.last_failure = why
         if self.disconnected_since is None:
             self.disconnected_since = time.monotonic()
         self._backoff.failed()
@@ -251,8 +280,19 @@ class HttpTransport:
     def idle(self) -> bool:
         return True
 
-    def wait_peers(self, devices: list[str], timeout: float) -> bool:
+    def wait_peers(self, devices: list[str], timeout: float, stop: threading.Event) -> bool:
         return True
+
+    def down_for(self) -> float | None:
+        since = self.disconnected_since
+        return None if since is None else time.monotonic() - since
+
+    def last_error(self) -> str | None:
+        return self.last_failure
+
+    def describe(self) -> dict:
+        return {"via": "http", "edge": self._edge.url, "connected": self.connected,
+                "failed_attempts": self._backoff.failures, "last_error": self.last_failure}
 
     def stop(self) -> None:
         self._edge.close()

@@ -20,20 +20,22 @@ from dataclasses import dataclass, field
 
 from ddnn.bundle import Manifest
 from ddnn.edge.assembler import Frame, FrameAssembler
+from ddnn.edge.audit import ExitAudit, report_to
 from ddnn.edge.cloud_client import CloudClient
 from ddnn.edge.cloud_stage import CloudStage
 from ddnn.edge.conduct import ConductReport
 from ddnn.edge.fanout import ResultFanout
 from ddnn.edge.ingest import Ingest
 from ddnn.edge.metrics import EdgeMetrics
-from ddnn.edge.pipeline import Exit, ExitPipeline
+from ddnn.edge.pipeline import Exit, ExitPipeline, ToCloud
 from ddnn.edge.pulls import FeaturePulls
+from ddnn.edge.recorder import ExperienceRecorder
 from ddnn.edge.scheduler import FrameScheduler
 from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import ResultSink
 from ddnn.plumbing.lifecycle import Lifecycle
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.result import Result, result_for
+from ddnn.result import Result, result_for, unanswered
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics
 
@@ -52,6 +54,8 @@ class EdgeSnapshot:
     manifest: Manifest  # of the bundle new frames run on
     thresholds: Mapping[str, float] = field(default_factory=dict)  # the exit thresholds in force
     flagged_devices: dict[str, list[str]] = field(default_factory=dict)  # device -> why
+    drift: Mapping | None = None  # the exits checked against the cloud (None: not monitored)
+    drift_reason: str | None = None  # why the drift alarm is up (None: it is not)
 
     @property
     def single_view(self) -> bool:
@@ -84,15 +88,19 @@ class EdgeAggregator:
         self.pipeline = self._pipeline(runtime)
         self.fanout = ResultFanout(sinks, metrics, s.expect_frames)
         self.recent, self.done = self.fanout.recent, self.fanout.done
+        self.audit = (ExitAudit(s.drift, lambda: self.pipeline, **report_to(metrics, s.drift))
+                      if s.drift.monitoring else ExitAudit.off())
+        self.recorder = (ExperienceRecorder.counted(s.recording, metrics.learning)
+                         if s.recording.directory is not None else None)
         self.cloud_stage = CloudStage(cloud, metrics, batch=s.cloud_link.batch,
-                                      answer=self._answer)
+                                      answer=self._answer, taught=self._taught)
         self.cloud = cloud
         self.pulls = (FeaturePulls(publish, topics.requests(s.edge_id), metrics,
                                    lambda: self.manifest) if publish is not None else None)
         self.scheduler = FrameScheduler(
             self.assembler, metrics, pipeline=lambda: self.pipeline, answer=self._answer,
             request=self.pulls.request if self.pulls else None, to_cloud=self.cloud_stage.put,
-            connected=connected, tick=self._tick)
+            connected=connected, tick=self._tick, audit=self.audit)
         self.ingest = Ingest(
             self.assembler, topics, self.devices, m, on_ready=self.scheduler.ready,
             on_received=metrics.received, on_drop=self._dropped, on_status=self._status,
@@ -139,7 +147,8 @@ class EdgeAggregator:
             late_devices=tuple(self.devices[v] for v in self.assembler.late_views()),
             manifest=self.manifest, thresholds=dict(self.pipeline.policy.thresholds),
             flagged_devices={self.devices[v]: why
-                             for v, why in self.assembler.flagged().items()})
+                             for v, why in self.assembler.flagged().items()},
+            drift=self.audit.status(), drift_reason=self.audit.reason())
 
     def accept(self, payload: bytes, device: str | None = None) -> str | None:
         """One device message from outside MQTT (HTTP ingest): the drop reason, or None."""
@@ -176,6 +185,7 @@ class EdgeAggregator:
         old, m = self.manifest, runtime.manifest
         self.pipeline = self._pipeline(runtime)
         self.ingest.serve(m)
+        self.audit.reset()  # another bundle: its exits are checked afresh
         self.metrics.bundle.set(0, model=old.name, version=old.version)
         self.metrics.bundle.set(1, model=m.name, version=m.version)
 
@@ -205,26 +215,42 @@ class EdgeAggregator:
 
     # --- results --------------------------------------------------------------------------------
 
-    def _answer(self, f: Frame, answer: Exit, degraded: bool = False, *, step: str) -> None:
-        """Publish ``answer`` as ``f``'s result; ``step``: the stage of the latency breakdown
-        that ends here (local, edge or cloud: from the frame's last view, its features, or its
-        hand-over to the cloud thread to its result handed to the sinks)."""
-        classes = (f.pipeline or self.pipeline).classes
+    def _answer(self, f: Frame, answer: Exit | None, degraded: bool = False, *, step: str,
+                finish: bool = True) -> None:
+        """Publish ``answer`` as ``f``'s result (None: no view was fused); ``step``: the stage
+        of the latency breakdown that ends here (local, edge or cloud: from the frame's last
+        view, its features, or its hand-over to the cloud thread to its result handed to the
+        sinks). ``finish`` False: the frame goes on up, answered (an audit,
+        :mod:`ddnn.edge.audit`)."""
         latency = max(time.time() - f.captured, 0.0)
-        missing = self.assembler.why_missing(f, answer.views)
-        result = result_for(frame=f.id, scores=answer.scores.tolist(), classes=classes,
-                            exit=answer.tier, entropy=answer.entropy,
-                            views=[self.devices[v] for v in answer.views],
-                            missing={self.devices[v]: why for v, why in missing.items()},
-                            degraded=degraded, latency_ms=latency * 1000)
+        missing = self.assembler.why_missing(f, answer.views if answer else ())
+        why = {self.devices[v]: reason for v, reason in missing.items()}
+        if answer is None:  # no view was fused: nothing to classify (the result says so)
+            result = unanswered(frame=f.id, missing=why, latency_ms=latency * 1000)
+        else:
+            result = result_for(frame=f.id, scores=answer.scores.tolist(),
+                                classes=(f.pipeline or self.pipeline).classes, exit=answer.tier,
+                                entropy=answer.entropy,
+                                views=[self.devices[v] for v in answer.views], missing=why,
+                                degraded=degraded, latency_ms=latency * 1000)
         self.publish_result(result)
         handed = time.monotonic()
         # The bookkeeping after the result is out (a bad result leaves the frame unanswered).
-        self.assembler.finish(f)
+        if finish:
+            self.assembler.finish(f)
         self.metrics.stage.observe(handed - f.ready_at, stage=step)
-        self.metrics.frames.inc(exit=answer.tier, degraded=str(degraded).lower())
-        self.metrics.latency.observe(latency, exit=answer.tier)
+        self.metrics.frames.inc(exit=result.exit, degraded=str(degraded).lower())
+        self.metrics.latency.observe(latency, exit=result.exit)
         self.metrics.observe_computed()
+
+    def _taught(self, f: Frame, sent: ToCloud, answer: Exit) -> None:
+        """The cloud answered a frame (forwarded or audited): its answer checks the early
+        exits, and is the label of the experience recorded."""
+        self.audit.observe(f, sent, answer)
+        if self.recorder is not None and f.pipeline is not None:
+            self.recorder.put(f.pipeline.manifest,  # type: ignore[attr-defined]
+                              {v: f.features[v] for v in answer.views if v in f.features},
+                              f.scores, answer.scores)
 
     def publish_result(self, result: Result) -> None:
         """Send one result to every sink (the edge's own, or a one-view device's posted over
@@ -252,6 +278,9 @@ class EdgeAggregator:
         parts.add("cloud client", stop=self.cloud_stage.close)
         parts.add("counts", stop=self.ingest.flush)
         parts.add("segments", start=load)
+        parts.add("drift audit", start=self.audit.reset)
+        if self.recorder is not None:
+            parts.add("edge-experience", self.recorder)
         parts.add("edge-worker", self.scheduler.worker)
         parts.add("edge-cloud", self.cloud_stage.worker)
         return parts

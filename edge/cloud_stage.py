@@ -6,6 +6,10 @@ Open Inference Protocol (:class:`~ddnn.edge.cloud_client.CloudClient`), and answ
 from the cloud's scores. When the cloud cannot answer (none configured, unreachable, broken
 scores, a version it does not serve), each frame is answered from the edge's own exit,
 flagged ``degraded``: a frame is never lost to the cloud.
+
+An *audited* frame (``ToCloud.audit``, :mod:`ddnn.edge.audit`) was answered by an early exit
+already: the cloud's answer only goes to the ``taught`` hook, like every answer the cloud gives
+(the drift monitor and the experience recorder learn from them); without one, nothing is lost.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import numpy as np
 from ddnn.edge.assembler import DONE, Frame
 from ddnn.edge.cloud_client import CloudClient, CloudError, UnknownVersion
 from ddnn.edge.metrics import EdgeMetrics
-from ddnn.edge.pipeline import ExitPipeline, ToCloud
+from ddnn.edge.pipeline import Exit, ExitPipeline, ToCloud
 from ddnn.plumbing.lifecycle import Worker
 from ddnn.plumbing.throttle import LogThrottle
 
@@ -29,15 +33,18 @@ log = logging.getLogger(__name__)
 
 
 class CloudStage:
-    """Frames for the cloud in, answers out through ``answer(frame, exit, degraded, step=)``.
+    """Frames for the cloud in, answers out through ``answer(frame, exit, degraded, step=)``;
+    ``taught(frame, sent, exit)`` sees every answer the cloud gave, audits included.
 
     ``cloud`` None: every frame is answered from the edge exit, degraded.
     """
 
     def __init__(self, cloud: CloudClient | None, metrics: EdgeMetrics, *, batch: int,
-                 answer: Callable[..., None]):
+                 answer: Callable[..., None],
+                 taught: Callable[[Frame, ToCloud, Exit], None] | None = None):
         self.cloud, self.metrics, self.batch = cloud, metrics, batch
         self._answer = answer
+        self._taught = taught or (lambda f, sent, answer: None)
         self._queue: queue.SimpleQueue[tuple[Frame, ToCloud]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._unknown = LogThrottle()  # a version the cloud does not serve: one line each
@@ -86,10 +93,13 @@ class CloudStage:
         scores = self._call(sent, version)
         if scores is None:  # no cloud: the best answer this edge has is its own, degraded
             for f, s in items:
-                self._answer(f, s.fallback, degraded=True, step="cloud")
+                if not s.audit:  # (an audited frame has its answer)
+                    self._answer(f, s.fallback, degraded=True, step="cloud")
             return
-        for (f, _), answer in zip(items, ExitPipeline.cloud(scores, sent), strict=True):
-            self._answer(f, answer, step="cloud")
+        for (f, s), answer in zip(items, ExitPipeline.cloud(scores, sent), strict=True):
+            if not s.audit:
+                self._answer(f, answer, step="cloud")
+            self._taught(f, s, answer)
 
     def _call(self, sent: list[ToCloud], version: str) -> np.ndarray | None:
         """The cloud's scores for ``sent``, or None when it cannot give them (counted)."""

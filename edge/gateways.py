@@ -30,10 +30,13 @@ class GatewayIngest:
     """Routes gateway topics into ``ingest``; ``gateways`` maps a gateway to its devices."""
 
     def __init__(self, ingest: Ingest, topics: Topics, gateways: Mapping[str, tuple[str, ...]],
-                 on_drop: Callable[[str, str | None, float | None], None] = _ignore):
+                 on_drop: Callable[[str, str | None, float | None], None] = _ignore,
+                 on_result: Callable[[bytes, tuple[str, ...], str], None] = _ignore):
         self.ingest, self.topics = ingest, topics
         self.gateways = {g: tuple(ds) for g, ds in gateways.items()}
         self._on_drop = on_drop
+        # A one-view device's own result through its gateway: (body, devices it may be of, who).
+        self._on_result = on_result
         self._warned = LogThrottle(max_keys=100)  # one line per distinct refusal
 
     def handles(self, topic: str) -> bool:
@@ -52,6 +55,8 @@ class GatewayIngest:
                                            "(--gateways)")
         elif kind == "status":
             self._status(devices, payload)
+        elif kind == "results":
+            self._on_result(payload, devices, f"gateway {gateway}")
         else:
             return self._batch(gateway, devices, payload)
         return None

@@ -11,6 +11,12 @@ Not ready (503, with a JSON list of reasons) while:
   run for ``--health-grace``, it never said anything;
 * a thread of the edge has ended (the service's lifecycle lists them: ``/livez``).
 
+A drift alarm (``--audit-rate``, :mod:`ddnn.edge.drift`: at the configured thresholds the
+exits' answers disagree with the cloud's more than ``--agreement-budget`` allows) is named
+under ``warnings``, by how much and with the thresholds in force meanwhile, and leaves the edge
+ready: its answers still go out, and a readiness probe taking it out of service would cut off
+the devices that post over HTTP.
+
 Ready again by itself once the cause is gone. A small thread samples the worker's progress
 every :data:`SAMPLE` seconds, so a stall is measured, not guessed from one look.
 
@@ -134,7 +140,7 @@ class EdgeHealth:
         since = mqtt.disconnected_since  # type: ignore[union-attr]
         if since is not None and now - since > grace:
             check.reasons.append(f"broker {mqtt.url} unreachable for {now - since:.0f} s (more "
-                                 f"than --health-grace {grace:g} s)")
+                                 f"than --health-grace {grace:g} s){mqtt.attempts.last_attempt()}")
 
 
 class EdgeVersionProbe:
@@ -175,9 +181,14 @@ class EdgeVersionProbe:
 
 def snapshot_check(snap: EdgeSnapshot) -> Check:
     """The numbers every health answer shows (no reasons)."""
-    return Check(details={"results": snap.answered, "pending_frames": snap.pending,
-                          "cloud_up": snap.cloud_up, "late_devices": list(snap.late_devices),
-                          "flagged_devices": dict(snap.flagged_devices)})
+    details = {"results": snap.answered, "pending_frames": snap.pending,
+               "cloud_up": snap.cloud_up, "late_devices": list(snap.late_devices),
+               "flagged_devices": dict(snap.flagged_devices)}
+    if snap.drift is not None:
+        details["drift"] = dict(snap.drift)
+    if snap.drift_reason is not None:  # (a warning: the edge still serves)
+        details["warnings"] = [snap.drift_reason]
+    return Check(details=details)
 
 
 def health_check(agg: EdgeAggregator, health: EdgeHealth | None, path: str) -> Check:

@@ -8,69 +8,48 @@ Standard library only: a threading server in a background thread.
 The POST routes take a bearer token (:mod:`ddnn.edge.credentials`): with per-device tokens, a
 device's token posts only that device's envelopes and results (``403`` otherwise), as the
 broker's ACL lets a device publish only on its own topics. A multi-view bundle's devices never
-post results: the edge answers their frames. At most ``max_connections`` connections are open,
-one thread each: past that, the connection that has waited longest for a request is closed to
-make room, and when every one is busy inside a route the new one gets ``503``.
+post results: the edge answers their frames.
+
+The connections are bounded by :class:`ddnn.plumbing.http_server.BoundedHTTPServer` (at most
+``max_connections``; one that waits on its client, for a request or to take a response, makes
+room for a new one and is closed after ten seconds), so ``/livez`` answers however clients
+misbehave. ``GET /v1/results`` answers a page of at most :data:`RESULTS_PAGE` results in frame
+order (``?after=N&limit=K``; a client pages on with the last frame it got), at most
+:data:`RESULTS_RATE` requests a second per client address (``429`` past that).
+With a certificate and key (``--http-cert-file``, ``--http-key-file``) every route is served
+over TLS (HTTPS) only.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import socket
+import ssl
 import threading
 import urllib.parse
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 from ddnn import envelope as env
 from ddnn.edge import status_page
-from ddnn.edge.aggregator import EdgeAggregator, EdgeSnapshot
+from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
+from ddnn.edge.device_results import Forbidden, check_device_result
 from ddnn.edge.health import EdgeHealth, health_check
 from ddnn.envelope import DecodeError
+from ddnn.errors import ConfigError
+from ddnn.plumbing.http_server import BoundedHandler, BoundedHTTPServer, ConnectionEvents
 from ddnn.plumbing.metrics import CONTENT_TYPE
-from ddnn.plumbing.throttle import LogThrottle
-from ddnn.result import Result, ResultError
+from ddnn.plumbing.rate import RateLimiter
+from ddnn.result import ResultError
 
 log = logging.getLogger(__name__)
 
-IDLE_TIMEOUT = 30.0  # seconds a connection may sit idle or trickle before it is closed
 MAX_CONNECTIONS = 64  # open connections at most (each holds a thread)
-BUSY_LOG_EVERY = 10.0  # seconds between log lines about refused connections
+RESULTS_PAGE = 100  # results per GET /v1/results at most (the ring keeps 1000)
+RESULTS_RATE = 50.0  # GET /v1/results per second and client address (a burst of twice that)
+MAX_FRAME = 2**63 - 1  # the largest frame id a cursor may name
 # Drop reasons that mean the sender is wrong (400); the others are normal in a live system.
 BAD_REQUEST = {"malformed", "shape", "oversized", "model", "deployment", "unknown_device"}
-
-
-class Forbidden(Exception):
-    """A request whose token may not post what it carries (``403``)."""
-
-
-def check_device_result(body: bytes, agg: EdgeSnapshot, sender: str = ANY_DEVICE) -> Result:
-    """A one-view device's posted result, checked (a ResultError says what is off, Forbidden
-    that ``sender`` may not post it).
-
-    It is republished to every consumer of the results topic, so it must be exactly what the
-    edge itself would publish: a result by the contract, of a known device, with a class of
-    this bundle and its label, from the device's own (local) exit, posted by that device.
-    Only a one-view bundle's device answers for itself.
-    """
-    if not agg.single_view:
-        raise Forbidden(f"the bundle has {agg.manifest.views} views: its devices do not post "
-                        "results, the edge answers their frames")
-    result = Result.from_json(body)
-    classes = agg.manifest.classes
-    if result.cls >= len(classes):
-        raise ResultError(f"class must be an integer in 0..{len(classes) - 1}")
-    if result.label != classes[result.cls]:
-        raise ResultError(f"label must be {classes[result.cls]!r}, the name of class {result.cls}")
-    if result.exit != "local":
-        raise ResultError("a device's own result exits at 'local'")
-    if len(result.views) != 1 or result.views[0] not in agg.devices or result.missing:
-        raise ResultError("views must list the one device of this deployment that answered")
-    if sender not in (ANY_DEVICE, result.views[0]):
-        raise Forbidden(f"the token of {sender} cannot post a result of {result.views[0]}")
-    return result
 
 
 class HttpMetrics:
@@ -79,123 +58,31 @@ class HttpMetrics:
     def __init__(self, registry) -> None:
         self.refused = registry.counter(
             "ddnn_edge_http_refused_total", "HTTP requests and connections refused, by reason "
-            "(unauthorized: 401, forbidden: 403, busy: 503)", ("reason",))
+            "(unauthorized: 401, forbidden: 403, rate: 429, busy: 503, timeout: a client that kept "
+            "the server waiting 10 s, closed)", ("reason",))
         self.evicted = registry.counter(
             "ddnn_edge_http_evicted_total",
-            "Idle HTTP connections closed to make room for a new one")
+            "Waiting HTTP connections (idle, slow or not reading) closed to make room for a "
+            "new one")
         self.connections = registry.gauge("ddnn_edge_http_connections",
                                           "Open HTTP connections")
 
 
-_BUSY = json.dumps({"error": "too many connections; retry later"}).encode()
-_BUSY_RESPONSE = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                  b"Retry-After: 1\r\nConnection: close\r\nContent-Length: "
-                  + str(len(_BUSY)).encode() + b"\r\n\r\n" + _BUSY)
-
-
-class BoundedHTTPServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` of them.
-
-    A connection is *waiting* while it has no request under way (idle keep-alive, or its
-    request line, headers or body still arriving) and *busy* while a route handles its request.
-    A new connection past the bound closes the connection that has waited longest; when every
-    one is busy it is answered ``503`` and closed, from the accepting thread.
-    """
-
-    daemon_threads = True
-    request_queue_size = 128  # the listen backlog (socketserver's default is 5)
-
-    def __init__(self, address, handler, max_connections: int, metrics: HttpMetrics):
-        self.max_connections = max_connections
+class _Events(ConnectionEvents):
+    def __init__(self, metrics: HttpMetrics) -> None:
         self.metrics = metrics
-        self._lock = threading.Lock()
-        self._open: set[socket.socket] = set()
-        self._waiting: dict[socket.socket, None] = {}  # insertion order: longest waiting first
-        self._busy_log = LogThrottle(period=BUSY_LOG_EVERY)  # a flood: a line per period
-        super().__init__(address, handler)
 
-    @property
-    def open_connections(self) -> int:
-        return len(self._open)
-
-    def process_request(self, request, client_address) -> None:
-        with self._lock:
-            if len(self._open) >= self.max_connections and not self._make_room():
-                admitted = False
-            else:
-                admitted = True
-                self._open.add(request)
-                self._waiting[request] = None
-                self.metrics.connections.set(len(self._open))
-        if not admitted:
-            self._refuse(request, client_address)
-            return
-        try:
-            super().process_request(request, client_address)  # starts the connection's thread
-        except BaseException:
-            self._forget(request)
-            raise
-
-    def process_request_thread(self, request, client_address) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._forget(request)
-
-    def _make_room(self) -> bool:
-        """Close the longest-waiting connection (its thread then ends); False if none waits."""
-        if not self._waiting:
-            return False
-        victim = next(iter(self._waiting))
-        del self._waiting[victim]
-        self._open.discard(victim)
-        with contextlib.suppress(OSError):
-            victim.shutdown(socket.SHUT_RDWR)  # wakes its thread's read with end-of-file
+    def evicted(self) -> None:
         self.metrics.evicted.inc()
-        return True
 
-    def _refuse(self, request: socket.socket, client_address) -> None:
+    def timed_out(self) -> None:
+        self.metrics.refused.inc(reason="timeout")
+
+    def refused_busy(self) -> None:
         self.metrics.refused.inc(reason="busy")
-        if refused := self._busy_log():
-            log.warning("refused %d connection(s) (the last from %s): %d connections open, "
-                        "all busy", refused, client_address[0], self.max_connections)
-        try:
-            request.settimeout(1.0)  # a fresh socket's send buffer is empty: this never waits
-            request.sendall(_BUSY_RESPONSE)
-        except OSError:
-            pass
-        self.shutdown_request(request)
 
-    def _forget(self, request: socket.socket) -> None:
-        with self._lock:
-            self._open.discard(request)
-            self._waiting.pop(request, None)
-            self.metrics.connections.set(len(self._open))
-
-    def waiting(self, request: socket.socket) -> None:
-        """The connection has no request under way: it may be closed to make room."""
-        with self._lock:
-            if request in self._open:
-                self._waiting[request] = None
-
-    def busy(self, request: socket.socket) -> bool:
-        """A route takes the connection's request; False if it was closed to make room."""
-        with self._lock:
-            self._waiting.pop(request, None)
-            return request in self._open
-
-    def server_close(self) -> None:
-        # Idle keep-alive connections would hold their threads (and this close) for up to
-        # IDLE_TIMEOUT: end them now.
-        with self._lock:
-            for request in self._open:
-                with contextlib.suppress(OSError):
-                    request.shutdown(socket.SHUT_RDWR)
-        super().server_close()
-
-    def handle_error(self, request, client_address) -> None:
-        # A client gone mid-request (or a connection closed to make room) is routine.
-        log.debug("connection from %s ended with an error", client_address[0], exc_info=True)
+    def open_connections(self, n: int) -> None:
+        self.metrics.connections.set(n)
 
 
 class EdgeHttpServer:
@@ -203,18 +90,20 @@ class EdgeHttpServer:
 
     def __init__(self, aggregator: EdgeAggregator, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, *, tokens: dict[str, str] | None = None,
-                 max_connections: int = MAX_CONNECTIONS, health: EdgeHealth | None = None):
+                 max_connections: int = MAX_CONNECTIONS, health: EdgeHealth | None = None,
+                 tls: ssl.SSLContext | None = None):
         credentials = HttpCredentials(token, tokens)
-        handler = _make_handler(aggregator, credentials, health)
         self.metrics = HttpMetrics(aggregator.metrics.registry)
-        self.server = BoundedHTTPServer((host, port), handler, max_connections, self.metrics)
+        handler = _make_handler(aggregator, credentials, health, self.metrics)
+        self.server = BoundedHTTPServer((host, port), handler, max_connections,
+                                        events=_Events(self.metrics), tls=tls)
         self.port = self.server.server_address[1]
         self.host = host
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.server.tls else 'http'}://{self.host}:{self.port}"
 
     def start(self) -> EdgeHttpServer:
         self._thread = threading.Thread(target=self.server.serve_forever, name="edge-http",
@@ -233,47 +122,50 @@ class EdgeHttpServer:
         self.server.server_close()
 
 
+def server_tls(cert_file: str | Path, key_file: str | Path) -> ssl.SSLContext:
+    """The TLS side of the edge's HTTP server: its certificate (chain) and key."""
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        tls.load_cert_chain(str(cert_file), str(key_file))
+    except (OSError, ssl.SSLError) as e:
+        raise ConfigError(f"cannot load the HTTP server's certificate ({cert_file}, "
+                          f"{key_file}): {e}") from None
+    return tls
+
+
 def _make_handler(agg: EdgeAggregator, credentials: HttpCredentials,
-                  health: EdgeHealth | None) -> type[EdgeHandler]:
-    return type("Handler", (EdgeHandler,), {"agg": agg, "credentials": credentials,
-                                            "health": health})
+                  health: EdgeHealth | None, metrics: HttpMetrics) -> type[EdgeHandler]:
+    return type("Handler", (EdgeHandler,), {
+        "agg": agg, "credentials": credentials, "health": health, "metrics": metrics,
+        "results_rate": RateLimiter(RESULTS_RATE, burst=2 * RESULTS_RATE)})
 
 
-class EdgeHandler(BaseHTTPRequestHandler):
+def results_query(query: str) -> tuple[int, int]:
+    """``(after, limit)`` of ``GET /v1/results``'s query; ValueError says what is wrong."""
+    q = urllib.parse.parse_qs(query)
+    after, limit = q.get("after", ["-1"])[-1], q.get("limit", [str(RESULTS_PAGE)])[-1]
+    # (length first: int() of a 4000-digit string is work an attacker chooses)
+    if len(after) > 20 or not after.lstrip("-").isdigit() or not -1 <= int(after) <= MAX_FRAME:
+        raise ValueError(f"after must be a frame id in -1..{MAX_FRAME}")
+    if len(limit) > 4 or not limit.isdigit() or not 1 <= int(limit) <= RESULTS_PAGE:
+        raise ValueError(f"limit must be in 1..{RESULTS_PAGE}")
+    return int(after), int(limit)
+
+
+class EdgeHandler(BoundedHandler):
     """The routes; :func:`_make_handler` binds the aggregator and the credentials."""
 
     agg: EdgeAggregator
     credentials: HttpCredentials = HttpCredentials()  # who may post, as which device
     health: EdgeHealth | None = None  # without one (a server made alone) the edge counts as able
-    server: BoundedHTTPServer
-    protocol_version = "HTTP/1.1"  # keep-alive for devices posting every frame
-    disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms stalls
-    # Socket timeout: an idle or trickling client frees its thread after this many seconds.
-    timeout = IDLE_TIMEOUT
+    metrics: HttpMetrics
+    results_rate: RateLimiter
 
     def log_message(self, format, *args):
         log.debug("%s " + format, self.address_string(), *args)
 
-    def _send(self, status: int, body: bytes, ctype: str = "application/json") -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _json(self, status: int, obj) -> None:
-        self._send(status, json.dumps(obj).encode())
-
-    def handle_one_request(self) -> None:
-        self.server.waiting(self.connection)  # until a route takes the next request
-        super().handle_one_request()
-
-    def _begin(self) -> bool:
-        """A route takes this request; False if its connection was closed to make room."""
-        if self.server.busy(self.connection):
-            return True
-        self.close_connection = True
-        return False
+    def _json(self, status: int, obj, headers: dict[str, str] | None = None) -> None:
+        self.send(status, json.dumps(obj).encode(), headers=headers)
 
     def _sender(self) -> str | None:
         """The device this request's token speaks for (ANY_DEVICE: any), else None: refused."""
@@ -283,49 +175,56 @@ class EdgeHandler(BaseHTTPRequestHandler):
             return sender
         why = "missing bearer token" if not given else "invalid bearer token"
         log.warning("refused POST %s from %s: %s", self.path[:100], self.client_address[0], why)
-        self.server.metrics.refused.inc(reason="unauthorized")
+        self.metrics.refused.inc(reason="unauthorized")
         self.close_connection = True  # the body stays unread: the connection is unusable
         self._json(401, {"error": why})
         return None
 
     def _forbid(self, why: str) -> None:
         log.warning("refused POST %s from %s: %s", self.path[:100], self.client_address[0], why)
-        self.server.metrics.refused.inc(reason="forbidden")
+        self.metrics.refused.inc(reason="forbidden")
         self._json(403, {"error": why})
 
     def do_GET(self) -> None:
-        if not self._begin():
+        if not self.begin():
             return
         agg = self.agg
         url = urllib.parse.urlsplit(self.path)
         if url.path == "/metrics":
-            self._send(200, agg.metrics.render().encode(), CONTENT_TYPE)
+            self.send(200, agg.metrics.render().encode(), CONTENT_TYPE)
         elif url.path in ("/healthz", "/readyz", "/livez"):  # edge.health: 503 with reasons
             check = health_check(agg, self.health, url.path)
-            self._send(check.status(), check.body())
+            self.send(check.status(), check.body())
         elif url.path in ("/status", "/v1/status"):  # edge.status_page: for an operator
             data = status_page.status(agg, health_check(agg, self.health, "/readyz"))
             if url.path == "/status":
-                self._send(200, status_page.render(data), "text/html; charset=utf-8")
+                self.send(200, status_page.render(data), "text/html; charset=utf-8")
             else:
                 self._json(200, data)
         elif url.path == "/v1/results":
-            q = urllib.parse.parse_qs(url.query)
-            try:
-                after = int(q.get("after", ["-1"])[0])
-            except ValueError:
-                self._json(400, {"error": "after must be an integer frame id"})
-                return
-            self._json(200, agg.recent.after(after))
+            self._results(url.query)
         else:
             self._json(404, {"error": f"no route {url.path}"})
+
+    def _results(self, query: str) -> None:
+        if not self.results_rate.allow(self.client_address[0]):
+            self.metrics.refused.inc(reason="rate")
+            self._json(429, {"error": f"over {RESULTS_RATE:g} requests a second"},
+                       {"Retry-After": "1"})
+            return
+        try:
+            after, limit = results_query(query)
+        except ValueError as e:
+            self._json(400, {"error": str(e)})
+            return
+        self._json(200, self.agg.recent.after(after, limit))
 
     def do_POST(self) -> None:
         sender = self._sender()
         if sender is None:
             return
         body = self._body()
-        if body is None or not self._begin():
+        if body is None or not self.begin():
             return
         path = urllib.parse.urlsplit(self.path).path
         if path == "/v1/ingest":
@@ -371,7 +270,9 @@ class EdgeHandler(BaseHTTPRequestHandler):
 
     def _device_result(self, body: bytes, sender: str) -> None:
         try:
-            result = check_device_result(body, self.agg.snapshot(), sender)
+            speaks_for = None if sender == ANY_DEVICE else (sender,)
+            result = check_device_result(body, self.agg.snapshot(), speaks_for,
+                                         f"the token of {sender}")
         except Forbidden as e:
             self._forbid(str(e))
             return

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable
 
 from ddnn.plumbing.metrics import Registry
+from ddnn.result import EXITS, NO_EXIT
 
 _SEGMENT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 # Fine below a millisecond: what the edge adds after a frame's last view is a fraction of one.
@@ -21,9 +23,10 @@ class EdgeMetrics:
         r = self.registry = Registry()
         self.before_render: list[Callable[[], None]] = []
         self.frames = r.counter("ddnn_edge_frames_total",
-                                "Frames answered, by exit tier and whether the answer is degraded",
+                                "Frames answered, by exit tier (\"none\": no view was fused, "
+                                "nothing classified) and whether the answer is degraded",
                                 ("exit", "degraded"))
-        for tier in ("local", "edge", "cloud"):
+        for tier in (*EXITS, NO_EXIT):
             for degraded in ("false", "true"):
                 self.frames.zero(exit=tier, degraded=degraded)
         self.latency = r.histogram("ddnn_edge_latency_seconds",
@@ -71,6 +74,7 @@ class EdgeMetrics:
                                   "Results for the HTTP callback, by outcome", ("outcome",))
         self.bundle_updates = r.counter("ddnn_edge_bundle_updates_total",
                                         "Over-the-air bundle updates, by result", ("result",))
+        self.learning = LearningMetrics(r)
 
         # Compute times of segments, observed once the frame's result is out (not on its path).
         self._computed: collections.deque[tuple[str, float]] = collections.deque()
@@ -107,3 +111,48 @@ class EdgeMetrics:
         for hook in self.before_render:  # counts kept in plain integers on the hot path
             hook()
         return self.registry.render()
+
+
+class LearningMetrics:
+    """The series of learning in the field: the exits checked against the cloud (drift,
+    ``--audit-rate``) and the experience recorded for federated learning (``--experience``)."""
+
+    def __init__(self, r: Registry) -> None:
+        self.agreement = r.gauge(
+            "ddnn_edge_cloud_agreement",
+            "Estimated share of the answers that agree with the cloud's over the drift window, "
+            "at the exit thresholds in force or at the configured ones (NaN until estimated)",
+            ("thresholds",))
+        self.drift_alarm = r.gauge(
+            "ddnn_edge_drift_alarm", "1 while the early exits disagree with the cloud more than "
+            "--agreement-budget allows at the configured thresholds")
+        self.agreement_floor = r.gauge(
+            "ddnn_edge_agreement_floor", "The least agreement with the cloud the budget allows "
+            "(1 - --agreement-budget; 0 when not monitored)")
+        self.audits = r.counter(
+            "ddnn_edge_audits_total", "Frames answered by an early exit and sent up anyway for "
+            "the cloud to check, by exit", ("exit",))
+        self.investigations = r.counter(
+            "ddnn_edge_drift_investigations_total", "Shifts in the local exit's share that made "
+            "the edge audit every early exit for a while")
+        self.threshold_changes = r.counter(
+            "ddnn_edge_threshold_changes_total", "Exit thresholds adapted at run time, by "
+            "direction", ("direction",))
+        self.experience = r.counter(
+            "ddnn_edge_experience_frames_total", "Forwarded frames for the experience recording, "
+            "by outcome: recorded, dropped (the queue was full), failed (not written)",
+            ("outcome",))
+        self.experience_bytes = r.gauge("ddnn_edge_experience_bytes",
+                                        "Bytes of recorded experience on disk")
+        for thresholds in ("in_force", "configured"):
+            self.agreement.set(math.nan, thresholds=thresholds)
+        self.drift_alarm.set(0)
+        self.agreement_floor.set(0)
+        for tier in ("local", "edge"):
+            self.audits.zero(exit=tier)
+        self.investigations.zero()
+        for direction in ("tighten", "relax"):
+            self.threshold_changes.zero(direction=direction)
+        for outcome in ("recorded", "dropped", "failed"):
+            self.experience.zero(outcome=outcome)
+        self.experience_bytes.set(0)

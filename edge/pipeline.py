@@ -51,6 +51,9 @@ class ToCloud:
     features: np.ndarray  # (1, ...) edge features through the bundle's edge codec
     version: str  # the bundle version they were made with (the cloud segment to use)
     fallback: Exit  # the edge's own answer, for when the cloud cannot give one (degraded)
+    # An audit (ddnn.edge.audit): the frame is answered by an early exit and sent up anyway,
+    # with this chance, so that the cloud's answer checks the early one; 0: the cloud answers.
+    audit: float = 0.0
 
 
 GUARD = 1e-9  # |η − T| below which plain floats leave the decision to numpy's arithmetic
@@ -159,11 +162,13 @@ class ExitPipeline:
                              arrived[i] if arrived is not None else (), pushing)
                 for i, scores in enumerate(frames)]
 
-    def edge(self, features: Mapping[int, np.ndarray]) -> Exit | ToCloud:
+    def edge(self, features: Mapping[int, np.ndarray], *, audit: float = 0.0) -> Exit | ToCloud:
         """The edge exit over the features that arrived (view → that view's features).
 
         A view whose features never came is left out of the fusion, never zero-filled in; with
         none at all there is nothing to fuse (the caller answers from the local exit).
+        ``audit`` above 0: a confident edge exit still goes up, as a :class:`ToCloud` whose
+        ``audit`` is that chance (the caller answers from its ``fallback``).
         """
         if not features:
             raise ValueError("the edge exit needs the features of at least one view")
@@ -179,9 +184,11 @@ class ExitPipeline:
         eta = float(entropy_of_logits(edge_scores)[0])
         self._on_segment("edge", time.perf_counter() - t0)
         answer = Exit("edge", edge_scores[0], eta, fused)
-        if self.policy.exits("edge", eta):
+        confident = bool(self.policy.exits("edge", eta))
+        if confident and not audit:
             return answer
-        return ToCloud(transmit(edge_features, self.runtime.edge_codec), m.version, answer)
+        return ToCloud(transmit(edge_features, self.runtime.edge_codec), m.version, answer,
+                       audit=audit if confident else 0.0)
 
     @staticmethod
     def cloud(scores: np.ndarray, sent: Sequence[ToCloud]) -> list[Exit]:

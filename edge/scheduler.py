@@ -16,8 +16,10 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from ddnn.edge.assembler import DONE, SCORES, Frame, FrameAssembler
+from ddnn.edge.audit import ExitAudit
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.pipeline import Exit, ExitPipeline, Pull, ToCloud
 from ddnn.plumbing.lifecycle import Worker
@@ -31,7 +33,8 @@ log = logging.getLogger(__name__)
 # costs microseconds: batching would cost more in thread hand-overs than it saves.)
 INLINE_GAP = 0.002
 
-Answer = Callable[..., None]  # (frame, exit, degraded=False, *, step)
+# (frame, exit or None: no view fused, degraded=False, *, step, finish=True)
+Answer = Callable[..., None]
 
 
 class FrameScheduler:
@@ -41,15 +44,18 @@ class FrameScheduler:
     views)`` pulls features (None: the devices push them); ``to_cloud(frame, sent)`` hands a
     frame to the cloud stage; ``connected()`` says whether deadlines run (not while the broker
     is away: the views are not late, the link is down); ``tick()`` runs on the worker after
-    each round (counts and gauges).
+    each round (counts and gauges); ``audit`` picks the early exits that go up anyway, for the
+    cloud's answer to check (:mod:`ddnn.edge.audit`).
     """
 
     def __init__(self, assembler: FrameAssembler, metrics: EdgeMetrics, *,
                  pipeline: Callable[[], ExitPipeline], answer: Answer,
                  request: Callable[[int, Sequence[int]], None] | None,
                  to_cloud: Callable[[Frame, ToCloud], None],
-                 connected: Callable[[], bool], tick: Callable[[], None]):
+                 connected: Callable[[], bool], tick: Callable[[], None],
+                 audit: ExitAudit | None = None):
         self.assembler, self.metrics = assembler, metrics
+        self._audit = audit or ExitAudit.off()  # which early exits go up anyway (drift)
         self._pipeline, self._answer, self._request = pipeline, answer, request
         self._to_cloud, self._connected, self._tick = to_cloud, connected, tick
         self._batch: list[Frame] = []  # ready frames the worker runs in its next batch
@@ -95,7 +101,7 @@ class FrameScheduler:
         at that stage in one call per bundle version. A failure (a bug, a broken segment)
         ends that frame alone, counted."""
         local: dict[int, Exit | Pull] = {}
-        at_scores = [f for f in frames if f.stage == SCORES]
+        at_scores = [f for f in frames if f.stage == SCORES and f.scores]
         if len(at_scores) > 1:
             try:
                 local = self._local_exits(at_scores)
@@ -138,13 +144,25 @@ class FrameScheduler:
         if f.pipeline is None:  # a frame runs on one bundle version, even across an update
             f.pipeline = self._pipeline()
         p: ExitPipeline = f.pipeline
+        if f.stage == SCORES and not f.scores:
+            # No view sent scores (every camera saw nothing, or none came in time): a class
+            # made from nothing would be a wrong answer, so the result says nobody saw it.
+            self._answer(f, None, step="local")
+            self._observe_arrival(f)
+            return
         if f.stage == SCORES:
             if local is None:
                 local = p.local(f.scores, arrived=f.features, pushing=self._pushing())
-            if isinstance(local, Exit):
+            audited = self._audit.local(f, local)
+            if isinstance(local, Exit) and not audited:
                 self._answer(f, local, step="local")
                 self._observe_arrival(f)  # (after the result: it is not on the frame's path)
                 return
+            if isinstance(local, Exit):  # an audit: answered once, from here, and sent on up
+                self._answer(f, local, step="local", finish=False)
+                pushing = self._pushing()
+                local = Pull(local.views, tuple(v for v in local.views if v not in f.features
+                                                and v not in pushing), local)
             f.local = local.answer
             # The frame waits for features before the pull goes out, so an answer that comes
             # back at once finds it waiting.
@@ -157,18 +175,33 @@ class FrameScheduler:
         if f.pulled_at:  # (a one-view device's frame comes with its features)
             self.metrics.stage.observe(f.ready_at - f.pulled_at, stage="pull")
         arrived = {v: f.features[v] for v in f.requested if v in f.features}
-        if not arrived:
+        early = self._audit.answered(f)  # the local exit answered it: the audit's chance
+        if not arrived and early:
+            self.assembler.finish(f)  # answered already, and nothing came to check it with
+        elif not arrived:
             # Never classify zeros: no view's features came, so the local exit's answer stands,
             # flagged degraded (the devices could not deliver what the frame needed).
             self._answer(f, f.local, degraded=True, step="edge")
-            return
-        edge = p.edge(arrived)
-        if isinstance(edge, ToCloud):
+        else:
+            self._edge(f, p, arrived, early)
+
+    def _edge(self, f: Frame, p: ExitPipeline, arrived: dict, early: float) -> None:
+        """The edge exit; the cloud for what it leaves, and for audits (``early``: the chance
+        of the audit of a frame the local exit answered)."""
+        edge = p.edge(arrived, audit=early or self._audit.edge(f))
+        if isinstance(edge, Exit):
+            self._answer(f, edge, step="edge")
+        elif early:  # answered at the local exit: the cloud's answer only checks it
+            self.assembler.finish(f)
+            self._to_cloud(f, replace(edge, audit=early))
+        elif edge.audit:  # answered here, and sent up to be checked
+            self._answer(f, edge.fallback, step="edge")
+            self._audit.sent(edge)
+            self._to_cloud(f, edge)
+        else:
             self.metrics.stage.observe(time.monotonic() - f.ready_at, stage="edge")
             f.ready_at = time.monotonic()  # the cloud stage runs from here
             self._to_cloud(f, edge)
-        else:
-            self._answer(f, edge, step="edge")
 
     def _observe_arrival(self, f: Frame) -> None:
         """Capture to the frame's first view here (wall clocks), and on to its last view."""

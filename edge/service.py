@@ -19,13 +19,15 @@ from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.callback import ResultsCallback
 from ddnn.edge.cloud_client import CLOUD_RETRY, CloudClient
 from ddnn.edge.credentials import load_http_tokens
+from ddnn.edge.device_results import DeviceResults
 from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
-from ddnn.edge.http import EdgeHttpServer
+from ddnn.edge.http import EdgeHttpServer, server_tls
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
 from ddnn.errors import ConfigError
+from ddnn.plumbing.good_version import resume
 from ddnn.plumbing.lifecycle import Lifecycle
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.ota import BundleUpdater
@@ -60,9 +62,12 @@ class EdgeService:
             sinks=[*self._sinks(topics), *sinks],
             publish=self.mqtt.publish if self.mqtt else None,
             connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
+        # One-view devices' own results (their own topic, or through a gateway), checked.
+        self.device_results = DeviceResults(self.aggregator)
         self.gateways = GatewayIngest(
             self.aggregator.ingest, topics, dict(s.gateways),
-            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason))
+            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason),
+            on_result=self.device_results.take)
         self.lifecycle = Lifecycle()  # its parts are added below, once made
         # /healthz, /readyz, /livez (edge.health), served by the HTTP server.
         self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater,
@@ -70,9 +75,10 @@ class EdgeService:
         self.http: EdgeHttpServer | None = None
         if s.http.port is not None:
             tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
+            tls = server_tls(s.http_cert_file, s.http_key_file) if s.http_cert_file else None
             self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port, s.http_token,
                                        tokens=tokens, max_connections=s.http_max_connections,
-                                       health=self.health)
+                                       health=self.health, tls=tls)
         # Updates are announced over MQTT.
         self.updater = self._updater() if self.mqtt is not None else None
         self._refused = threading.Event()
@@ -92,6 +98,8 @@ class EdgeService:
         """
         if runtime is None:
             bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
+            # The version it had over the air, unless --bundle is newer.
+            bundle = resume(bundle, tag=settings.edge_id, public_key=settings.bundle_key)
             runtime = BundleRuntime(bundle, threads=settings.threads)
         cloud = None
         link = settings.cloud_link
@@ -133,6 +141,7 @@ class EdgeService:
         s = self.settings
         options = MqttOptions(
             keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=s.security,
+            connect_timeout=s.connect_timeout,
             persistent=True,  # the broker keeps device messages while the edge restarts
             subscriptions=[subscription(topics.all_devices(k), k) for k in DEVICE_KINDS]
             + [subscription(topics.bundle, "bundle")]
@@ -157,6 +166,11 @@ class EdgeService:
             return None
         if self.gateways.handles(topic):
             return self.gateways.on_message(topic, payload)
+        if topic.endswith("/results"):  # a device's own result (cheap test first)
+            parsed = self.aggregator.topics.parse_device(topic)
+            if parsed is not None:
+                self.device_results.take(payload, (parsed[0],), parsed[0])
+                return None
         return self.aggregator.ingest.on_message(topic, payload)
 
     def _connected(self) -> None:
@@ -217,12 +231,14 @@ class EdgeService:
         self._started = False
         self.lifecycle.stop()
         m = self.metrics
-        log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d)",
+        log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d, no view "
+                 "%d)",
                  self.settings.edge_id, self.aggregator.answered,
                  m.frames.value(exit="local", degraded="false"),
                  m.frames.value(exit="edge", degraded="false"),
                  m.frames.value(exit="cloud", degraded="false"),
-                 m.frames.value(exit="edge", degraded="true"))
+                 m.frames.value(exit="edge", degraded="true"),
+                 m.frames.value(exit="none", degraded="false"))
 
     def __enter__(self) -> EdgeService:
         return self.start()

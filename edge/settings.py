@@ -6,11 +6,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddnn.edge.drift import DRIFT_OPTIONS, DriftPolicy
+from ddnn.edge.recorder import RECORDING_OPTIONS, ExperienceRecording
 from ddnn.errors import ConfigError
 from ddnn.exits import check_threshold
 from ddnn.names import check_name
 from ddnn.plumbing.health import MonitorHttp
-from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity
+from ddnn.plumbing.mqtt import CONNECT_TIMEOUT_OPTION, SECURITY_OPTIONS, BrokerUrl, MqttSecurity
 from ddnn.plumbing.options import Option, bind, describe, grouped, id_list, path
 from ddnn.plumbing.ota_settings import (
     BUNDLE_KEY_OPTION,
@@ -106,16 +108,21 @@ class EdgeSettings:
     max_fps: float = 240.0  # a device alone advancing frames faster than this runs ahead
     local_threshold: float | None = None  # overrides of the bundle's exit thresholds
     edge_threshold: float | None = None
+    drift: DriftPolicy = DriftPolicy()  # the exits checked against the cloud (edge.drift)
+    recording: ExperienceRecording = ExperienceRecording()  # experience for ddnn federate
     http: MonitorHttp = MonitorHttp()  # the HTTP server (/metrics, /healthz, /v1/ingest)
     http_token: str | None = None  # one bearer token of the POST routes, for every device
     http_tokens: Path | None = None  # file of per-device tokens (edge.credentials)
     http_max_connections: int = 64  # open HTTP connections at most (one thread each)
+    http_cert_file: Path | None = None  # with http_key_file: HTTPS only
+    http_key_file: Path | None = None
     results_out: Path | None = None  # also append every result to this JSON-lines file
     results_url: str | None = None  # also POST every result to this URL (edge.callback)
     results_token: str | None = None
     expect_frames: int | None = None  # stop after this many results (replays, tests, demos)
     keepalive: int = 10  # MQTT keepalive seconds
     reconnect_max: int = 30  # cap of the reconnection backoff, seconds
+    connect_timeout: float = 10.0  # seconds for TCP, TLS and the CONNACK, each
     threads: int = 1  # ONNX Runtime threads
     health_grace: float = 30.0  # broker unreachable (or devices never seen) this long: 503
     stall_after: float = 30.0  # frames pending and none answered this long: 503
@@ -137,7 +144,8 @@ class EdgeSettings:
         behind = [d for _, ds in self.gateways for d in ds]
         if len(set(behind)) != len(behind):
             raise ConfigError("--gateways puts a device behind two gateways")
-        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms", "max_fps"):
+        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms", "max_fps",
+                     "connect_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("health_grace", "stall_after"):
@@ -154,14 +162,30 @@ class EdgeSettings:
                               "would speak for every device the per-device tokens separate")
         if self.http_tokens is not None and self.http.port is None:
             raise ConfigError("--http-tokens needs --http-port (the tokens guard its POST routes)")
+        self._check_http_tls()
         if self.expect_frames is not None and self.expect_frames < 1:
             raise ConfigError(f"expect_frames must be at least 1, got {self.expect_frames}")
         for tier in ("local", "edge"):
             if getattr(self, f"{tier}_threshold") is not None:
                 check_threshold(tier, getattr(self, f"{tier}_threshold"))
+        if self.recording.directory is not None and self.cloud_link.url is None:
+            raise ConfigError("--experience needs --cloud: the cloud's answers are the labels")
+        if self.drift.monitoring and self.cloud_link.url is None:
+            raise ConfigError("--audit-rate needs --cloud: the cloud's answers check the exits")
         for name in ("http_token", "results_token"):
             if getattr(self, name) is not None and not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
+
+    def _check_http_tls(self) -> None:
+        pair = (self.http_cert_file, self.http_key_file)
+        if any(pair) and not all(pair):
+            raise ConfigError("give --http-cert-file and --http-key-file together")
+        if any(pair) and self.http.port is None:
+            raise ConfigError("--http-cert-file and --http-key-file need --http-port (they "
+                              "secure its server)")
+        for f in pair:
+            if f is not None and not Path(f).is_file():
+                raise ConfigError(f"HTTP server certificate or key {f}: no such file")
 
     @property
     def deadline(self) -> float:
@@ -237,6 +261,8 @@ OPTIONS = (
            "opens no frame alone (docs/security.md)"),
     Option("local-threshold", float, "T", "override the bundle's local exit threshold (0..1)"),
     Option("edge-threshold", float, "T", "override the bundle's edge exit threshold (0..1)"),
+    *grouped("drift", DRIFT_OPTIONS),
+    *grouped("recording", RECORDING_OPTIONS),
     *grouped("http", (
         Option("http-host", str, "ADDR", "address of the HTTP server", key="host"),
         Option("http-port", int, "PORT",
@@ -253,6 +279,10 @@ OPTIONS = (
     Option("http-max-connections", int, "N",
            "open HTTP connections at most; past it the longest-idle one is closed, or the new "
            "one refused with 503 when all are busy"),
+    Option("http-cert-file", path, "FILE",
+           "the HTTP server's certificate (PEM, chain first): with --http-key-file, every route "
+           "is HTTPS only"),
+    Option("http-key-file", path, "FILE", "the private key of --http-cert-file"),
     Option("results-out", path, "FILE", "also append every result to this JSON-lines file"),
     Option("results-url", str, "URL",
            "also POST every result as JSON to this http(s) URL (an application's web hook); "
@@ -263,6 +293,7 @@ OPTIONS = (
     Option("keepalive", int, "SECONDS", "MQTT keepalive seconds"),
     Option("reconnect-max", int, "SECONDS",
            "longest wait in seconds between reconnection attempts (exponential backoff)"),
+    CONNECT_TIMEOUT_OPTION,
     Option("threads", int, "N", "ONNX Runtime threads"),
     Option("health-grace", float, "SECONDS",
            "GET /healthz answers 503 once the broker has been unreachable this long, or every "

@@ -10,6 +10,7 @@ sink sees the same sequence.
 from __future__ import annotations
 
 import collections
+import heapq
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -92,6 +93,15 @@ class RecentResults(ResultSink):
             kept = list(self._ring)
         return [r.to_dict() for r in kept]
 
-    def after(self, frame: int) -> list[dict]:
-        """The kept results of frames after ``frame``."""
-        return [r for r in self.all() if r["frame"] > frame]
+    def after(self, frame: int, limit: int | None = None) -> list[dict]:
+        """The kept results of frames after ``frame``, in frame order: the first ``limit`` of
+        them (all without one). Only those are made into dicts: a page costs its size."""
+        with self._lock:
+            kept = [r for r in self._ring if r.frame > frame]
+        page = heapq.nsmallest(limit, kept, key=_frame) if limit is not None else sorted(
+            kept, key=_frame)
+        return [r.to_dict() for r in page]
+
+
+def _frame(result: Result) -> int:
+    return result.frame

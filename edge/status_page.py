@@ -13,7 +13,7 @@ import html
 from typing import Any
 
 from ddnn.plumbing.health import Check
-from ddnn.result import EXITS
+from ddnn.result import EXITS, NO_EXIT
 
 REFRESH_S = 2  # the page reloads itself this often
 SHOWN_RESULTS = 20  # latest answers listed on the page
@@ -36,18 +36,21 @@ def status(agg, check: Check) -> dict[str, Any]:
             "last_missing": ({"frame": missing[-1][0], "why": missing[-1][1]}
                              if missing else None)})
     frames = agg.metrics.frames
+    # "none": frames no view was fused in (every camera saw nothing), answered unclassified.
     counts = {tier: sum(frames.value(exit=tier, degraded=d) for d in ("false", "true"))
-              for tier in EXITS}
+              for tier in (*EXITS, NO_EXIT)}
     total = sum(counts.values())
     degraded = sum(frames.value(exit=tier, degraded="true") for tier in EXITS)
     return {
         "model": m.name, "version": m.version, "healthy": check.ok, "reasons": check.reasons,
+        "warnings": check.details.get("warnings", []),
         "answered": snap.answered, "pending_frames": snap.pending, "cloud_up": snap.cloud_up,
         "devices": devices,
         "exits": {tier: {"frames": int(n), "share": (n / total if total else None)}
                   for tier, n in counts.items()},
         "degraded": int(degraded),
         "thresholds": dict(snap.thresholds),
+        "drift": snap.drift,
         "recent": recent[-SHOWN_RESULTS:][::-1],
     }
 
@@ -58,6 +61,26 @@ def _cell(value: Any) -> str:
 
 def _row(*values: Any) -> str:
     return "<tr>" + "".join(_cell(v) for v in values) + "</tr>"
+
+
+def _drift(drift: dict[str, Any] | None) -> str:
+    """The exits checked against the cloud (``--audit-rate``), or a line saying they are not."""
+    if drift is None:
+        return "<p id='drift'>Not checked against the cloud (--audit-rate 0).</p>"
+
+    def share(x: Any) -> str:
+        return "—" if x is None else f"{x:.1%}"
+
+    alarm = "<span class='bad'>drift alarm</span>" if drift["alarm"] else "no drift alarm"
+    rows = _row("in force", share(drift["agreement"]), drift["thresholds"]["local"],
+                drift["thresholds"]["edge"]) + _row(
+        "configured", share(drift["agreement_configured"]), drift["configured"]["local"],
+        drift["configured"]["edge"])
+    return (f"<p id='drift'>{alarm}; agreement with the cloud must stay at least "
+            f"{share(1 - drift['budget'])}; audit rate {drift['audit_rate']:g}"
+            f"{' (investigating a shift)' if drift['investigating'] else ''}.</p>"
+            "<table id='agreement'><tr><th>thresholds</th><th>agreement with the cloud</th>"
+            f"<th>local</th><th>edge</th></tr>{rows}</table>")
 
 
 def render(data: dict[str, Any]) -> bytes:
@@ -76,6 +99,9 @@ def render(data: dict[str, Any]) -> bytes:
     recent = "".join(_row(r["frame"], r["label"], r["exit"], r["entropy"], ", ".join(r["views"]),
                           ", ".join(f"{k}: {v}" for k, v in r["missing"].items()) or None)
                      for r in data["recent"])
+    if data.get("warnings"):
+        health += "<ul id='warnings' class='bad'>" + "".join(
+            f"<li>{html.escape(w)}</li>" for w in data["warnings"]) + "</ul>"
     title = html.escape(f"ddnn edge: {data['model']} {data['version']}")
     page = f"""<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta http-equiv="refresh" content="{REFRESH_S}">
@@ -93,6 +119,8 @@ td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}.ok{{color:#070}
 <h2>Exits</h2>
 <table id="exits"><tr><th>exit</th><th>frames</th><th>share</th><th>threshold</th></tr>
 {exits}</table>
+<h2>Agreement with the cloud</h2>
+{_drift(data.get("drift"))}
 <h2>Latest answers</h2>
 <table id="recent"><tr><th>frame</th><th>label</th><th>exit</th><th>entropy</th><th>views</th>
 <th>missing</th></tr>{recent}</table>

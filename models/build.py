@@ -36,17 +36,24 @@ def _check_compatible(train_ds: MultiViewDataset, val_ds: MultiViewDataset, path
         raise DatasetError(f"{path}: class names differ from the training file")
 
 
+def seen(ds: MultiViewDataset) -> MultiViewDataset:
+    """The samples at least one view sees: one that no camera sees (label -1) has nothing to
+    learn from or to calibrate on."""
+    keep = ds.label >= 0
+    return ds if keep.all() else ds.subset(keep)
+
+
 def split_data(data: str | Path, val_data: str | Path | None, cfg: DDNNConfig):
     """The whole training file and three disjoint parts: training, early stopping, calibration.
 
     The calibration split selects the thresholds and nothing else; the early-stopping split
     picks the epoch. A directory dataset stays memory-mapped; the held-out parts are read in.
     """
-    full = load_dataset(data, mmap=True)
+    full = seen(load_dataset(data, mmap=True))
     if val_data is None:
         rest, val_ds = split_holdout(full, cfg.val_fraction, cfg.seed)
     else:
-        rest, val_ds = full, load_dataset(val_data, num_classes=len(full.classes))
+        rest, val_ds = full, seen(load_dataset(val_data, num_classes=len(full.classes)))
         _check_compatible(full, val_ds, Path(val_data))
     share = cfg.stop_fraction / (1 - (0 if val_data else cfg.val_fraction))
     train_ds, stop_ds = split_holdout(rest, share, cfg.seed + 1)

@@ -9,7 +9,9 @@ A tier answers three questions over HTTP, the way Kubernetes and load balancers 
 * ``/metrics`` — the Prometheus text of the tier's :class:`~ddnn.plumbing.metrics.Registry`.
 
 Both health answers are JSON: ``{"status": "ok"|"unhealthy", "reasons": [...], ...details}``.
-Standard library only.
+Standard library only. The server is a :class:`~ddnn.plumbing.http_server.BoundedHTTPServer`:
+at most 16 connections, a slow or silent client (slowloris) closed after 10 s and first to make
+room for a new one, so a probe gets through whatever other clients do.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 from ddnn.errors import ConfigError
+from ddnn.plumbing.http_server import BoundedHandler, BoundedHTTPServer
 
 log = logging.getLogger(__name__)
 
@@ -72,41 +74,13 @@ def check_route(check: Callable[[], Check]) -> Route:
     return route
 
 
-class _CappedServer(ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` at once: past that a new connection
-    is closed unanswered (scrapers and probes retry; a flood cannot pile up threads)."""
-
-    max_connections = MAX_CONNECTIONS
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        self._slots = threading.BoundedSemaphore(self.max_connections)
-
-    def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            self.shutdown_request(request)
-            return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
-
-    def process_request_thread(self, request, client_address):
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-
 class MonitorServer:
     """GET-only HTTP server of a few routes (path -> :data:`Route`) in a background thread."""
 
     def __init__(self, routes: dict[str, Route], host: str = "127.0.0.1", port: int = 0,
                  name: str = "monitor"):
         handler = type("Handler", (_Handler,), {"routes": dict(routes)})
-        self.server = _CappedServer((host, port), handler)
-        self.server.daemon_threads = True
+        self.server = BoundedHTTPServer((host, port), handler, MAX_CONNECTIONS)
         self.host, self.port = host, self.server.server_address[1]
         self._thread = threading.Thread(target=self.server.serve_forever, name=f"{name}-http",
                                         daemon=True)
@@ -129,15 +103,15 @@ class MonitorServer:
         self._thread.join(timeout=5)
 
 
-class _Handler(BaseHTTPRequestHandler):
+class _Handler(BoundedHandler):
     routes: ClassVar[dict[str, Route]] = {}
-    protocol_version = "HTTP/1.1"
-    timeout = 30.0  # an idle or trickling client frees its thread
 
     def log_message(self, format, *args):
         log.debug("%s " + format, self.address_string(), *args)
 
     def do_GET(self) -> None:
+        if not self.begin():
+            return
         route = self.routes.get(self.path.split("?", 1)[0])
         if route is None:
             status, ctype, body = 404, "application/json", b'{"error": "no such route"}'
@@ -147,8 +121,4 @@ class _Handler(BaseHTTPRequestHandler):
             except Exception:  # a failing check is itself unhealthy, never a dead server
                 log.exception("health route %s failed", self.path)
                 status, ctype, body = 500, "application/json", b'{"error": "check failed"}'
-        self.send_response(status)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
+        self.send(status, body, ctype)

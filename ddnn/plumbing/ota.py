@@ -27,7 +27,8 @@ An accepted announcement is the tier's target until it is applied or refused: ke
 beside the bundle (``.ddnn-ota/target-{tag}.json``), fetched again with backoff while the
 server cannot serve it (:class:`~ddnn.plumbing.download.Unreachable`), and taken up again by
 a tier that restarts meanwhile. An applied version is on probation for a while, and rolled back
-if it fails its health check (:mod:`ddnn.plumbing.probation`).
+if it fails its health check (:mod:`ddnn.plumbing.probation`). The version a tier last knew good
+(accepted, or rolled back to) is what it runs after a restart (:mod:`ddnn.plumbing.good_version`).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ from ddnn.bundle import Bundle, Manifest
 from ddnn.errors import BundleError, ConfigError, DdnnError
 from ddnn.plumbing.announcement import Announcement, TargetFile, bundle_url
 from ddnn.plumbing.download import Origin, Unreachable, fetch_bundle
+from ddnn.plumbing.good_version import staging_root as default_staging_root
 from ddnn.plumbing.ota_settings import (
     ANNOUNCED_URL,
     NO_PROBATION,
@@ -117,7 +119,7 @@ class BundleUpdater:
             self.origin = Origin.of(source.origin) if source.origin else None
         except BundleError as e:
             raise ConfigError(f"cloud URL for bundle updates: {e}") from None
-        self.staging_root = staging_root or running.path.parent / ".ddnn-ota"
+        self.staging_root = staging_root or default_staging_root(running)
         self.target = TargetFile(self.staging_root / (f"target-{tag}.json" if tag
                                                       else "target.json"))
         self.applied = 0

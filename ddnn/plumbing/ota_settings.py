@@ -2,8 +2,8 @@
 come from, and the hooks it is told through (:class:`~ddnn.plumbing.ota.BundleUpdater`).
 
 The device and the edge nest :class:`UpdatePolicy` in their settings (``--ota-*`` rows); the
-device also :class:`UpdateSource` (``--ota-origin``, ``--ota-token``, ``--ota-ca-file``), the
-edge builds its source from its cloud link.
+device also :class:`UpdateSource` (``--ota-origin``, ``--ota-token``, ``--ota-ca-file``,
+``--ota-cert-file``, ``--ota-key-file``), the edge builds its source from its cloud link.
 """
 
 from __future__ import annotations
@@ -55,6 +55,8 @@ class UpdateSource:
             u = urllib.parse.urlsplit(self.origin)
             if u.scheme not in ("http", "https") or not u.hostname:
                 raise ConfigError(f"--ota-origin {self.origin!r} must be http(s)://host[:port]")
+        if self.key_file and not self.cert_file:
+            raise ConfigError("--ota-key-file needs --ota-cert-file")
 
 
 NO_PROBATION = UpdatePolicy()  # an updater's default policy: signed, newer, no probation
@@ -112,4 +114,9 @@ SOURCE_OPTIONS = (
     Option("ota-ca-file", str, "FILE",
            "CA certificate (PEM) the --ota-origin's HTTPS certificate must chain to (default: "
            "the system's CAs)", key="ca_file"),
+    Option("ota-cert-file", str, "FILE",
+           "client certificate (PEM) presented to --ota-origin, for a cloud that requires one "
+           "(ddnn cloud --ssl-ca-certs; make-certs.sh issues the device's with OU=device)",
+           key="cert_file"),
+    Option("ota-key-file", str, "FILE", "private key (PEM) of --ota-cert-file", key="key_file"),
 )

@@ -112,6 +112,11 @@ def read_json(path: Path) -> object | None:
         return None
 
 
+def good_record(root: Path, tag: str) -> Path:
+    """Where the version a tier last knew good is kept, for its next start."""
+    return root / (f"good-{tag}.json" if tag else "good.json")
+
+
 class RolledBack:
     """The versions rolled back on one tier (``rolled-back-{tag}.json``): never applied again
     there. ``name:version`` -> why and when; the :data:`KEEP` newest."""
@@ -162,6 +167,7 @@ class UpdateGuard:
         self.window, self.root, self.public_key = window, root, public_key
         self._apply, self._probe, self._on_rollback, self._clock = (apply, probe, on_rollback,
                                                                     clock)
+        self._tag = tag
         suffix = f"-{tag}" if tag else ""
         self.marker = root / f"probation{suffix}.json"
         self.rolled_back = RolledBack(root / f"rolled-back{suffix}.json")
@@ -204,7 +210,7 @@ class UpdateGuard:
         """``bundle`` now runs: its probation starts (or, without one, it is good at once)."""
         if self.window <= 0:
             self._discard([self.good.path], keep=bundle.path)
-            self.good = bundle
+            self._keep(bundle)
             return
         with self._lock:
             if self._trial is not None:
@@ -261,7 +267,8 @@ class UpdateGuard:
     def _pass(self, bundle: Bundle) -> None:
         with self._lock:
             old = [self.good, *self._replaced]
-            self.good, self._trial, self._replaced = bundle, None, []
+            self._trial, self._replaced = None, []
+        self._keep(bundle)
         self.marker.unlink(missing_ok=True)
         self._discard([b.path for b in old], keep=bundle.path)
         log.info("%s passed its probation (%g s)", bundle.ref, self.window)
@@ -285,10 +292,21 @@ class UpdateGuard:
                       "applied again after a restart", bad.ref, self.good.ref,
                       type(e).__name__, e, bad.ref)
             return None
-        self.good = good
+        self._keep(good)
         self._discard([b.path for b in (bad, *replaced)], keep=good.path)
         self._report(bad.ref, why, good)
         return good
+
+    def _keep(self, bundle: Bundle) -> None:
+        """``bundle`` is good now: what a rollback returns to, and what a restart runs
+        (:mod:`ddnn.plumbing.good_version`)."""
+        self.good = bundle
+        try:
+            write_json(good_record(self.root, self._tag), {"version": bundle.ref,
+                                                           "path": str(bundle.path)})
+        except OSError as e:  # a read-only disk: a restart runs --bundle
+            log.warning("cannot save the good version %s: %s", good_record(self.root, self._tag),
+                        e)
 
     def _report(self, ref: str, why: str, running: Bundle) -> None:
         log.warning("rolled back %s: %s; running %s; %s is not applied again here (a newer "

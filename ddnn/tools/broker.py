@@ -7,7 +7,11 @@ runs as a child process on a loopback port and is stopped with :meth:`BrokerProc
 amqtt runs with :class:`ddnn.tools.amqtt_plugins.OpenSessions`: its stock anonymous access
 keeps no queue for a persistent session, so the edge's restart would lose the messages
 published meanwhile (Mosquitto keeps them); ``tests/integration/test_broker_sessions.py``
-checks both.
+checks both. Both brokers bound what they queue for an absent persistent client
+(:data:`MAX_QUEUED_MESSAGES`, :data:`MAX_QUEUED_BYTES`; amqtt through
+:class:`ddnn.tools.amqtt_plugins.BoundedBroker`), so one client flooding while the edge is away
+cannot grow the broker without bound
+(``tests/integration/test_hostile_broker.py::test_an_absent_clients_queue_is_bounded``).
 """
 
 from __future__ import annotations
@@ -37,13 +41,20 @@ log = logging.getLogger(__name__)
 # max_packet_size), so no subscriber ever receives one; the exact envelope bound stays with the
 # receivers, which count a larger payload as "oversized". deploy/mosquitto/*.conf use the same.
 MAX_PACKET = MAX_MESSAGE + (64 << 10) + 1024
+# What a broker queues per client while it is away (a persistent session: the edge, a gateway,
+# a bridge), whichever bound comes first; past them new messages for it are dropped. 32 MiB is
+# hours of a site's scores, or 32 envelopes of the largest size: without it one client publishing
+# 1 MiB messages grew Mosquitto from 10 to 311 MiB in 6 s. deploy/mosquitto/*.conf use the same.
+MAX_QUEUED_MESSAGES = 100_000
+MAX_QUEUED_BYTES = 32 << 20
 
 
 def mosquitto_config(host: str, port: int) -> str:
     """The Mosquitto configuration of a test or demo broker on ``host:port``."""
     return (
         f"listener {port} {host}\nallow_anonymous true\npersistence false\n"
-        "max_inflight_messages 1000\nmax_queued_messages 100000\n"
+        f"max_inflight_messages 1000\nmax_queued_messages {MAX_QUEUED_MESSAGES}\n"
+        f"max_queued_bytes {MAX_QUEUED_BYTES}\n"
         # Small messages must not wait for a delayed ACK (Nagle): ~40 ms per feature pull.
         "set_tcp_nodelay true\n"
         f"max_packet_size {MAX_PACKET}\n"
@@ -146,7 +157,7 @@ def start_broker(
 
 
 async def _serve_amqtt(host: str, port: int) -> None:
-    from amqtt.broker import Broker
+    from ddnn.tools.amqtt_plugins import bounded_broker
 
     config = {
         "listeners": {"default": {"type": "tcp", "bind": f"{host}:{port}"}},
@@ -154,7 +165,7 @@ async def _serve_amqtt(host: str, port: int) -> None:
         # Open access that keeps persistent sessions (amqtt's anonymous plugin would not).
         "plugins": {"ddnn.tools.amqtt_plugins.OpenSessions": {}},
     }
-    broker = Broker(config)
+    broker = bounded_broker()(config)
     await broker.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

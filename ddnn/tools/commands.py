@@ -53,8 +53,10 @@ def _info(args) -> int:
 
     ds = load_dataset(args.path, mmap=True)  # counts only: a directory's images stay on disk
     present = ds.present
-    counts = np.bincount(ds.label, minlength=len(ds.classes))
-    print(f"{args.path}: {ds.num_samples} samples, {ds.num_views} views of {ds.image_shape}")
+    counts = np.bincount(ds.label[ds.label >= 0], minlength=len(ds.classes))
+    unseen = int((ds.label < 0).sum())
+    print(f"{args.path}: {ds.num_samples} samples, {ds.num_views} views of {ds.image_shape}"
+          + (f", {unseen} seen by no view (label -1)" if unseen else ""))
     print("classes: " + ", ".join(f"{c} ({n})" for c, n in zip(ds.classes, counts, strict=True)))
     print(
         f"present views per sample: mean {present.sum(1).mean():.2f}, "

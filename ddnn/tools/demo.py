@@ -315,7 +315,8 @@ def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None,
     n = ds.num_samples
     tiers = ("local", "edge", "cloud")
     answered = [results[f] for f in sorted(results) if f < n]
-    correct = [r["class"] == int(ds.label[r["frame"]]) for r in answered]
+    # A frame no camera saw is answered with exit "none" and no class: not in the accuracy.
+    correct = [r["class"] == int(ds.label[r["frame"]]) for r in answered if r["exit"] != "none"]
     lat = {t: [r["latency_ms"] for r in answered if r["exit"] == t] for t in tiers}
     raw = offline["bytes_per_frame"]["raw_offload"]
     return {
@@ -323,6 +324,7 @@ def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None,
         "answered": len(answered),
         "degraded": sum(bool(r.get("degraded")) for r in answered),
         "exits": {t: sum(r["exit"] == t for r in answered) for t in tiers},
+        "no_view": sum(r["exit"] == "none" for r in answered),
         "live_accuracy": float(np.mean(correct)) if correct else 0.0,
         "offline": offline,
         "bytes_per_frame": {
@@ -363,6 +365,9 @@ def _table(s: dict) -> str:
             f"{t:<8}{s['exits'][t]:>8}{share:>12.3f}{off['exit_fraction'][t]:>15.3f}"
             f"{p50:>9}{p99:>9}"
         )
+    if s.get("no_view"):
+        lines.append(f"{'none':<8}{s['no_view']:>8}   frames no camera saw (answered, "
+                     "unclassified)")
     b = s["bytes_per_frame"]
     live_b = f"{b['live']:.1f}" if b["live"] is not None else "n/a"
     lines += [

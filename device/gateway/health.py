@@ -80,7 +80,8 @@ def readiness(service) -> Check:
         since = client.disconnected_since
         if since is not None and now - since > grace:
             check.reasons.append(f"{what} {client.url} unreachable for {now - since:.0f} s (more "
-                                 f"than --health-grace {grace:g} s)")
+                                 f"than --health-grace {grace:g} s)"
+                                 + client.attempts.last_attempt())
     return check
 
 

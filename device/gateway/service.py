@@ -22,6 +22,7 @@ from ddnn.plumbing.health import MonitorServer
 from ddnn.plumbing.lifecycle import Lifecycle, Worker
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.plumbing.throttle import LogThrottle
+from ddnn.result import Result, ResultError
 from ddnn.status import status_fields, status_time
 from ddnn.topics import DELIVERY, DEVICE_KINDS, Topics, subscription
 
@@ -58,7 +59,7 @@ class GatewayService:
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                        security=s.security,
+                        connect_timeout=s.connect_timeout, security=s.security,
                         subscriptions=[subscription(t.requests(s.edge_id), "requests"),
                                        subscription(t.edge_status(s.edge_id), "status"),
                                        subscription(t.bundle, "bundle")]),
@@ -69,8 +70,9 @@ class GatewayService:
         self.local = MqttClient(
             s.local, f"ddnn-{s.deployment}-{s.gateway_id}-local",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max, persistent=True,
-                        subscriptions=[subscription(t.all_devices(k), k) for k in DEVICE_KINDS]
-                        + ([subscription(t.results, "results")] if s.forward_results else [])),
+                        security=s.local_security, connect_timeout=s.connect_timeout,
+                        subscriptions=[subscription(t.all_devices(k), k) for k in DEVICE_KINDS
+                                       if k != "results" or s.forward_results]),
             on_message=self._from_device)
         self.metrics = GatewayMetrics()
         self.http: MonitorServer | None = None  # /metrics, /healthz, /livez (--http-port)
@@ -88,13 +90,12 @@ class GatewayService:
         if self._stopping:
             return False
         delivery = self.local.delivering
-        if topic == self.topics.results:  # a one-view device's own answer: up as it is
-            self._publish(topic, payload, DELIVERY["results"].qos, [delivery])
-            return False
         parsed = self.topics.parse_device(topic)
         if parsed is None or not self._forwards(parsed[0]):
             return None
         device, kind = parsed
+        if kind == "results":  # a one-view device's own answer: up as it is, the edge checks it
+            return self._device_result(device, payload, delivery)
         if kind == "status":
             self._device_status(device, payload)
             return None
@@ -109,6 +110,23 @@ class GatewayService:
                             self.forwarded["dropped"], e)
             return None
         self.coalescer.add((kind, frame), device, payload, delivery)
+        return False
+
+    def _device_result(self, device: str, payload: bytes, delivery) -> bool | None:
+        """Up on the gateway's results topic, if it is ``device``'s own: the edge trusts this
+        gateway for all its devices, so which one sent it is checked here, from its topic."""
+        try:
+            views = Result.from_json(payload).views
+        except ResultError:
+            views = ()
+        if views != (device,):
+            self._count("dropped")
+            if self._drops_log():
+                log.warning("dropping a result on %s's topic that is not its own (%d dropped so "
+                            "far)", device, self.forwarded["dropped"])
+            return None
+        self._publish(self.topics.gateway(self.settings.gateway_id, "results"), payload,
+                      DELIVERY["results"].qos, [delivery])
         return False
 
     def _forwards(self, device: str) -> bool:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing.health import MonitorHttp
-from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity
+from ddnn.plumbing.mqtt import CONNECT_TIMEOUT_OPTION, SECURITY_OPTIONS, BrokerUrl, MqttSecurity
 from ddnn.plumbing.options import Option, bind, boolean, describe, grouped, id_list
 from ddnn.topics import Topics
 
@@ -22,6 +23,7 @@ class GatewaySettings:
     local: str  # the devices' broker
     broker: str  # the edge's broker, over the uplink
     security: MqttSecurity = MqttSecurity()  # TLS and credentials for the edge's broker
+    local_security: MqttSecurity = MqttSecurity()  # the same for the devices' broker
     gateway_id: str = "gw0"
     devices: tuple[str, ...] = ()  # the devices it forwards; empty: any, up to MAX_DEVICES
     deployment: str = "default"
@@ -31,6 +33,7 @@ class GatewaySettings:
     forward_results: bool = False  # one-view bundles: devices publish their own results
     keepalive: int = 10
     reconnect_max: int = 30
+    connect_timeout: float = 10.0  # seconds for TCP, TLS and the CONNACK, each (both brokers)
     http: MonitorHttp = MonitorHttp()  # the gateway's own HTTP server (/metrics, /healthz)
     health_grace: float = 30.0  # a broker unreachable this long: /healthz answers 503
 
@@ -47,14 +50,22 @@ class GatewaySettings:
             raise ConfigError("--coalesce-ms must be between 0 and 1000")
         if self.health_grace < 0:
             raise ConfigError(f"health_grace must not be negative, got {self.health_grace}")
+        if not self.connect_timeout > 0:
+            raise ConfigError(f"connect_timeout must be positive, got {self.connect_timeout}")
 
     def describe(self) -> dict:
         """The resolved settings for the start-up log, secrets masked (the URLs' too)."""
         return describe(self, OPTIONS)
 
 
+# The devices' broker takes the same TLS and credential options, as --local-ca-file etc.
+LOCAL_SECURITY_OPTIONS = tuple(
+    dataclasses.replace(o, name=f"local-{o.name}", key=o.attr,
+                        help=f"{o.help} (the devices' broker)") for o in SECURITY_OPTIONS)
+
 OPTIONS = (
-    Option("local", str, "URL", "the devices' MQTT broker (local to the site)"),
+    Option("local", str, "URL", "the devices' MQTT broker (local to the site; mqtts:// for TLS)"),
+    *grouped("local_security", LOCAL_SECURITY_OPTIONS),
     Option("broker", str, "URL", "the edge's MQTT broker, over the uplink (mqtts:// for TLS)"),
     *grouped("security", SECURITY_OPTIONS),
     Option("gateway-id", str, "ID", "this gateway's id: its topics, and what the edge lets it "
@@ -70,6 +81,7 @@ OPTIONS = (
                                                "bundles decide on the device)"),
     Option("keepalive", int, "S", "MQTT keepalive, seconds"),
     Option("reconnect-max", int, "S", "cap of the reconnection backoff, seconds"),
+    CONNECT_TIMEOUT_OPTION,
     *grouped("http", (
         Option("http-host", str, "ADDR", "address of the gateway's HTTP server", key="host"),
         Option("http-port", int, "PORT",

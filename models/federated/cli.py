@@ -25,7 +25,8 @@ def register(sub, data_sub, formatter) -> None:
         formatter_class=formatter)
     _federation_options(p)
     p.add_argument("--site", action="append", default=[], metavar="PATH",
-                   help="a site's dataset file or directory (repeat: one client per site)")
+                   help="a site's dataset file or directory, or the experience directory an "
+                   "edge recorded (ddnn edge --experience; repeat: one client per site)")
     p.add_argument("--site-experience", action="append", default=[], metavar="DIR",
                    help="a site that learns from recorded experience only (repeatable)")
     p.set_defaults(func=_one_machine)
@@ -147,8 +148,8 @@ def _one_machine(args) -> int:
         stopped_by_sigterm,
     )
 
-    sites = [Site(data=p) for p in args.site] + [Site(experience=p)
-                                                 for p in args.site_experience]
+    sites = [site_of(p) for p in args.site] + [Site(experience=p)
+                                               for p in args.site_experience]
     if not sites:
         raise ConfigError("give at least one --site (or use `ddnn federate server|client`)")
     for site in sites:
@@ -159,6 +160,17 @@ def _one_machine(args) -> int:
     with stopped_by_sigterm():
         result = run_on_one_machine(s, sites, args.key, _progress(args))
     return _report(args, result)
+
+
+def site_of(path: str):
+    """``--site PATH``: a directory of recorded experience (``ddnn edge --experience``) is
+    learnt from as such; anything else is a labelled dataset."""
+    from ddnn.experience import chunks
+    from ddnn.models.federated.driver import Site
+
+    if Path(path).is_dir() and chunks(path):
+        return Site(experience=path)
+    return Site(data=path)
 
 
 def _server(args) -> int:

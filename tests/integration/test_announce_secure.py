@@ -32,7 +32,7 @@ def pki(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pki")
     subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out),
                     "--broker-host", "127.0.0.1", "--devices", "cam0,cam1", "--edges", "edge0",
-                    "--install-dir", str(out / "clients")],
+                    "--deployments", DEPLOYMENT, "--install-dir", str(out / "clients")],
                    check=True, capture_output=True, text=True)
     shutil.copy(out / "ca.crt", out / "clients")  # where the env files say it is installed
     return out
@@ -99,7 +99,7 @@ def test_make_certs_makes_an_operator_identity_the_acl_lets_announce(pki):
     assert Path(env[ENV_PREFIX + "CERT_FILE"]).is_file()
     assert "operator:" in (pki / "passwd").read_text()
     acl = (pki / "acl").read_text()
-    assert re.search(r"^user operator\ntopic readwrite ddnn/\+/bundle$", acl, re.M)
+    assert re.search(rf"^user operator\ntopic readwrite ddnn/{DEPLOYMENT}/bundle$", acl, re.M)
 
 
 def test_the_operator_announces_and_a_device_cannot(broker, pki):

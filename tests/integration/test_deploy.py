@@ -352,7 +352,7 @@ def test_systemd_units_verify(tmp_path):
             (root / exe.lstrip("/")).write_text("#!/bin/sh\n")
             (root / exe.lstrip("/")).chmod(0o755)
     names = [u.name.replace("@.service", "@0.service") for u in units.iterdir()]
-    assert len(names) == 3
+    assert len(names) == 4  # cloud, device@, edge, gateway
     done = subprocess.run([analyze, "verify", f"--root={root}", "--man=no", *names],
                           capture_output=True, text=True, timeout=120)
     # verify exits 0 on warnings (an unknown key, a bad value): any output is a failure.
@@ -420,7 +420,7 @@ def pki(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("pki")
     subprocess.run(["bash", str(DEPLOY / "make-certs.sh"), str(out), "--broker-host",
                     "127.0.0.1", "--devices", "cam0", "--edges", "edge0", "--operators",
-                    "operator,bridge-site1", "--cloud-host", "127.0.0.1"],
+                    "operator,bridge-site1", "--deployments", "site1", "--cloud-host", "127.0.0.1"],
                    check=True, capture_output=True, text=True)
     return out
 
@@ -462,9 +462,10 @@ def test_the_sample_bridge_carries_results_up_and_bundles_down(pki, tmp_path):
     block = "\n".join(line.removeprefix("#   #   ") for line in sample.splitlines()
                       if line.startswith("#   #   "))
     acl = (pki / "acl").read_text().replace(
-        "user bridge-site1\ntopic readwrite ddnn/+/bundle", block)
-    acl = acl.replace("user operator\ntopic readwrite ddnn/+/bundle",
-                      "user operator\ntopic readwrite ddnn/+/bundle\ntopic read ddnn/+/results")
+        "user bridge-site1\ntopic readwrite ddnn/site1/bundle", block)
+    acl = acl.replace("user operator\ntopic readwrite ddnn/site1/bundle",
+                      "user operator\ntopic readwrite ddnn/site1/bundle\n"
+                      "topic read ddnn/site1/results")
     assert "topic write ddnn/site1/results" in acl
     (pki / "acl").write_text(acl)
 

@@ -274,3 +274,31 @@ def test_posted_device_results_are_checked(one_view_bundle, change, why):
     finally:
         edge.stop()
     assert edge.agg.metrics.dropped.value(reason="malformed") == 3
+
+
+def test_a_frame_no_camera_saw_is_answered_unclassified(mosquitto, tiny_bundle, tiny_data, cloud,
+                                                        thresholds, tmp_path):
+    # Devices replay a file in which some scenes are blank in every view (sent "absent"); the
+    # edge answers those frames exit "none", never a class made from nothing.
+    with np.load(tiny_data.test) as f:
+        arrays = dict(f)
+    blank = [3, 50, 119]
+    arrays["X"][blank] = 0.0
+    data = tmp_path / "blank.npz"
+    np.savez(data, **arrays)
+    edge = Edge(tiny_bundle, mosquitto.url, cloud.url, deployment="blank", **mixed(thresholds))
+    try:
+        run_devices(tiny_bundle, data, mosquitto.url, deployment="blank")
+        wait_for(lambda: edge.agg.answered >= 120, what="120 results")
+    finally:
+        edge.stop()
+    by_frame = {r["frame"]: r for r in edge.agg.results}
+    assert sorted(by_frame) == list(range(120))
+    views = [f"cam{v}" for v in range(3)]
+    for i in blank:
+        assert by_frame[i] == {**by_frame[i], "class": None, "label": None, "exit": "none",
+                               "entropy": None, "views": [], "partial": False,
+                               "missing": dict.fromkeys(views, "absent")}
+    assert all(by_frame[i]["exit"] != "none" and by_frame[i]["class"] is not None
+               for i in by_frame if i not in blank)
+    assert edge.agg.metrics.frames.value(exit="none", degraded="false") == len(blank)

@@ -26,7 +26,7 @@ from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions, Mqtt
 from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.tools.broker import mosquitto_path
 from ddnn.topics import Topics, default_device_ids
-from tests.support.brokers import Pki, mosquitto_tls
+from tests.support.brokers import Pki, make_pki, mosquitto_tls
 from tests.support.cloud import cloud_wait_ready
 from tests.support.polling import wait_for
 
@@ -81,17 +81,9 @@ def pki(tmp_path_factory) -> Pki:
     from cryptography.hazmat.primitives import serialization
 
     out = tmp_path_factory.mktemp("pki")
-    subprocess.run(["bash", str(ROOT / "deploy" / "make-certs.sh"), str(out),
-                    "--broker-host", "127.0.0.1", "--broker-host", "localhost",
-                    "--devices", "cam0,cam1,cam2", "--edges", "edge0",
-                    "--cloud-host", "127.0.0.1", "--install-dir", str(out)],
-                   check=True, capture_output=True, text=True)
-    passwords = {}
-    for env in (out / "env").glob("*.env"):
-        values = dict(line.split("=", 1) for line in env.read_text().splitlines())
-        # DDNN_DEVICE_*, DDNN_EDGE_* or (operators) DDNN_ANNOUNCE_*
-        user = next(v for k, v in values.items() if k.endswith("_USERNAME"))
-        passwords[user] = next(v for k, v in values.items() if k.endswith("_PASSWORD"))
+    pki = make_pki(out, "--broker-host", "127.0.0.1", "--broker-host", "localhost",
+                   "--devices", "cam0,cam1,cam2", "--edges", "edge0", "--deployments", DEPLOYMENT,
+                   "--cloud-host", "127.0.0.1", "--install-dir", str(out))
     ca_cert = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
     ca_key = serialization.load_pem_private_key((out / "ca.key").read_bytes(), None)
     clients = out / "clients"
@@ -104,7 +96,7 @@ def pki(tmp_path_factory) -> Pki:
                 server=True)
     _write_cert(out / "rogue-expired.crt", out / "rogue-expired.key", "127.0.0.1",
                 issuer_cert=ca_cert, issuer_key=ca_key, days=(-30, -1), server=True)
-    return Pki(out, passwords)
+    return pki
 
 
 # --- brokers ------------------------------------------------------------------------------------

@@ -114,6 +114,8 @@ def live_replay(userland: Userland, work: Path, bundle: Path, data: Path) -> dic
     device = ["device", "--bundle", str(bundle), "--data", str(data), "--fps", str(FPS),
               "--deployment", DEPLOYMENT, "--wait-peers", "300", "--grace", "1",
               "--threads", "1"]
+    # The devices' spools (on by default) in this run's folder, never the user's state.
+    os.environ["XDG_STATE_HOME"] = state = str(work / "state")
     procs: list[subprocess.Popen] = []
     with start_broker(prefer="mosquitto") as broker:
         try:
@@ -134,7 +136,8 @@ def live_replay(userland: Userland, work: Path, bundle: Path, data: Path) -> dic
             with open(work / "device-arm64.log", "wb") as log:
                 arm = subprocess.Popen(
                     userland.command([f"{VENV}/bin/python", "-m", "ddnn", *device, "--broker",
-                                      broker.url, "--view", str(VIEW)], binds=[work], env=ENV),
+                                      broker.url, "--view", str(VIEW)], binds=[work],
+                                     env={**ENV, "XDG_STATE_HOME": state}),
                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
             procs.append(arm)
             watch = MemoryWatch(arm, emulated=True, every=0.2).start()

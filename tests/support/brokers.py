@@ -1,11 +1,13 @@
 """Mosquitto with TLS, and with a deployment's PKI its passwords and ACL too (what
-deploy/mosquitto/secure.conf sets up), on a free loopback port."""
+deploy/mosquitto/secure.conf sets up), on a free loopback port; the PKI made by
+deploy/make-certs.sh."""
 
 from __future__ import annotations
 
 import contextlib
 import getpass
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +35,25 @@ class Pki:
                             else password)
 
 
+MAKE_CERTS = Path(__file__).resolve().parents[2] / "deploy" / "make-certs.sh"
+
+
+def make_pki(out: Path, *args: str) -> Pki:
+    """deploy/make-certs.sh OUT ARGS..., with every identity's password read back from its env
+    file (DDNN_DEVICE_*, DDNN_EDGE_* or, for operators, DDNN_ANNOUNCE_*)."""
+    done = subprocess.run(["bash", str(MAKE_CERTS), str(out), *args], capture_output=True,
+                          text=True)
+    if done.returncode:
+        sys.stderr.write(done.stderr)
+        done.check_returncode()
+    passwords = {}
+    for env in (out / "env").glob("*.env"):
+        values = dict(line.split("=", 1) for line in env.read_text().splitlines())
+        if user := next((v for k, v in values.items() if k.endswith("_USERNAME")), None):
+            passwords[user] = next(v for k, v in values.items() if k.endswith("_PASSWORD"))
+    return Pki(out, passwords)
+
+
 @dataclass
 class SecureBroker:
     url: str
@@ -50,9 +71,11 @@ class SecureBroker:
 
 
 @contextlib.contextmanager
-def mosquitto_tls(workdir: Path, ca: Path, cert: Path, key: Path, *, pki: Pki | None = None):
+def mosquitto_tls(workdir: Path, ca: Path, cert: Path, key: Path, *, pki: Pki | None = None,
+                  identity: bool = False):
     """Mosquitto on a free loopback port: TLS, and with ``pki`` client certificates, the password
-    file and the ACL required (what deploy/mosquitto/secure.conf sets up)."""
+    file and the ACL required (what deploy/mosquitto/secure.conf sets up); with ``identity``,
+    the certificate's CN is the username instead of a password (its use_identity_as_username)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     conf = [f"listener {port} 127.0.0.1", f"cafile {ca}", f"certfile {cert}", f"keyfile {key}",
@@ -62,7 +85,9 @@ def mosquitto_tls(workdir: Path, ca: Path, cert: Path, key: Path, *, pki: Pki | 
             f"user {getpass.getuser()}"]
     if pki is not None:
         conf += ["require_certificate true", "allow_anonymous false",
-                 f"password_file {pki.dir / 'passwd'}", f"acl_file {pki.dir / 'acl'}"]
+                 f"acl_file {pki.dir / 'acl'}",
+                 "use_identity_as_username true" if identity
+                 else f"password_file {pki.dir / 'passwd'}"]
     else:
         conf += ["allow_anonymous true"]
     (workdir / "mosquitto.conf").write_text("\n".join(conf) + "\n")

@@ -141,3 +141,45 @@ def six_view_bundle(root: Path, frames: int = 200) -> SixViews:
     build_bundle(root / "train.npz", root / "six", DDNNConfig(epochs=3, batch_size=32, seed=0),
                  name="six", version="1", progress=False, log=lambda *_: None)
     return SixViews(root / "six", root / "test.npz", root / "wrong.npz", frames)
+
+
+# --- a domain change: a bundle whose exits are confident on its own domain -------------------
+# tiny_bundle is barely better than chance, so its early exits disagree with the cloud
+# everywhere; drift needs a bundle that fits its domain (about 0.99 on it, 0.5 on the drifted
+# one, where its local exit still answers most frames but disagrees with the cloud on some
+# 12 %): an easier scene, more samples, the default network (about a minute on 2 cores).
+DRIFT_SCENE = {"views": 3, "classes": 3, "size": 16, "body_blobs": 3, "parts": 3,
+               "absent_prob": 0.05, "occlusion_prob": 0.1, "noise": 0.03}
+
+
+def drift_bundle(root: Path) -> Path:
+    """A bundle trained on :data:`DRIFT_SCENE` (torch)."""
+    from ddnn.models.build import build_bundle
+    from ddnn.models.config import DDNNConfig
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
+
+    save_dataset(root / "train.npz", synthesize(800, SceneConfig(**DRIFT_SCENE), seed=1))
+    build_bundle(root / "train.npz", root / "bundle",
+                 DDNNConfig(epochs=8, batch_size=32, seed=0),
+                 name="field", version="1", progress=False, log=lambda *_: None)
+    return root / "bundle"
+
+
+def domain_change(path: Path, before: int, after: int, drifts=("lighting", "rotation",
+                                                                "remount")) -> Path:
+    """A replay of ``before`` frames of :data:`DRIFT_SCENE`'s domain, then ``after`` frames of
+    its drifted domain (``ddnn data synth --drift``), in one file."""
+    from ddnn.models.synth import (
+        SceneConfig,
+        apply_drift,
+        drifted_config,
+        save_dataset,
+        synthesize,
+    )
+
+    cfg = SceneConfig(**DRIFT_SCENE)
+    parts = [synthesize(before, cfg, seed=2),
+             apply_drift(synthesize(after, drifted_config(cfg, drifts), seed=3), drifts)]
+    save_dataset(path, {k: (np.concatenate([p[k] for p in parts]) if k != "classes"
+                            else parts[0][k]) for k in parts[0]})
+    return path

@@ -66,6 +66,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "test_hostile_pulls": ("device",), "test_ota_retry": ("plumbing",),
     "test_paho_versions": ("plumbing",), "test_results_callback": ("edge",),
     "test_security": (*HIERARCHY, "plumbing"), "test_topic_aliases": ("plumbing",),
+    "test_unreachable_broker": ("device", "edge", "plumbing"),
     "test_updater_rollback": ("plumbing",), "test_without_torch": ("device", "contract"),
     # end to end
     "test_offline_cli": ("models",), "test_readme": (*HIERARCHY, "models"),
@@ -115,6 +116,31 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write_line(message, red=True)
         else:
             print(message, file=sys.stderr)
+
+
+# --- state ---------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="session", autouse=True)
+def _session_state(tmp_path_factory) -> Iterator[None]:
+    """Devices keep their state (the default spool, per deployment and device id) under
+    ``$XDG_STATE_HOME``: never the user's during tests, also for module-scoped fixtures."""
+    saved = {k: os.environ.get(k) for k in ("XDG_STATE_HOME", "STATE_DIRECTORY")}
+    os.environ["XDG_STATE_HOME"] = str(tmp_path_factory.mktemp("state"))
+    os.environ.pop("STATE_DIRECTORY", None)
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(autouse=True)
+def device_state(tmp_path_factory, monkeypatch) -> Path:
+    """Each test's own state directory: its devices never find another test's spool."""
+    state = tmp_path_factory.mktemp("state")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    return state
 
 
 # --- data and bundles ---------------------------------------------------------------------------

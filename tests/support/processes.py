@@ -19,14 +19,18 @@ from ddnn.tools.broker import free_port
 from ddnn.topics import Topics
 from tests.support.polling import wait_for
 
-ENV = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+def child_env() -> dict[str, str]:
+    """The environment of a child process: this one's as it is now (a test's own state
+    directory, where devices keep their spool, included), unbuffered, one thread."""
+    return {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
 
 def ddnn_process(args: list[str], log: Path) -> subprocess.Popen:
     """``python -m ddnn ARGS`` in its own process group, output to ``log``."""
     with open(log, "wb") as f:
         return subprocess.Popen([sys.executable, "-m", "ddnn", *args], stdout=f,
-                                stderr=subprocess.STDOUT, env=ENV, start_new_session=True)
+                                stderr=subprocess.STDOUT, env=child_env(), start_new_session=True)
 
 
 def stop_process(proc: subprocess.Popen, timeout: float = 10.0) -> int:
@@ -178,6 +182,6 @@ class Statuses:
 def announce(broker: str, version: str, cloud: str) -> None:
     subprocess.run([sys.executable, "-m", "ddnn", "announce", "--broker", broker,
                     "--deployment", DEPLOYMENT, "--name", "tiny", "--version", version,
-                    "--cloud", cloud], check=True, env=ENV, timeout=60)
+                    "--cloud", cloud], check=True, env=child_env(), timeout=60)
 
 

@@ -85,11 +85,24 @@ def test_missing_and_unreadable_files(tmp_path):
         load_dataset(tmp_path / "junk.npz")
 
 
-def test_sample_without_any_view_is_rejected(tmp_path):
+def test_a_sample_no_view_sees_is_kept_with_label_minus_one(tmp_path):
+    # A scene where no camera sees anything is normal: replayed, answered "none", not trained on.
     X, y, label = _sample()
     X[2] = 0.0
-    with pytest.raises(DatasetError, match="sample 2 has no present view"):
-        load_dataset(_write(tmp_path / "d.npz", X=X, y=y, label=label))
+    ds = load_dataset(_write(tmp_path / "d.npz", X=X, y=y, label=label), num_classes=3)
+    assert ds.label[2] == -1 and not ds.present[2].any() and (ds.label[[0, 1]] >= 0).all()
+    ds = load_dataset(_write(tmp_path / "e.npz", X=X, y=y), num_classes=3)  # label from y
+    assert ds.label[2] == -1
+
+
+def test_training_skips_the_samples_no_view_sees(tmp_path):
+    from ddnn.models.build import seen
+
+    pytest.importorskip("torch")
+    X, y, label = _sample()
+    X[2] = 0.0
+    ds = seen(load_dataset(_write(tmp_path / "d.npz", X=X, y=y, label=label), num_classes=3))
+    assert ds.num_samples == len(label) - 1 and (ds.label >= 0).all()
 
 
 def test_pickled_arrays_are_refused(tmp_path):

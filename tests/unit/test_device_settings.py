@@ -52,6 +52,17 @@ def test_a_source_flag_overrides_the_source_variables(env):
     ({"DDNN_DEVICE_TOKEN": " "}, "token must not be empty"),
     ({"DDNN_DEVICE_BUNDLE": "/nonexistent"}, "no such directory"),
     ({"DDNN_DEVICE_VIEW": "one"}, "DDNN_DEVICE_VIEW: invalid value"),
+    ({"DDNN_DEVICE_SPOOL": "/s", "DDNN_DEVICE_NO_SPOOL": "true"}, "exclude each other"),
+    # Options of the HTTP path that would be ignored are refused.
+    ({"DDNN_DEVICE_TOKEN": "t0ken"}, "--token: used on the HTTP path only, which needs "
+                                     "--edge-url"),
+    ({"DDNN_DEVICE_EDGE_CA_FILE": "/ca.crt"}, "--edge-ca-file: used on the HTTP path only"),
+    ({"DDNN_DEVICE_EDGE_URL": "http://edge:9100", "DDNN_DEVICE_EDGE_CA_FILE": "/ca.crt"},
+     "--edge-ca-file needs an https:// --edge-url"),
+    ({"DDNN_DEVICE_EDGE_URL": "https://edge:9100", "DDNN_DEVICE_EDGE_CA_FILE": "/ca.crt"},
+     "edge CA file /ca.crt: no such file"),
+    ({"DDNN_DEVICE_EDGE_URL": "edge:9100"}, "must be http\\(s\\)://host"),
+    ({"DDNN_DEVICE_FAILOVER_AFTER": "0"}, "failover_after must be at least 0.1"),
 ])
 def test_bad_settings_are_refused_with_the_reason(env, change, why):
     with pytest.raises(ConfigError, match=why):
@@ -64,14 +75,15 @@ def test_bundle_and_view_are_required(env):
 
 
 def test_describe_masks_every_secret(env):
-    shown = settings_from(argparse.Namespace(token="tok"), env).describe()
+    shown = settings_from(argparse.Namespace(token="tok", edge_url="http://edge:9100"),
+                          env).describe()
     assert shown["password"] == "***" and shown["token"] == "***"
     assert shown["broker"] == "mqtt://cam1@broker:1883"
     assert "s3cret" not in repr(shown) and "hunter2" not in repr(shown)
 
 
 def test_from_settings_checks_the_view_and_resolves_for_the_bundle(tiny_bundle, tiny_data,
-                                                                   caplog):
+                                                                   device_state, caplog):
     base = dict(bundle=tiny_bundle, data=tiny_data.test, edge_url="http://127.0.0.1:9")
     with pytest.raises(ConfigError, match="outside the bundle's views 0..2"):
         DeviceService.from_settings(DeviceSettings(view=3, **base))
@@ -82,6 +94,11 @@ def test_from_settings_checks_the_view_and_resolves_for_the_bundle(tiny_bundle, 
     # The HTTP fallback has no pull channel; peers default to every view.
     assert (s.mode, s.peers, s.device_id) == ("push", ("cam0", "cam1", "cam2"), "cam2")
     assert service.agent.settings is s and len(service.source) == 120
+    # Durable by default: the spool is in the state directory, per deployment and device.
+    assert s.spool == device_state / "ddnn" / "spool" / "default" / "cam2"
+    assert service.outbox.spooled
+    off = DeviceService.from_settings(DeviceSettings(view=2, no_spool=True, **base))
+    assert off.settings.spool is None and not off.outbox.spooled
 
 
 def test_over_the_air_options(env):

@@ -1,12 +1,15 @@
 """The device's on-disk spool: a message stays until the broker acknowledged it, survives a
 restart whatever state it was in, and a write cut short loses only itself."""
 
+import dataclasses
 from pathlib import Path
 
 import pytest
 
 from ddnn.device.buffer import Outbox, OutMessage
 from ddnn.device.spool import Spool
+from ddnn.device.spool_run import SpoolRun, default_spool_dir
+from ddnn.errors import ConfigError
 
 
 class Receipt:
@@ -134,3 +137,73 @@ def test_the_one_file_per_message_spool_is_taken_over(tmp_path: Path):
     box.pop()
     box.close()
     assert [m.frame for _, m in Spool(tmp_path).recovered] == [8]
+
+
+# --- whose spool: a run sends again only what it left itself ------------------------------------
+
+RUN = SpoolRun("site", "cam0", "tiny:1", "camera:0")
+
+
+def test_the_default_spool_is_per_deployment_and_device(tmp_path):
+    env = {"HOME": str(tmp_path / "home")}
+    assert default_spool_dir("site", "cam0", env) == \
+        tmp_path / "home/.local/state/ddnn/spool/site/cam0"
+    env["XDG_STATE_HOME"] = str(tmp_path / "xdg")
+    assert default_spool_dir("site", "cam1", env) == tmp_path / "xdg/ddnn/spool/site/cam1"
+    env["STATE_DIRECTORY"] = f"{tmp_path / 'systemd'}:/other"  # systemd's StateDirectory=
+    assert default_spool_dir("b", "cam0", env) == tmp_path / "systemd/spool/b/cam0"
+
+
+@pytest.mark.parametrize("other", [
+    SpoolRun("site", "cam0", "tiny:2", "camera:0"),  # another bundle version
+    SpoolRun("site", "cam0", "tiny:1", "camera:1"),  # another source
+    SpoolRun("site", "cam1", "tiny:1", "camera:0"),  # another device given the same --spool
+    SpoolRun("lab", "cam0", "tiny:1", "camera:0"),  # another deployment
+])
+def test_a_spool_another_run_left_is_never_sent(tmp_path, other, caplog):
+    box = Outbox(100, tmp_path, run=RUN)
+    for i in range(5):
+        box.put(msg(i))
+    box.close()
+    again = Outbox(100, tmp_path, run=other)
+    assert frames(again) == []
+    assert "dropping 5 messages another run left" in caplog.text
+    again.close()
+    assert not list(tmp_path.glob("*.log")), "dropped for good"
+
+
+def test_a_restarted_run_sends_what_it_left_and_a_replay_not_what_it_sends_again(tmp_path):
+    box = Outbox(100, tmp_path, run=RUN)
+    for i in range(5):
+        box.put(msg(i))
+    box.close()
+    again = Outbox(100, tmp_path, run=RUN)  # a camera: frame ids never repeat
+    assert frames(again) == [0, 1, 2, 3, 4]
+    for i in range(10):
+        again.put(msg(i))
+    again.close()
+    replay = dataclasses.replace(RUN, replayed=range(3, 20))  # frames 3..19 are sent afresh
+    assert frames(Outbox(100, tmp_path, run=replay)) == [0, 1, 2]
+
+
+def test_one_process_at_a_time(tmp_path):
+    box = Outbox(100, tmp_path, run=RUN)
+    with pytest.raises(ConfigError, match="in use by another process"):
+        Outbox(100, tmp_path, run=RUN)
+    box.close()
+    Outbox(100, tmp_path, run=RUN).close()
+
+
+def test_the_outbox_and_its_spool_are_bounded_in_bytes(tmp_path):
+    bound = 200 << 10
+    box = Outbox(1_000_000, tmp_path, max_bytes=bound, run=RUN)
+    payload = b"x" * 1000
+    for i in range(2000):  # ten times the bound
+        box.put(OutMessage("features", payload, i))
+        if i % 10 == 0:
+            box.taken(Receipt())  # a few in flight, never acknowledged: they stay too
+    on_disk = sum(f.stat().st_size for f in tmp_path.glob("*.log"))
+    assert box.dropped > 1500
+    assert len(box) * len(payload) <= bound
+    assert on_disk <= 2 * bound  # the bound, plus segments pinned by a message in flight
+    box.close()

@@ -40,12 +40,13 @@ def edge(bundle, threshold: float = 1.0, plain: bool = True) -> tuple[EdgeAggreg
 
 
 def messages(agg: EdgeAggregator, frames: int) -> list[tuple[str, bytes]]:
-    """Every view's scores for ``frames`` frames, as they come over MQTT (within the bound the
-    bundle records from calibration: the edge refuses larger ones)."""
+    """Every view's scores for ``frames`` frames, as they come over MQTT."""
     m, rng = agg.manifest, np.random.default_rng(3)
+    bound = m.calibration.get("scores", {}).get("max_abs", 3.0)  # (what the edge takes)
     return [(Topics().device(d, "scores"), env.encode(env.pack(
         MessageType.SCORES, version=m.version, frame=n, codec=m.codec["scores"],
-        tensor=rng.normal(size=(1, m.num_classes)).astype(np.float32) * 0.5)))
+        tensor=np.clip(rng.normal(size=(1, m.num_classes)) * 3, -bound, bound
+                       ).astype(np.float32))))
         for n in range(frames) for d in agg.devices]
 
 

@@ -52,6 +52,11 @@ def test_the_bundle_is_required_and_bad_values_name_their_source():
     ({"http_token": "t", "http_tokens": Path("f"), "http_port": 0}, "not both"),
     ({"http_tokens": Path("f")}, "--http-tokens needs --http-port"),
     ({"http_max_connections": 0}, "http_max_connections must be at least 1"),
+    ({"http_cert_file": Path("c"), "http_port": 0}, "--http-cert-file and --http-key-file "
+                                                    "together"),
+    ({"http_cert_file": Path("c"), "http_key_file": Path("k")}, "need --http-port"),
+    ({"http_cert_file": Path("c"), "http_key_file": Path("k"), "http_port": 0},
+     "certificate or key c: no such file"),
 ])
 def test_bad_settings_are_refused(change, match):
     with pytest.raises(ConfigError, match=match):

@@ -39,3 +39,19 @@ def test_the_flower_app_validates_and_takes_our_run_config(tmp_path):
     assert parse_config_args([node]) == {"data": str((tmp_path / "site one.npz").resolve())}
     with pytest.raises(ConfigError, match="quote"):
         deployment.node_config("it's.npz", None)
+
+
+def test_a_site_directory_of_recorded_experience_is_learnt_from_as_experience(tmp_path):
+    import numpy as np
+
+    from ddnn.experience import write_chunk
+    from ddnn.models.federated.cli import site_of
+
+    recorded, dataset = tmp_path / "experience", tmp_path / "images"
+    dataset.mkdir()
+    write_chunk(recorded, np.zeros((2, 3, 4, 2, 2)), np.ones((2, 3), bool),
+                np.full((2, 3), 1 / 3), model=("m", "1"), classes=["a", "b", "c"],
+                device_codec="binary")
+    assert site_of(str(recorded)).experience == str(recorded)
+    assert site_of(str(dataset)).data == str(dataset)  # (no chunk: a dataset directory)
+    assert site_of(str(tmp_path / "site.npz")).data == str(tmp_path / "site.npz")

@@ -6,7 +6,7 @@ from pathlib import Path
 import jsonschema_rs
 import pytest
 
-from ddnn.result import Result, ResultError, json_schema, result_for
+from ddnn.result import Result, ResultError, json_schema, result_for, unanswered
 
 ROOT = Path(__file__).resolve().parents[2]
 CLASSES = ("car", "bus", "person")
@@ -48,6 +48,27 @@ def test_bad_results_are_refused_with_the_field_named(change, why):
         Result.from_dict(d)
 
 
+def test_a_frame_no_view_was_fused_in_is_not_classified():
+    r = unanswered(frame=18, missing={"cam0": "absent", "cam1": "absent"}, latency_ms=2.0)
+    d = json.loads(r.to_json())
+    assert d == {"frame": 18, "class": None, "label": None, "exit": "none", "entropy": None,
+                 "views": [], "missing": {"cam0": "absent", "cam1": "absent"},
+                 "partial": False, "degraded": False, "latency_ms": 2.0}
+    assert Result.from_json(r.to_json()) == r and not r.answered and _result().answered
+    assert unanswered(frame=1, missing={"cam0": "late"}).partial  # a view came, too late
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    ({"class": 2}, "null class"), ({"label": "car"}, "null class"), ({"entropy": 0.1}, "null"),
+    ({"views": ["cam0"], "missing": {}}, "views must be"), ({"class": None, "exit": "local"},
+                                                            "class"),
+])
+def test_an_unclassified_frame_is_all_or_nothing(change, why):
+    d = {**json.loads(unanswered(frame=3, missing={"cam0": "absent"}).to_json()), **change}
+    with pytest.raises(ResultError, match=why):
+        Result.from_dict(d)
+
+
 def test_junk_is_a_result_error():
     for junk in (b"\xff{", b"[" * 100_000, b"null", b'"x"', b"x" * 70_000):
         with pytest.raises(ResultError):
@@ -61,3 +82,7 @@ def test_the_schema_in_the_docs_is_the_contract():
     assert validator.is_valid(json.loads(_result().to_json()))
     assert validator.is_valid(json.loads(_result(missing={}, exit="cloud").to_json()))
     assert not validator.is_valid({**json.loads(_result().to_json()), "exit": "fog"})
+    none = json.loads(unanswered(frame=3, missing={"cam0": "absent"}).to_json())
+    assert validator.is_valid(none)
+    assert not validator.is_valid({**none, "class": 1})
+    assert not validator.is_valid({**json.loads(_result().to_json()), "class": None})

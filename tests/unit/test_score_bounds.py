@@ -17,9 +17,9 @@ from ddnn.topics import Topics
 def test_logits_within_the_calibrated_bound_pass_and_beyond_are_refused():
     b = ScoreBounds.of({"scores": {"kind": "logits", "max_abs": 8.0}})
     assert b.limit == MARGIN * 8.0
-    assert b.check((15.9, -15.9, 0.0)) is None
+    assert b.check((31.9, -31.9, 0.0)) is None
     assert "beyond" in b.check((50.0, -50.0, -50.0))
-    assert "beyond" in b.check((0.0, -16.5, 0.0))
+    assert "beyond" in b.check((0.0, -32.5, 0.0))
 
 
 def test_values_that_are_not_finite_are_refused_whatever_the_bundle():

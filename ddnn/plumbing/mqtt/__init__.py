@@ -3,6 +3,8 @@
 * :mod:`~ddnn.plumbing.mqtt.client`: :class:`MqttClient` — last will and retained status,
   subscriptions restored (and their SUBACKs awaited) on every reconnect, backoff, refusals
   for good;
+* :mod:`~ddnn.plumbing.mqtt.attempts`: failed connection attempts, logged (throttled) and kept
+  for health, and the bounded wait for the CONNACK;
 * :mod:`~ddnn.plumbing.mqtt.broker`: the broker URL, TLS files and credentials;
 * :mod:`~ddnn.plumbing.mqtt.aliases`: MQTT 5 topic aliases;
 * :mod:`~ddnn.plumbing.mqtt.errors`: :class:`MqttError` and :class:`BrokerRefusedError`;
@@ -19,6 +21,7 @@ package costs nothing on a machine that does not run MQTT; everything logs to th
 
 from ddnn.plumbing.mqtt.aliases import TopicAliases
 from ddnn.plumbing.mqtt.broker import (
+    CONNECT_TIMEOUT_OPTION,
     SECURITY_OPTIONS,
     BrokerUrl,
     MqttSecurity,
@@ -28,6 +31,7 @@ from ddnn.plumbing.mqtt.client import SESSION_EXPIRY, MqttClient, MqttOptions
 from ddnn.plumbing.mqtt.errors import BrokerRefusedError, MqttError
 
 __all__ = [
+    "CONNECT_TIMEOUT_OPTION",
     "SECURITY_OPTIONS",
     "SESSION_EXPIRY",
     "BrokerRefusedError",

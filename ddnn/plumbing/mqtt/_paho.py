@@ -18,6 +18,18 @@ def network_thread_alive(client) -> bool:
     return isinstance(thread, threading.Thread) and thread.is_alive()
 
 
+def stop_loop(client, timeout: float) -> bool:
+    """``loop_stop()`` with a bounded wait: tell the thread of ``loop_start()`` to end and wait at
+    most ``timeout`` seconds for it (paho's own waits without a bound). True once it ended
+    (private: ``Client._thread`` and ``Client._thread_terminate``, what loop_stop() sets)."""
+    thread = getattr(client, "_thread", None)
+    client._thread_terminate = True
+    if not isinstance(thread, threading.Thread) or thread is threading.current_thread():
+        return True
+    thread.join(timeout)
+    return not thread.is_alive()
+
+
 def stored_count(client) -> int:
     """Messages paho still holds: sent and unacknowledged, or queued
     (private: ``Client._out_messages``)."""

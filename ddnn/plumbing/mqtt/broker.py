@@ -118,3 +118,9 @@ SECURITY_OPTIONS = (
                                     "logged)", secret=True),
 )
 
+# The row of MqttOptions.connect_timeout in the device's, the gateway's and the edge's tables.
+CONNECT_TIMEOUT_OPTION = Option(
+    "connect-timeout", float, "S",
+    "seconds for each step of connecting to the broker (TCP, the TLS handshake, the answer to "
+    "CONNECT); a broker silent for longer is given up on (logged, in /healthz) and tried again "
+    "with backoff")

@@ -3,7 +3,9 @@
 It adds what the tiers need and paho leaves to the caller: a last will plus a retained
 online/offline status, subscriptions restored on every reconnect (and a wait for their
 SUBACKs), reconnection with exponential backoff (paho's own, started even when the broker is
-down at start-up), a refusal for good reported once, and ``connected``/``subscribed`` events.
+down at start-up), every failed attempt logged (throttled) and kept for health, a bounded wait
+for the CONNACK (:mod:`~ddnn.plumbing.mqtt.attempts`), a refusal for good reported once, and
+``connected``/``subscribed`` events.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 from ddnn.errors import ConfigError
 from ddnn.plumbing.mqtt import _paho
 from ddnn.plumbing.mqtt.aliases import TopicAliases
+from ddnn.plumbing.mqtt.attempts import CONNECT_TIMEOUT, ConnectAttempts
 from ddnn.plumbing.mqtt.broker import BrokerUrl, MqttSecurity, tls_context
 from ddnn.plumbing.mqtt.errors import (
     REFUSED_FOR_GOOD,
@@ -31,7 +34,7 @@ from ddnn.plumbing.mqtt.errors import (
 )
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.status import status_payload
-from ddnn.topics import DELIVERY
+from ddnn.topics import DELIVERY, may_retain
 
 log = logging.getLogger("ddnn.plumbing.mqtt")  # one logger for the package (operators filter on it)
 
@@ -46,6 +49,9 @@ class MqttOptions:
     keepalive: int = 10  # seconds; the broker publishes the last will after 1.5× this silence
     reconnect_min: int = 1  # seconds before the first reconnection attempt (paho: whole seconds)
     reconnect_max: int = 30  # cap of the exponential backoff between attempts
+    # Seconds for each step of a connection: TCP, TLS's handshake, the broker's CONNACK. A
+    # broker that accepts TCP and never answers CONNECT is given up on after this long.
+    connect_timeout: float = CONNECT_TIMEOUT
     max_inflight: int = 100  # unacknowledged QoS 1 messages on the wire at once
     max_queued: int = 100_000  # messages paho holds while disconnected (0 = unbounded)
     # A persistent session (clean_session off): the broker keeps this client's subscriptions
@@ -112,10 +118,17 @@ class MqttClient:
         self.disconnected_since: float | None = time.monotonic()
         self.publishes_refused = 0
         self._refusals_log = LogThrottle(every=1000)  # the first, then one in a thousand
+        self.retained_dropped = 0  # retained messages on kinds never retained (topics.DELIVERY)
+        self._retained_log = LogThrottle(every=1000)
         self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
         self._tls_alert: str | None = None
         self._aliases = TopicAliases()
+        o = self.options
+        # Every failed attempt to connect: counted, its reason kept (health), logged throttled.
+        self.attempts = ConnectAttempts(self.url, o.connect_timeout,
+                                        f"retrying with backoff ({o.reconnect_min} s doubling "
+                                        f"to {o.reconnect_max} s)")
         persistent = self.options.persistent
         self.mqtt5 = not persistent if self.options.mqtt5 is None else self.options.mqtt5
         self._client = self._paho_client(client_id)
@@ -140,6 +153,7 @@ class MqttClient:
         c.max_inflight_messages_set(o.max_inflight)
         c.max_queued_messages_set(o.max_queued)
         c.reconnect_delay_set(o.reconnect_min, o.reconnect_max)
+        c.connect_timeout = o.connect_timeout  # TCP and TLS (paho's default: 5 s)
         if self.status_topic:
             c.will_set(self.status_topic, status_payload("offline", **self.status_info),
                        STATUS.qos, retain=STATUS.retain)
@@ -147,6 +161,7 @@ class MqttClient:
         c.on_disconnect = self._handle_disconnect
         c.on_message = self._handle_message
         c.on_connect_fail = self._handle_connect_fail
+        c.on_socket_open = lambda client, userdata, sock: self.attempts.opened(sock)
         c.on_subscribe = self._handle_subscribe
         if self.url.tls:  # with on_log set, paho formats a log line for every packet
             c.on_log = self._handle_log
@@ -180,7 +195,7 @@ class MqttClient:
                 error, ssl.SSLEOFError | ssl.SSLZeroReturnError):
             self._refuse(f"TLS handshake with broker {self.url} failed: {ssl_reason(error)}")
         elif error is not None:
-            log.debug("cannot reach broker %s (%s); retrying", self.url, error)
+            self.attempts.failed(f"cannot connect to broker {self.url} ({error})")
 
     def _handle_log(self, client, userdata, level, message: str) -> None:
         # With TLS 1.3 the broker checks our certificate after the handshake, and says no with a
@@ -189,6 +204,7 @@ class MqttClient:
             self._tls_alert = message
 
     def _handle_connect(self, client, userdata, flags, reason_code, properties) -> None:
+        self.attempts.answered()
         if reason_code.value == UNSUPPORTED_PROTOCOL and client.protocol == self._paho.MQTTv5:
             # The broker speaks MQTT 3.1.1 only: connect again with it (paho reconnects).
             log.info("broker %s does not speak MQTT 5; using 3.1.1 (no topic aliases)", self.url)
@@ -201,9 +217,10 @@ class MqttClient:
                 user = f" user {self.username!r}" if self.username else " (no username)"
                 self._refuse(f"broker {self.url} refused the connection: {why}{user}")
             else:
-                log.warning("broker %s refused the connection: %s", self.url, reason_code)
+                self.attempts.failed(f"broker {self.url} refused the connection ({reason_code})")
             return
         self._tls_alert = None
+        failures = self.attempts.succeeded()
         self.connects += 1
         self.disconnected_since = None
         self._aliases.connected(getattr(properties, "TopicAliasMaximum", 0), client)
@@ -218,7 +235,8 @@ class MqttClient:
         if self.status_topic:
             client.publish(self.status_topic, status_payload("online", **self.status_info),
                            STATUS.qos, retain=STATUS.retain)
-        log.info("connected to %s%s", self.url, " (reconnected)" if self.connects > 1 else "")
+        log.info("connected to %s%s%s", self.url, " (reconnected)" if self.connects > 1 else "",
+                 f" after {failures} failed attempts" if failures else "")
         self.connected.set()
         if self._on_connect_cb:
             self._on_connect_cb()
@@ -238,6 +256,9 @@ class MqttClient:
                          "expiry")
         if was and not self._stopping:
             log.warning("lost the broker %s (%s); reconnecting with backoff", self.url, reason_code)
+        elif not was and not self._stopping and self.refused is None:
+            self.attempts.ended(f"the connection to broker {self.url} ended before its CONNACK "
+                                f"({reason_code})")
         if self._on_disconnect_cb:
             self._on_disconnect_cb()
 
@@ -262,7 +283,14 @@ class MqttClient:
         handled = None
         self.delivering = (msg.mid, msg.qos)  # for a handler that acknowledges later
         try:
-            if self._on_message is not None:
+            if msg.retain and not may_retain(msg.topic):
+                # Stale by nature (a retained score is taken again by every new subscriber):
+                # only status and bundle announcements are retained in ddnn.
+                self.retained_dropped += 1
+                if self._retained_log():
+                    log.warning("dropped a retained message on %s, a kind never retained (%d "
+                                "so far)", msg.topic[:200], self.retained_dropped)
+            elif self._on_message is not None:
                 handled = self._on_message(msg.topic, msg.payload)
         except Exception:  # a handler bug must not kill paho's network thread
             log.exception("message handler failed on %s", msg.topic)
@@ -346,7 +374,9 @@ class MqttClient:
     def stop(self, timeout: float = 2.0) -> None:
         """Publish the offline status (when connected), flush and disconnect."""
         self._stopping = True
-        if self.status_topic and self.connected.is_set():
+        self.attempts.stop()
+        was_connected = self.connected.is_set()
+        if self.status_topic and was_connected:
             info = self._client.publish(self.status_topic,
                                         status_payload("offline", **self.status_info),
                                         STATUS.qos, retain=STATUS.retain)
@@ -354,6 +384,11 @@ class MqttClient:
             with contextlib.suppress(RuntimeError, ValueError):
                 info.wait_for_publish(timeout)
         self._client.disconnect()
-        self._client.loop_stop()
+        # Bounded: paho's own loop_stop() waits for its thread however long it is inside a
+        # connection attempt (TCP and TLS take up to connect_timeout each) or its backoff's
+        # sleep (a second at a time), and a stopping process must not (SIGTERM ends a device
+        # within 2 s). Without a connection there is nothing to flush: the daemon is left.
+        if not _paho.stop_loop(self._client, timeout if was_connected else 0.1):
+            log.debug("paho's thread is still inside a connection attempt; not waiting for it")
         self.connected.clear()
         self.subscribed.clear()

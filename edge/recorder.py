@@ -1,0 +1,213 @@
+"""Experience recorded by the edge (``--experience DIR``): for every frame the cloud answered,
+the device features the edge fused and the cloud's answer as a soft label, in the format of
+:mod:`ddnn.experience`, for ``ddnn federate`` to learn from (the cloud teaches the layers above
+the device stem). Device features only: no image ever reaches the edge, so none is recorded.
+
+Off the frame path: the cloud stage hands each frame over with :meth:`ExperienceRecorder.put`
+(a reference to arrays it already holds, into a bounded queue; when the queue is full the
+frame is dropped and counted), and a thread of its own gathers frames into chunks, writes
+them (a temporary name, then renamed) and prunes the oldest chunks past ``--experience-max-mb``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ddnn import experience
+from ddnn.bundle import Manifest
+from ddnn.errors import ConfigError
+from ddnn.exits import softmax
+from ddnn.plumbing.lifecycle import Worker
+from ddnn.plumbing.options import Option, path
+from ddnn.plumbing.throttle import LogThrottle
+
+log = logging.getLogger(__name__)
+
+QUEUE = 4096  # frames waiting to be written, at most; more are dropped (counted)
+CHUNK_FRAMES = 256  # frames per chunk at most (fewer when the budget is small)
+CHUNK_SECONDS = 30.0  # a chunk is written at least this often while frames come
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExperienceRecording:
+    """Where the edge records experience (``--experience``, ``--experience-max-mb``)."""
+
+    directory: Path | None = None  # None: nothing is recorded
+    max_mb: float = 256.0  # the directory's budget: the oldest chunks go first past it
+
+    def __post_init__(self) -> None:
+        if not self.max_mb > 0:
+            raise ConfigError(f"experience_max_mb must be positive, got {self.max_mb}")
+
+    @property
+    def max_bytes(self) -> int:
+        return int(self.max_mb * 1024 * 1024)
+
+
+RECORDING_OPTIONS = (
+    Option("experience", path, "DIR",
+           "record experience into DIR for ddnn federate: for each frame the cloud answered, "
+           "the device features the edge fused and the cloud's answer (soft label); device "
+           "features only, never images (opt-in; needs --cloud)", key="directory"),
+    Option("experience-max-mb", float, "MB",
+           "the experience directory's budget: past it the oldest chunks are deleted",
+           key="max_mb"),
+)
+
+
+@dataclass(frozen=True)
+class Taught:
+    """One frame the cloud answered, as the recorder keeps it until written."""
+
+    manifest: Manifest  # of the bundle version the frame ran on
+    features: Mapping[int, np.ndarray]  # view → its device features (decoded levels)
+    scores: Mapping[int, np.ndarray]  # view → the scores its device sent
+    cloud: np.ndarray  # (C,) the cloud's scores
+
+
+class ExperienceRecorder:
+    """Writes frames handed over with :meth:`put` into ``settings.directory``.
+
+    ``on_outcome(outcome, frames)`` counts frames recorded, dropped or failed; ``on_size(bytes)``
+    reports the directory's size after each write.
+    """
+
+    def __init__(self, settings: ExperienceRecording, *,
+                 on_outcome: Callable[[str, int], None] = lambda *a: None,
+                 on_size: Callable[[int], None] = lambda n: None, queue_size: int = QUEUE):
+        if settings.directory is None:
+            raise ConfigError("an experience recorder needs a directory")
+        self.directory, self.max_bytes = Path(settings.directory), settings.max_bytes
+        self._on_outcome, self._on_size = on_outcome, on_size
+        self._queue: queue.Queue[Taught] = queue.Queue(maxsize=queue_size)
+        self._stop = threading.Event()
+        self._failed = LogThrottle()
+        self.worker = Worker("edge-experience", self._loop, stop=self._stop.set, join=30.0)
+
+    @classmethod
+    def counted(cls, settings: ExperienceRecording, series) -> ExperienceRecorder:
+        """A recorder counted in the edge's learning metrics (``EdgeMetrics.learning``)."""
+        return cls(settings,
+                   on_outcome=lambda outcome, n: series.experience.inc(n, outcome=outcome),
+                   on_size=series.experience_bytes.set)
+
+    def start(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(f"--experience {self.directory}: cannot create it ({e})") from None
+        self._on_size(self._size())
+        self.worker.start()
+
+    def stop(self) -> None:
+        self.worker.stop()  # (the thread writes what is left before it ends)
+
+    def alive(self) -> bool:
+        return self.worker.alive()
+
+    def put(self, manifest: Manifest, features: Mapping[int, np.ndarray],
+            scores: Mapping[int, np.ndarray], cloud: np.ndarray) -> None:
+        """Hand one frame over (any thread; never blocks: a full queue drops it, counted)."""
+        try:
+            self._queue.put_nowait(Taught(manifest, features, scores, cloud))
+        except queue.Full:
+            self._on_outcome("dropped", 1)
+
+    # --- the recorder's thread ---------------------------------------------------------------
+
+    def _loop(self) -> None:
+        pending: dict[tuple[str, str], list[Taught]] = {}  # by bundle version
+        since = time.monotonic()
+        while not self._stop.is_set():
+            with contextlib.suppress(queue.Empty):
+                self._add(pending, self._queue.get(timeout=0.2))
+            old = time.monotonic() - since > CHUNK_SECONDS
+            self._flush(pending, everything=old)
+            if old or not pending:
+                since = time.monotonic()
+        while True:  # stopping: what is left, then the last chunks
+            try:
+                self._add(pending, self._queue.get_nowait())
+            except queue.Empty:
+                break
+        self._flush(pending, everything=True)
+
+    @staticmethod
+    def _add(pending: dict[tuple[str, str], list[Taught]], t: Taught) -> None:
+        pending.setdefault((t.manifest.name, t.manifest.version), []).append(t)
+
+    def _flush(self, pending: dict[tuple[str, str], list[Taught]], everything: bool) -> None:
+        """Write every full chunk (``everything``: the rest too)."""
+        for key, frames in list(pending.items()):
+            size = chunk_frames(frames[0].manifest, self.max_bytes)
+            while len(frames) >= size or (frames and everything):
+                self._write(frames[:size])
+                del frames[:size]
+            if not frames:
+                del pending[key]
+
+    def _write(self, frames: list[Taught]) -> None:
+        m = frames[0].manifest
+        try:
+            arrays = chunk_arrays(frames)
+            experience.write_chunk(self.directory, *arrays[:3], model=(m.name, m.version),
+                                   classes=list(m.classes),
+                                   device_codec=m.codec["device_features"],
+                                   device_scores=arrays[3])
+            experience.prune(self.directory, self.max_bytes)
+        except (OSError, ValueError) as e:
+            self._on_outcome("failed", len(frames))
+            if self._failed(type(e).__name__):
+                log.error("could not write experience into %s: %s (later failures are counted "
+                          "in ddnn_edge_experience_frames_total)", self.directory, e)
+            return
+        self._on_outcome("recorded", len(frames))
+        self._on_size(self._size())
+
+    def _size(self) -> int:
+        return sum(p.stat().st_size for p in experience.chunks(self.directory))
+
+
+def frame_bytes(m: Manifest) -> int:
+    """A frame's size in a chunk before compression (features and scores as float16)."""
+    feature = int(np.prod(m.devices[0].output("features").sample_shape))
+    return 2 * m.views * (feature + m.num_classes) + 4 * m.num_classes + m.views
+
+
+def chunk_frames(m: Manifest, max_bytes: int) -> int:
+    """Frames per chunk: at most :data:`CHUNK_FRAMES`, and small enough that a chunk is a small
+    part of the budget (pruning deletes whole chunks)."""
+    return int(min(CHUNK_FRAMES, max(1, max_bytes // (8 * frame_bytes(m)))))
+
+
+def chunk_arrays(frames: list[Taught]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                np.ndarray | None]:
+    """``features``, ``present``, ``soft_label`` and ``device_scores`` (None unless every frame
+    has every fused view's scores) of a chunk, in :mod:`ddnn.experience`'s layout."""
+    m = frames[0].manifest
+    shape = m.devices[0].output("features").sample_shape
+    n, v, c = len(frames), m.views, m.num_classes
+    features = np.zeros((n, v, *shape), np.float16)
+    present = np.zeros((n, v), bool)
+    scores = np.zeros((n, v, c), np.float16)
+    with_scores = True
+    for i, t in enumerate(frames):
+        for view, f in t.features.items():
+            features[i, view] = np.reshape(f, shape)
+            present[i, view] = True
+            s = t.scores.get(view)
+            if s is None or np.size(s) != c:  # (a one-view device sends its scores with them)
+                with_scores = False
+            else:
+                scores[i, view] = np.ravel(s)
+    soft = softmax(np.stack([np.ravel(t.cloud) for t in frames])).astype(np.float32)
+    return features, present, soft, scores if with_scores else None

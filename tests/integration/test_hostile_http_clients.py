@@ -1,0 +1,150 @@
+"""Clients that hold a tier's HTTP server instead of using it, against the real servers on
+loopback ports (issue 25 items 6, 7, 16):
+
+* clients that pipeline GETs and never read their responses cannot take the edge's connection
+  slots: ``/livez`` still answers (a connection blocked writing to a client that does not read
+  waits on that client, and makes room for a new one);
+* ``GET /v1/results`` costs a bounded page, validates its cursor and is rate-limited per client;
+* a slowloris client cannot hold a device's monitoring server: a connection waiting on its
+  client makes room for a new one and is closed after ``wait_timeout`` seconds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+import httpx
+import pytest
+
+from ddnn.edge.http import RESULTS_PAGE
+from ddnn.edge.service import EdgeService
+from ddnn.edge.settings import EdgeSettings
+from ddnn.result import Result
+from tests.support.polling import wait_for
+
+RCVBUF = 4096  # the attackers' receive buffer: their kernel takes little of a response
+
+
+@contextlib.contextmanager
+def edge(bundle, results: int = 0):
+    """An edge serving HTTP on a free port, its ring of recent results filled with
+    ``results`` results of six views each (frames 0, 1, ...)."""
+    service = EdgeService.from_settings(EdgeSettings(bundle=bundle, http_port=0))
+    with service:
+        views = tuple(f"cam{i}" for i in range(6))
+        for frame in range(results):
+            service.aggregator.recent.publish(Result(
+                frame=frame, cls=frame % 3, label="car", exit="cloud", entropy=0.25,
+                views=views[:5], missing={"cam5": "late"}, latency_ms=12.5))
+        yield service
+
+
+def pipelining_clients(port: int, n: int, path: str, requests: int) -> list[socket.socket]:
+    """``n`` connections, each sending ``requests`` GETs of ``path`` at once and reading
+    nothing."""
+    out = []
+    for _ in range(n):
+        s = socket.socket()
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, RCVBUF)
+        s.settimeout(10)
+        s.connect(("127.0.0.1", port))
+        s.setblocking(False)  # the server stops reading once its writes block: send what fits
+        with contextlib.suppress(BlockingIOError):
+            s.send(f"GET {path} HTTP/1.1\r\nHost: edge\r\n\r\n".encode() * requests)
+        out.append(s)
+    return out
+
+
+# --- item 6: pipelined GETs that are never read -----------------------------------------------
+
+@pytest.mark.parametrize("path,results", [
+    ("/metrics", 0),  # the reported case: did not reproduce (the text fits the buffers)
+    ("/v1/results?after=-1", 1000),  # larger answers: the writes block, every slot was held
+])
+def test_livez_answers_while_clients_pipeline_gets_and_never_read(tiny_bundle, path, results):
+    with edge(tiny_bundle, results) as service:
+        http = service.http
+        clients = pipelining_clients(http.port, 80, path, 400)
+        try:
+            # Every slot is taken, by connections blocked writing to clients that do not read.
+            wait_for(lambda: http.server.open_connections == 64, what="64 connections open")
+            for _ in range(3):
+                r = httpx.get(f"{http.url}/livez", timeout=5)
+                assert r.status_code == 200, r.text
+            assert http.metrics.refused.value(reason="busy") == 0
+            assert http.metrics.evicted.value() >= 80 - 64
+        finally:
+            for s in clients:
+                s.close()
+
+
+# --- item 7: GET /v1/results?after=-1 in a loop ------------------------------------------------
+
+def test_results_come_in_bounded_pages_with_a_validated_cursor(tiny_bundle):
+    with edge(tiny_bundle, results=1000) as service:
+        url = f"{service.http.url}/v1/results"
+        with httpx.Client(timeout=5) as client:
+            first = client.get(url, params={"after": -1}).json()
+            assert [r["frame"] for r in first] == list(range(RESULTS_PAGE))
+            page = client.get(url, params={"after": first[-1]["frame"], "limit": 10}).json()
+            assert [r["frame"] for r in page] == list(range(RESULTS_PAGE, RESULTS_PAGE + 10))
+            assert client.get(url, params={"after": 998}).json()[0]["frame"] == 999
+            for bad in ({"after": -2}, {"after": 2**63}, {"after": "1" * 5000},
+                        {"after": "x"}, {"limit": 0}, {"limit": RESULTS_PAGE + 1}):
+                r = client.get(url, params=bad)
+                assert r.status_code == 400, (bad, r.text)
+
+
+def test_a_client_polling_results_in_a_loop_is_rate_limited(tiny_bundle):
+    with edge(tiny_bundle, results=1000) as service:
+        url, metrics = f"{service.http.url}/v1/results", service.http.metrics
+        with httpx.Client(timeout=5) as client:
+            statuses = [client.get(url, params={"after": -1}).status_code for _ in range(300)]
+            assert statuses[0] == 200 and 429 in statuses
+            r = client.get(url, params={"after": -1})
+            assert r.status_code == 429 and r.headers["Retry-After"] == "1"
+            # Other routes are not limited; the limit is per client address.
+            assert client.get(f"{service.http.url}/livez").status_code == 200
+        assert metrics.refused.value(reason="rate") == statuses.count(429) + 1
+
+
+# --- item 16: slowloris on a device's monitoring server ----------------------------------------
+
+@pytest.fixture
+def device_http(mosquitto, tiny_bundle, tiny_data):
+    from ddnn.device.service import DeviceService
+    from ddnn.device.settings import DeviceSettings
+
+    with DeviceService.from_settings(DeviceSettings(
+            bundle=tiny_bundle, view=0, broker=mosquitto.url, deployment="slow",
+            data=tiny_data.test, limit=1, http_port=0)) as device:
+        yield device.http
+
+
+def test_a_slowloris_cannot_hold_a_devices_health_server(device_http):
+    from ddnn.plumbing.health import MAX_CONNECTIONS
+
+    server = device_http.server
+    server.wait_timeout = 1.0  # (10 s in service: the test need not wait that long)
+    trickling = []
+    try:
+        for _ in range(MAX_CONNECTIONS + 8):  # a head a byte at a time, on every slot and more
+            s = socket.create_connection(("127.0.0.1", device_http.port), timeout=10)
+            trickling.append(s)
+            with contextlib.suppress(OSError):  # (before: the ones past the cap were closed)
+                s.sendall(b"GET /livez HTTP/1.1\r\nX-")
+        for _ in range(3):
+            r = httpx.get(f"{device_http.url}/livez", timeout=5)
+            assert r.status_code == 200, r.text
+
+        def all_cut_off() -> bool:
+            for s in trickling:
+                with contextlib.suppress(OSError):
+                    s.sendall(b"a")  # still trickling: a reset or a closed pipe means cut off
+            return server.open_connections == 0
+
+        wait_for(all_cut_off, what="every trickling connection closed after wait_timeout")
+    finally:
+        for s in trickling:
+            s.close()

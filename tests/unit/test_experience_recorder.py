@@ -1,0 +1,53 @@
+"""The edge's experience recorder (edge/recorder.py) alone: chunks in ddnn.experience's format,
+a directory kept within its budget, a full queue dropping frames (counted), never blocking."""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+from ddnn.bundle import load_bundle
+from ddnn.edge.recorder import ExperienceRecorder, ExperienceRecording
+from ddnn.experience import chunks, read_experience
+
+
+def frames(manifest, n, rng):
+    shape = manifest.devices[0].output("features").sample_shape
+    for _ in range(n):
+        features = {v: rng.integers(0, 2, shape).astype(np.float32) for v in (0, 2)}
+        scores = {v: rng.normal(size=manifest.num_classes).astype(np.float32)
+                  for v in range(manifest.views)}
+        yield features, scores, rng.normal(size=manifest.num_classes).astype(np.float32)
+
+
+def test_recorded_frames_are_read_back_and_the_budget_holds(tiny_bundle, tmp_path):
+    m = load_bundle(tiny_bundle).manifest
+    counts, sizes = collections.Counter(), []
+    budget_mb = 0.02
+    recorder = ExperienceRecorder(
+        ExperienceRecording(directory=tmp_path / "exp", max_mb=budget_mb),
+        on_outcome=lambda outcome, n: counts.update({outcome: n}), on_size=sizes.append)
+    recorder.start()
+    rng = np.random.default_rng(0)
+    for features, scores, cloud in frames(m, 600, rng):
+        recorder.put(m, features, scores, cloud)
+    recorder.stop()  # writes what is left
+    assert counts["recorded"] == 600 and not counts["dropped"] and not counts["failed"]
+    on_disk = sum(p.stat().st_size for p in chunks(tmp_path / "exp"))
+    assert 0 < on_disk <= budget_mb * 1024 * 1024 and sizes[-1] == on_disk
+    exp = read_experience(tmp_path / "exp", classes=tuple(m.classes))
+    assert 0 < exp.num_samples < 600  # the oldest chunks went first
+    assert exp.present[:, [0, 2]].all() and not exp.present[:, 1].any()
+    assert exp.device_scores is not None and np.allclose(exp.soft_label.sum(1), 1, atol=1e-3)
+
+
+def test_a_full_queue_drops_frames_and_counts_them(tiny_bundle, tmp_path):
+    m = load_bundle(tiny_bundle).manifest
+    counts = collections.Counter()
+    recorder = ExperienceRecorder(ExperienceRecording(directory=tmp_path / "exp"),
+                                  on_outcome=lambda outcome, n: counts.update({outcome: n}),
+                                  queue_size=2)
+    for features, scores, cloud in frames(m, 5, np.random.default_rng(1)):
+        recorder.put(m, features, scores, cloud)  # not started: nothing takes them
+    assert counts["dropped"] == 3
