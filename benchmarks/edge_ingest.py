@@ -55,7 +55,9 @@ def publish(broker: str, bundle: Path, frames: int, first: int, part: int = 0,
     m = load_bundle(bundle).manifest
     t = Topics(deployment)
     rng = np.random.default_rng(0)
-    logits = rng.normal(size=(m.views, m.num_classes)).astype(np.float32) * 4
+    # Within the bound the bundle records from calibration (the edge refuses larger scores).
+    bound = (m.calibration.get("scores") or {}).get("max_abs") or 4.0
+    logits = (rng.uniform(-1, 1, size=(m.views, m.num_classes)) * bound).astype(np.float32)
     devices = default_device_ids(m.views)
     msgs = [(t.device(d, "scores"), bytearray(env.encode(env.pack(
         MessageType.SCORES, version=m.version, frame=first + n, tensor=logits[v : v + 1],

@@ -71,8 +71,7 @@ class FrameAssembler(DeviceRoster):
         if f is None:
             self._check_new(frame, now, view)
             return self._open(frame, now, captured, view)
-        if captured < f.captured:
-            f.captured = captured
+        f.captures.setdefault(view, captured)
         return f
 
     def _check_new(self, frame: int, now: float, view: int) -> None:
@@ -111,7 +110,7 @@ class FrameAssembler(DeviceRoster):
             f.scores[view] = held.scores
         if held.features is not None:
             f.features[view] = held.features
-        f.captured = min(f.captured, held.captured)
+        f.captures[view] = held.captured
         self._on_time(view, f.id, 0.0, now)  # it came before the frame opened
 
     def add_scores(self, view: int, frame: int, scores: np.ndarray | None, captured: float,
@@ -126,8 +125,6 @@ class FrameAssembler(DeviceRoster):
                     self._hold(view, frame, scores, captured, now)
                     return None
                 f = self._open(frame, now, captured, view)
-            elif captured < f.captured:
-                f.captured = captured
             if view in f.scores or view in f.absent or view in f.refused:
                 raise Drop("duplicate", f"view {view} of frame {frame} arrived twice")
             if f.stage != SCORES or f.taken:
@@ -135,6 +132,7 @@ class FrameAssembler(DeviceRoster):
                 raise Drop("late", f"view {view} of frame {frame} came after its deadline",
                            view=view, lag=now - f.opened)
             self._on_time(view, frame, now - f.opened, now)
+            f.captures[view] = captured
             if scores is None:
                 f.absent.add(view)
             else:
@@ -158,6 +156,7 @@ class FrameAssembler(DeviceRoster):
     def _ready_or_wait(self, f: Frame, now: float) -> Frame | None:
         awaited = self._awaited(f)
         if not awaited:
+            self._settle(f)
             return f.take(now)
         f.deadline = self._scores_deadline(f, awaited)
         return None
@@ -260,6 +259,7 @@ class FrameAssembler(DeviceRoster):
                     f.missing = {v for v in self._expected if v not in f.scores
                                  and v not in f.absent and v not in f.refused}
                     self._missed(f.missing)
+                    self._settle(f)
                 else:
                     f.missing = {v for v in f.requested if v not in f.features}
                 out.append(f.take(now))

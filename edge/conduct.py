@@ -4,10 +4,12 @@ The edge judges some of a device's messages, each for one reason: ``ahead`` (a v
 ahead of the other devices' views of its frame by more than the latency budget, see
 :mod:`ddnn.edge.runahead`), ``scores`` (class scores out of the bounds the bundle allows). A
 device is *flagged* for a reason while most of its recent judged messages were bad, and at least
-:data:`EVIDENCE` of them: a flagged device is not waited for and cannot open or close a frame,
-and the edge says so in its metrics and health. Good messages clear the flag again, so a
-device that was wrong for a while (a clock that jumped, a replay started too early) comes back
-by itself. Not thread-safe: the assembler calls it under its lock.
+:data:`EVIDENCE` of them: a device flagged ``ahead`` or ``scores`` is not waited for and cannot
+open or close a frame; one flagged ``clock`` (capture times far from its frames' other views',
+:meth:`ddnn.edge.frame.Frame.settle_capture`) is still fused, but its capture times are not
+trusted for latency. The edge says so in its metrics and health. Good messages clear the flag
+again, so a device that was wrong for a while (a clock that jumped, a replay started too early)
+comes back by itself. Not thread-safe: the assembler calls it under its lock.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ log = logging.getLogger(__name__)
 
 RECENT = 50  # judged messages per device and reason the verdict looks at
 EVIDENCE = 10  # bad ones at least before a device is flagged (a few can be bad luck)
-REASONS = ("ahead", "scores")
+REASONS = ("ahead", "scores", "clock")
+EXCLUDING = ("ahead", "scores")  # a device flagged for these is not waited for, nor fused
 
 
 def _ignore(view: int, reason: str, flagged: bool) -> None:
@@ -47,8 +50,11 @@ class Conduct:
         self._note(view, reason, True)
 
     def flagged(self, view: int, reason: str | None = None) -> bool:
+        """Whether ``view`` is flagged for ``reason`` (None: for one that excludes it)."""
         flags = self.flags[view]
-        return bool(flags) if reason is None else reason in flags
+        if reason is None:
+            return bool(flags) and any(r in flags for r in EXCLUDING)
+        return reason in flags
 
     def _note(self, view: int, reason: str, bad: bool) -> None:
         key = (view, reason)
@@ -89,12 +95,15 @@ class ConductReport:
         device = self.devices[view]
         self.metrics.flagged.set(1 if flagged else 0, device=device, reason=reason)
         if not flagged:
-            log.info("device %s is no longer flagged (%s): its views are fused again", device,
-                     reason)
+            log.info("device %s is no longer flagged (%s)", device, reason)
         elif reason == "ahead":
             log.warning("device %s runs ahead of the other devices (its views come more than "
                         "%.0f ms before theirs, or faster than --max-fps alone): flagged, not "
                         "waited for, its views not fused", device, self.budget * 1000)
-        else:
+        elif reason == "scores":
             log.warning("device %s sends class scores out of the bundle's bounds: flagged, "
                         "not waited for, its views not fused", device)
+        else:
+            log.warning("device %s stamps its views far from the other views of their frames "
+                        "(its clock is off): flagged; its capture times are not used for "
+                        "latency", device)

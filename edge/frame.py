@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 SCORES, FEATURES, DONE = "scores", "features", "done"
+CAPTURE_SPREAD = 1.0  # seconds a view's capture time may be from its frame's others' median
 
 
 class Drop(Exception):
@@ -28,7 +29,7 @@ class Frame:
     """One frame being assembled from per-view messages."""
 
     id: int
-    captured: float  # earliest wall-clock capture time among the views (for latency)
+    captured: float  # earliest trusted wall-clock capture time among the views (for latency)
     opened: float  # monotonic time of its first message (the scores wait runs from here)
     deadline: float = float("inf")  # when it stops waiting (scores: rechecked when it comes)
     stage: str = SCORES
@@ -39,6 +40,7 @@ class Frame:
     missing: set[int] = field(default_factory=set)  # views expected but not heard by the deadline
     refused: set[int] = field(default_factory=set)  # views that came but were refused (flagged)
     opener: int = -1  # the view that opened it
+    captures: dict[int, float] = field(default_factory=dict)  # capture time of each view
     taken: bool = False  # handed to the worker: its views are frozen until it is given back
     pipeline: object = None  # the ExitPipeline (bundle version) it runs on, pinned at its start
     local: object = None  # the local exit's answer, kept for when no features arrive
@@ -53,6 +55,21 @@ class Frame:
     def present(self) -> list[int]:
         """Views that sent scores: the views the local and edge exits fuse over."""
         return sorted(self.scores)
+
+    def settle_capture(self) -> list[tuple[int, bool]]:
+        """Set :attr:`captured` from the views' capture times, each judged against their
+        median: one more than :data:`CAPTURE_SPREAD` from it (a clock that is off, or lies) is
+        not trusted. Returns ``(view, trusted)`` of each view when there are three or more (two
+        cannot tell which is off: the earliest stands)."""
+        times = self.captures
+        if len(times) < 3:
+            if times:
+                self.captured = min(times.values())
+            return []
+        median = sorted(times.values())[(len(times) - 1) // 2]
+        verdicts = [(v, abs(t - median) <= CAPTURE_SPREAD) for v, t in times.items()]
+        self.captured = min(times[v] for v, ok in verdicts if ok)
+        return verdicts
 
     def take(self, now: float) -> Frame:
         """Ready for its stage: handed to the worker, out of the deadline watch until it is

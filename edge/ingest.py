@@ -42,8 +42,10 @@ from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
 
-CLOCK_TOLERANCE = 30.0  # seconds a device's timestamps may differ from the edge's clock
+CLOCK_TOLERANCE = 30.0  # seconds a device's timestamps may be behind the edge's clock
+FUTURE_TOLERANCE = 2.0  # and ahead of it: no capture comes from the future (NTP: milliseconds)
 _TAKEN = object()  # the fast path took a message that completed no frame
+FINITE = ScoreBounds(None)  # the bounds of a version not known here yet: finite scores
 MAX_ROUTES = 1024  # device topics remembered with their device and kind (bounded: any can come)
 _U32 = struct.Struct("<I")
 _FLOAT_CODECS = {"float16": "e", "float32": "f"}  # their struct formats
@@ -131,7 +133,9 @@ class Ingest:
         self._scores_shape = (1, manifest.num_classes)
         self._feature_shape = (1, *manifest.devices[0].output("features").sample_shape)
         self._reader = self._reader_for(manifest)
-        self._bounds = ScoreBounds.of(manifest.calibration)
+        # The bounds of scores (ddnn.edge.score_bounds): the running version's and, during an
+        # update, the one before's; an announced version's are unknown until it runs here.
+        self._bounds = self._previous_bounds = ScoreBounds.of(manifest.calibration)
 
     def _reader_for(self, m: Manifest) -> ScoresReader | None:
         return None if m.views == 1 else ScoresReader(m.version, m.codec["scores"],
@@ -142,7 +146,7 @@ class Ingest:
         self._previous = (self.manifest.name, self.manifest.version)
         self.manifest = manifest
         self._reader = self._reader_for(manifest)
-        self._bounds = ScoreBounds.of(manifest.calibration)
+        self._previous_bounds, self._bounds = self._bounds, ScoreBounds.of(manifest.calibration)
 
     def announce(self, version: tuple[str, str] | None) -> None:
         """Also take messages of this ``(name, version)``, announced for an update (None: no
@@ -273,7 +277,10 @@ class Ingest:
         captured = self._capture_time(e.device, e.timestamp, time.time())
         if e.kind == MessageType.SCORES and not a.single_view:
             x = self._tensor(e, m.codec["scores"], self._scores_shape)
-            return self._scores(view, e.frame, tuple(x[0].tolist()), captured, now)
+            version = (e.model, e.version)
+            bounds = (self._bounds if version == (m.name, m.version) else
+                      self._previous_bounds if version == self._previous else FINITE)
+            return self._scores(view, e.frame, tuple(x[0].tolist()), captured, now, bounds)
         if e.kind == MessageType.ABSENT:
             return a.add_scores(view, e.frame, None, captured, now)
         if e.kind == MessageType.FEATURES:
@@ -282,10 +289,10 @@ class Ingest:
         raise Drop("malformed", f"a device cannot send {kind} messages")
 
     def _scores(self, view: int, frame: int, scores: tuple[float, ...], captured: float,
-                now: float) -> Frame | None:
+                now: float, bounds: ScoreBounds | None = None) -> Frame | None:
         """Scores within the bundle's bounds go to the assembler; others are refused (a Drop),
         their device judged for them, and their frame waits no more for the view."""
-        why = self._bounds.check(scores)
+        why = (bounds or self._bounds).check(scores)
         if why is None:
             return self.assembler.add_scores(view, frame, scores, captured, now)
         f = self.assembler.refuse(view, frame, "scores", now)
@@ -322,13 +329,14 @@ class Ingest:
     def _capture_time(self, device: str, timestamp: float, wall: float) -> float:
         """A message's capture time, or ``wall`` (now) when the device's clock is far off (then
         the latency of its frames would be nonsense): counted, and warned once per device."""
-        if abs(timestamp - wall) <= CLOCK_TOLERANCE:
+        if -CLOCK_TOLERANCE <= timestamp - wall <= FUTURE_TOLERANCE:
             return timestamp
         self._on_clock(device)
         if self._skewed(device):
             log.warning("device %s stamps its frames %+.1f s from this edge's clock (more than "
-                        "%.0f s): its latencies are measured from arrival; check its NTP",
-                        device, timestamp - wall, CLOCK_TOLERANCE)
+                        "%.0f s behind or %.0f s ahead): its latencies are measured from "
+                        "arrival; check its NTP", device, timestamp - wall, CLOCK_TOLERANCE,
+                        FUTURE_TOLERANCE)
         return wall
 
     def _tensor(self, e: env.Envelope, codec: str, shape: tuple[int, ...]) -> np.ndarray:

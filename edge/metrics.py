@@ -87,8 +87,9 @@ class EdgeMetrics:
                                  "the bundle's bounds (scores)", ("device", "reason"))
         self.flagged = r.gauge("ddnn_edge_device_flagged",
                                "1 while a device is flagged for most of its recent views: ran "
-                               "ahead (ahead), scores out of bounds (scores); not waited for, "
-                               "its views not fused", ("device", "reason"))
+                               "ahead (ahead), scores out of bounds (scores), both not waited "
+                               "for nor fused; capture times off (clock), not used for latency",
+                               ("device", "reason"))
 
     def received(self, kind: str, messages: int, payload_bytes: int, header_bytes: int) -> None:
         """Device messages taken by the ingest (its counts, handed over in bulk)."""

@@ -18,7 +18,7 @@ from collections.abc import Callable
 
 from ddnn.edge.arrivals import ArrivalLag
 from ddnn.edge.conduct import Conduct
-from ddnn.edge.frame import Drop
+from ddnn.edge.frame import Drop, Frame
 from ddnn.edge.runahead import MAX_FPS, RunAhead
 
 
@@ -106,12 +106,17 @@ class DeviceRoster:
         self.runahead.taken(view, frame, now)
         self.conduct.good(view, "ahead")
 
+    def _settle(self, f: Frame) -> None:
+        """``f``'s views are all in: its capture time from those that agree, and each device
+        judged for its clock (one far from the others' is not trusted for latency)."""
+        for view, trusted in f.settle_capture():
+            (self.conduct.good if trusted else self.conduct.bad)(view, "clock")
+
     def _observe_late(self, view: int, lag: float, opener: int, frame: int, now: float) -> None:
         """A view came after its frame was answered or taken: counted late (and it did not run
         ahead). Its lag is learnt unless a flagged device opened the frame (then the lag is that
-        device's lead)."""
+        device's lead). Its device is no reference for who runs ahead: it is behind."""
         self.lag.observe(view, None if self.conduct.flagged(opener) else lag, late=True)
-        self.runahead.taken(view, frame, now)  # it is there, only late
         self.conduct.good(view, "ahead")
 
     # --- devices that run ahead ---------------------------------------------------------------

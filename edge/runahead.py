@@ -7,11 +7,9 @@ frames alone; they would be answered from it alone and the other devices' views 
 late. So a view of a frame not yet open opens it only if its device is not running ahead:
 
 * **with peers**: other devices whose views were taken in the last :attr:`RunAhead.active`
-  seconds. The view runs ahead when its frame id leads the lower median of the newest frame ids
-  of those peers and of its own device by more than :data:`BURST` frames. A device's newest
-  moves only with views that were taken (opened or joined a frame), so one device that runs
-  ahead never sets the reference, a flagged one is no peer, and a majority that runs together
-  is never "ahead" of a device that lags. Holding costs nothing
+  seconds. The view runs ahead when its frame id leads the upper median of those peers' newest
+  frame ids by more than :data:`BURST` frames. The median of the *other* devices, so one device
+  that runs ahead never sets the reference, and a flagged one is no peer. Holding costs nothing
   where the peers come soon: the view joins the frame they open.
 * **alone** (no peer reports, but other devices are expected): its frame ids may advance no
   faster than ``max_fps`` per second of *capture time* (a token bucket of :data:`BURST` frames).
@@ -87,13 +85,8 @@ class RunAhead:
         others = [u for u in expected if u != view]
         peers = self.peers(others, now)
         if peers:
-            newest = [self.positions[u].newest for u in peers]
-            if p.newest is not None:
-                # Its own place counts too: two devices running together are not "ahead" of a
-                # third that lags (a slow camera), while one alone still is of the others.
-                newest.append(p.newest)
-            newest.sort()  # type: ignore[call-arg]
-            return frame - newest[(len(newest) - 1) // 2] > BURST  # type: ignore[operator]
+            newest = sorted(self.positions[u].newest for u in peers)  # type: ignore[type-var]
+            return frame - newest[len(newest) // 2] > BURST  # (the upper median)
         if not others or p.newest is None:
             return False  # nobody to run ahead of, or its first view: nothing known of it yet
         return frame - p.newest > p.tokens

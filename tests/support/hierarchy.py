@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -43,9 +44,11 @@ class Edge:
 
 
 def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", deployment="it",
-                edge_url: str | None = None, start=0, limit=None, views=None
+                edge_url: str | None = None, start=0, limit=None, views=None,
+                prepare: Callable[[DeviceService], None] | None = None
                 ) -> list[DeviceService]:
-    """Replay every view of ``data`` from threads; returns when every device is done."""
+    """Replay every view of ``data`` from threads; returns when every device is done
+    (``prepare``: called with each device before it runs)."""
     views = range(load_bundle(bundle).manifest.views) if views is None else views
     with contextlib.ExitStack() as stack:
         services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
@@ -53,6 +56,8 @@ def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", de
             mode=mode, data=data, start=start, limit=limit, fps=0, grace=0.5, drain_timeout=30,
             keepalive=5, reconnect_max=1, peers=tuple(f"cam{i}" for i in views),
             wait_peers=20 if broker else 0))) for v in views]
+        for service in services if prepare is not None else ():
+            prepare(service)
         threads = [threading.Thread(target=s.run) for s in services]
         for t in threads:
             t.start()

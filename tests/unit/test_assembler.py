@@ -186,9 +186,10 @@ def test_open_frames_are_bounded():
 
 def test_a_device_late_for_most_views_is_systematically_late():
     a = FrameAssembler(2, deadline=0.1)
-    for frame in range(12):
+    for frame in range(12):  # (captured a second apart, like the frames' arrivals)
         # Once it is known to lag past the budget, frames no longer wait for it at all.
-        f = a.add_scores(0, frame, S, 0.0, now=float(frame)) or a.expire(now=frame + 0.2)[0]
+        f = (a.add_scores(0, frame, S, float(frame), now=float(frame))
+             or a.expire(now=frame + 0.2)[0])
         a.finish(f)
         with pytest.raises(Drop):
             a.add_scores(1, frame, S, 0.0, now=frame + 0.3)
@@ -203,3 +204,22 @@ def test_a_fast_answer_to_a_pull_does_not_look_like_push_mode():
     assert a.pushing == [False, False]
     assert a.await_features(f, [0, 1], now=0.02) is None  # view 0 arrived, view 1 awaited
     assert a.add_features(1, 1, F, 0.0, now=0.03) is f
+
+
+def test_a_capture_time_far_from_the_other_views_is_not_trusted_and_flags_its_device():
+    a = FrameAssembler(3, deadline=0.2)
+    for frame in range(12):
+        t = 100.0 + frame
+        a.add_scores(0, frame, S, t, now=t)
+        a.add_scores(1, frame, S, t + 0.01, now=t)
+        f = a.add_scores(2, frame, S, t - 29.0, now=t)  # its clock 29 s behind
+        assert f.captured == t and f.present == [0, 1, 2]  # fused, not trusted for latency
+        a.finish(f)
+    assert a.flagged() == {2: ["clock"]} and a.expected() == [0, 1, 2]
+
+
+def test_two_views_cannot_tell_which_clock_is_off():
+    a = FrameAssembler(2, deadline=0.2)
+    a.add_scores(0, 0, S, 100.0, now=100.0)
+    f = a.add_scores(1, 0, S, 71.0, now=100.0)
+    assert f.captured == 71.0 and a.flagged() == {}

@@ -213,3 +213,23 @@ def test_pushed_features_of_a_held_view_join_the_frame_with_its_scores():
     f = a.add_scores(0, 15, S, 0.25, now=0.25)
     assert f is not None and f.present == [0, 1] and f.features[1] is x
     assert a.pushing[1] and all(c.answered[k] == {0, 1} for k in range(15))
+
+
+def test_a_device_seconds_behind_makes_no_honest_device_ahead():
+    # Two and three views: one device replays the same frames two seconds behind the others.
+    # It is late, not a reference: the others open every frame, nobody is flagged.
+    for views in (2, 3):
+        a = FrameAssembler(views, deadline=0.3, max_wait=1.0)
+        c = Clock(a)
+        on_time = list(range(views - 1))
+        for k in range(150):
+            t = k / 20
+            c.tick(t)
+            for v in on_time:
+                c.send(v, k, t)
+            if k >= 40:
+                c.send(views - 1, k - 40, t)
+        c.tick(20.0)
+        assert sorted(c.answered) == list(range(150))
+        assert all(c.answered[k] == set(on_time) for k in range(150)), views
+        assert a.flagged() == {}

@@ -1,8 +1,17 @@
 """The bounds on devices' class scores (issue 25 item 8): what the bundle records decides."""
 
+import dataclasses
 import math
 
+import numpy as np
+
+from ddnn import envelope as env
+from ddnn.bundle import load_bundle
+from ddnn.edge.assembler import FrameAssembler
+from ddnn.edge.ingest import Ingest
 from ddnn.edge.score_bounds import MARGIN, ScoreBounds
+from ddnn.envelope import MessageType
+from ddnn.topics import Topics
 
 
 def test_logits_within_the_calibrated_bound_pass_and_beyond_are_refused():
@@ -30,3 +39,21 @@ def test_log_probabilities_must_be_normalized():
     assert b.check(tuple(math.log(x) for x in p)) is None
     assert "normalized" in b.check(tuple(math.log(x) + 1.0 for x in p))
     assert "normalized" in b.check((50.0, -50.0, -50.0))
+
+
+def test_during_an_update_each_version_is_held_to_its_own_bounds(tiny_bundle):
+    old = load_bundle(tiny_bundle).manifest
+    old = dataclasses.replace(old, calibration={"scores": {"kind": "logits", "max_abs": 10.0}})
+    new = dataclasses.replace(old, version="2",
+                              calibration={"scores": {"kind": "logits", "max_abs": 1.0}})
+    ingest = Ingest(FrameAssembler(old.views), Topics(), ["cam0", "cam1", "cam2"], old,
+                    on_ready=lambda f: None)
+    ingest.serve(new)
+
+    def scores(version: str, frame: int) -> bytes:
+        x = np.full((1, old.num_classes), 5.0, np.float32)
+        return env.encode(env.pack(MessageType.SCORES, version=version, frame=frame, tensor=x,
+                                   codec=old.codec["scores"]))
+
+    assert ingest.accept(scores("1", 0), "cam0") is None  # within the old version's 20
+    assert ingest.accept(scores("2", 1), "cam0") == "scores"  # beyond the new one's 2
