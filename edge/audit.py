@@ -169,7 +169,7 @@ class ExitAudit:
                      d.thresholds.edge, d.in_force.agreement if d.in_force else math.nan)
         if d.alarm != alarm:
             if d.alarm:
-                log.warning("drift alarm: %s", self.reason())
+                log.warning("%s", self.reason())  # ("drift: ...")
             else:
                 log.info("drift alarm cleared: the early exits agree with the cloud again")
         self._on_state(d, m)
