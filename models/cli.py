@@ -35,6 +35,13 @@ def _register_synth(data_sub, formatter) -> None:
         default=0,
         help="seed of the class objects; keep it equal for train and test files",
     )
+    s.add_argument(
+        "--zoom",
+        type=float,
+        default=1.0,
+        help="partial views: each camera ZOOM times closer, aimed at a random point of the "
+        "object, so it sees only part of it (1: the whole object)",
+    )
     s.set_defaults(func=_synth)
 
 
@@ -179,7 +186,8 @@ def _synth(args) -> int:
     from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
     cfg = SceneConfig(
-        views=args.views, classes=args.classes, size=args.size, world_seed=args.world_seed
+        views=args.views, classes=args.classes, size=args.size, world_seed=args.world_seed,
+        zoom=args.zoom,
     )
     data = synthesize(args.samples, cfg, seed=args.seed)
     save_dataset(args.out, data)
