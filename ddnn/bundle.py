@@ -132,6 +132,36 @@ class SegmentSpec:
         return d
 
 
+# What a bundle holds: a hierarchy (the tiers' segments), or a raw-offload reference (one
+# model on raw views, served as {name}-raw).
+KIND_NAMES = {"ddnn": "a hierarchy bundle", "raw": "a raw-offload reference bundle"}
+
+
+def _check_format(d: Any, kind: str) -> int:
+    """The manifest's format version, once its format and kind are what the caller reads."""
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise BundleError(f"not a ddnn bundle manifest (format must be {FORMAT!r})")
+    version = d.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise BundleError(f"invalid bundle format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise BundleError(
+            f"bundle format version {version} is newer than this ddnn supports "
+            f"({FORMAT_VERSION}); upgrade ddnn"
+        )
+    found = d.get("kind", "ddnn")
+    if found != kind:
+        what = KIND_NAMES.get(found, f"of unknown kind {found!r}")
+        raise BundleError(f"this bundle is {what}, not {KIND_NAMES[kind]}")
+    return version
+
+
+def _level(value: Any) -> int:
+    if value not in (0, 1) or isinstance(value, bool):
+        raise ValueError(f"escalation level must be 0 or 1, got {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Manifest:
     """Everything a tier needs to know about a bundle, as stored in ``manifest.json``."""
@@ -153,6 +183,15 @@ class Manifest:
     calibration: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     format_version: int = FORMAT_VERSION
+    # Escalation (docs/training.md): the cloud's segment for frames that also bring every
+    # present camera's detail (the devices' "detail" output, travelling with
+    # codec["device_detail"]), and the level calibration chose (0: never pull them, 1: pull
+    # them for every frame that passes the edge exit). Older bundles have neither: level 0.
+    escalated: SegmentSpec | None = None
+    escalation_level: int = 0
+    escalation_views: int = 0  # details from the k present views whose devices are surest
+    # (ddnn.hierarchy.surest_views); 0: from every present view
+    kind: str = "ddnn"  # a hierarchy bundle (a raw-offload reference is a RawManifest)
 
     @property
     def num_classes(self) -> int:
@@ -169,12 +208,15 @@ class Manifest:
             out["local"] = self.local
         out["edge"] = self.edge
         out["cloud"] = self.cloud
+        if self.escalated is not None:
+            out["escalated"] = self.escalated
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT,
             "format_version": self.format_version,
+            "kind": self.kind,
             "created": self.created,
             "model": {"name": self.name, "version": self.version},
             "classes": list(self.classes),
@@ -192,20 +234,15 @@ class Manifest:
             "training": self.training,
             "calibration": self.calibration,
         }
+        if self.escalated is not None:
+            out["segments"]["escalated"] = self.escalated.to_dict()
+            out["escalation"] = {"level": self.escalation_level, "views": self.escalation_views}
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         """Parse and validate a manifest; raises :class:`BundleError` on any inconsistency."""
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise BundleError(f"not a ddnn bundle manifest (format must be {FORMAT!r})")
-        version = d.get("format_version")
-        if not isinstance(version, int) or version < 1:
-            raise BundleError(f"invalid bundle format_version {version!r}")
-        if version > FORMAT_VERSION:
-            raise BundleError(
-                f"bundle format version {version} is newer than this ddnn supports "
-                f"({FORMAT_VERSION}); upgrade ddnn"
-            )
+        version = _check_format(d, "ddnn")
         try:
             segs = d["segments"]
             m = cls(
@@ -226,6 +263,10 @@ class Manifest:
                 calibration=dict(d.get("calibration", {})),
                 created=str(d.get("created", "")),
                 format_version=version,
+                escalated=(SegmentSpec.from_dict(segs["escalated"])
+                           if segs.get("escalated") else None),
+                escalation_level=_level(d.get("escalation", {}).get("level", 0)),
+                escalation_views=int(d.get("escalation", {}).get("views", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise BundleError(f"malformed manifest: {type(e).__name__}: {e}") from None
@@ -284,6 +325,110 @@ class Manifest:
         _expect(self.cloud.input("edge_features"), self.edge.output("features").sample_shape,
                 "cloud edge_features")
         _expect(self.cloud.output("scores"), classes, "cloud scores")
+        self._validate_escalation()
+
+    def _validate_escalation(self) -> None:
+        """The escalated segment reads the edge features and every view's "detail" output."""
+        if self.escalated is None:
+            if self.escalation_level:
+                raise BundleError("escalation level 1 needs an escalated segment")
+            return
+        if self.codec.get("device_detail") not in CODECS:
+            raise BundleError(f"codec for device_detail must be one of {CODECS}")
+        detail = self.devices[0].output("detail").sample_shape
+        if not detail:
+            raise BundleError("device-0 detail needs a shape per sample, got none")
+        for i, seg in enumerate(self.devices):
+            _expect(seg.output("detail"), detail, f"device-{i} detail")
+        if not 0 <= self.escalation_views <= self.views:
+            raise BundleError(f"escalation views must lie in 0..{self.views} (0: every view), "
+                              f"got {self.escalation_views}")
+        slots = self.escalation_views or self.views
+        _expect(self.escalated.input("edge_features"), self.edge.output("features").sample_shape,
+                "escalated edge_features")
+        _expect(self.escalated.input("device_detail"), (slots * detail[0], *detail[1:]),
+                "escalated device_detail")
+        _expect(self.escalated.output("scores"), (self.num_classes,), "escalated scores")
+
+
+@dataclass(frozen=True)
+class RawManifest:
+    """A raw-offload reference bundle (``"kind": "raw"``): one model, ``raw``, on the full image
+    of every view → class scores. What the hierarchy is judged against (``ddnn train
+    --baseline``), served beside a hierarchy bundle of the same name as ``{name}-raw``.
+
+    Its one input, ``views`` (V, 3, H, W) in [0, 1], holds zeros for an absent view (the
+    dataset contract), so every request needs nothing else; on a constrained uplink each
+    present view counts as an 8-bit image.
+    """
+
+    name: str
+    version: str
+    classes: tuple[str, ...]
+    views: int
+    input_shape: tuple[int, int, int]
+    raw: SegmentSpec
+    training: dict[str, Any] = field(default_factory=dict)
+    created: str = ""
+    format_version: int = FORMAT_VERSION
+    kind: str = "raw"
+
+    @property
+    def num_classes(self) -> int:
+        return len(self.classes)
+
+    def segments(self) -> dict[str, SegmentSpec]:
+        return {"raw": self.raw}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "format_version": self.format_version,
+            "kind": self.kind,
+            "created": self.created,
+            "model": {"name": self.name, "version": self.version},
+            "classes": list(self.classes),
+            "views": self.views,
+            "input": {"shape": list(self.input_shape), "dtype": "float32", "range": [0.0, 1.0]},
+            "segments": {"raw": self.raw.to_dict()},
+            "training": self.training,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RawManifest:
+        version = _check_format(d, "raw")
+        try:
+            m = cls(
+                name=check_name("model name", d["model"]["name"]),
+                version=check_name("model version", str(d["model"]["version"])),
+                classes=class_names(d["classes"]),
+                views=int(d["views"]),
+                input_shape=tuple(int(x) for x in d["input"]["shape"]),  # type: ignore[arg-type]
+                raw=SegmentSpec.from_dict(d["segments"]["raw"]),
+                training=dict(d.get("training", {})),
+                created=str(d.get("created", "")),
+                format_version=version,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise BundleError(f"malformed manifest: {type(e).__name__}: {e}") from None
+        if len(m.classes) < 2 or m.views < 1:
+            raise BundleError("manifest must name at least two classes and one view")
+        if len(m.input_shape) != 3 or m.input_shape[0] != 3:
+            raise BundleError(f"input shape must be (3, H, W), got {m.input_shape}")
+        f = m.raw.file
+        if not f or "/" in f or "\\" in f or f.startswith("."):
+            raise BundleError(f"segment raw names an unsafe file {f!r}")
+        _expect(m.raw.input("views"), (m.views, *m.input_shape), "raw views")
+        _expect(m.raw.output("scores"), (m.num_classes,), "raw scores")
+        return m
+
+
+def parse_manifest(d: Any, kind: str | None = "ddnn") -> Manifest | RawManifest:
+    """A manifest of ``kind`` (None: either) from its JSON object; refuses any other kind."""
+    found = d.get("kind", "ddnn") if isinstance(d, dict) else "ddnn"
+    if kind is None and found in KIND_NAMES:
+        kind = found
+    return RawManifest.from_dict(d) if kind == "raw" else Manifest.from_dict(d)
 
 
 @dataclass(frozen=True)
@@ -291,7 +436,7 @@ class Bundle:
     """A verified bundle on disk: its directory and its manifest."""
 
     path: Path
-    manifest: Manifest
+    manifest: Manifest  # a RawManifest where the bundle was loaded with kind "raw" or None
     # The exact bytes of manifest.json (and manifest.sig, None when unsigned) that were read and
     # verified when the bundle was loaded: what a server hands out, never the file as it is now.
     manifest_bytes: bytes | None = field(default=None, compare=False, repr=False)
@@ -306,10 +451,13 @@ class Bundle:
         return f"{self.manifest.name}:{self.manifest.version}"
 
 
-def read_manifest(path: str | Path, raw: bytes | None = None) -> Manifest:
+def read_manifest(path: str | Path, raw: bytes | None = None, kind: str | None = "ddnn"
+                  ) -> Manifest:
     """Parse ``manifest.json`` of a bundle directory without verifying the files.
 
-    ``raw``: the manifest's bytes when the caller already read (and verified) them.
+    ``raw``: the manifest's bytes when the caller already read (and verified) them. ``kind``:
+    the kind of bundle expected ("ddnn", a hierarchy; "raw", a raw-offload reference; None:
+    either); another kind is refused with a :class:`BundleError` that names it.
     """
     path = Path(path)
     mf = path / MANIFEST
@@ -321,15 +469,17 @@ def read_manifest(path: str | Path, raw: bytes | None = None) -> Manifest:
         data = json.loads((mf.read_bytes() if raw is None else raw).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BundleError(f"{mf}: unreadable manifest ({e})") from None
-    return Manifest.from_dict(data)
+    return parse_manifest(data, kind)  # type: ignore[return-value]
 
 
 def load_bundle(path: str | Path, verify: bool = True,
-                public_key: str | Path | None = None) -> Bundle:
+                public_key: str | Path | None = None, kind: str | None = "ddnn") -> Bundle:
     """Load a bundle directory, verifying every segment file's sha256 unless ``verify=False``.
 
     With ``public_key`` (an Ed25519 PEM file, see :mod:`ddnn.signing`) the manifest's signature
     is checked first, whatever ``verify`` says: an unsigned or tampered bundle is refused.
+    ``kind``: "ddnn" (a hierarchy, what the tiers run), "raw" (a raw-offload reference, see
+    :class:`RawManifest`) or None (either, as ``manifest.kind`` says).
     """
     from ddnn.signing import read_signed_files, verify_manifest_bytes
 
@@ -346,7 +496,7 @@ def load_bundle(path: str | Path, verify: bool = True,
     raw, sig = read_signed_files(path)  # read once: what is verified is what is parsed
     if public_key is not None:
         verify_manifest_bytes(raw, sig, public_key, str(path))
-    manifest = read_manifest(path, raw)
+    manifest = read_manifest(path, raw, kind)
     if verify:
         for role, seg in manifest.segments().items():
             f = path / seg.file
