@@ -66,9 +66,10 @@ class DDNNConfig:
     # still unsure after the edge exit, from every present camera: "view", its image at reduced
     # resolution; "stem", its last stem block's activations; "none": nothing more
     escalate_pool: int = 2  # the view's reduction, k x k average pooling (32 x 32 → 16 x 16)
-    escalate_bits: int = 8  # bits a detail value travels with: 8 (int8), 4, 2 or 1
-    escalate_widths: tuple[int, ...] = (32, 64, 128)  # double-conv blocks of the cloud's CNN
-    # on the details
+    escalate_bits: int = 4  # bits a detail value travels with: 8 (int8), 4, 2 or 1; 4 halves
+    # int8's bytes for 3 points of the escalated exit, 2 loses the colours (docs/training.md)
+    escalate_widths: tuple[int, ...] = (24, 48, 96)  # double-conv blocks of the cloud's CNN
+    # on the details: as accurate as 32, 64, 128 here at 56% of the work
     escalate_views: int = 0  # details of only the k present views whose devices are surest
     # (lowest entropy of their scores, which the edge already has); 0: every present view
     # --- joint training -------------------------------------------------------------------
