@@ -54,7 +54,7 @@ def class_names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _expect(tensor: TensorSpec, shape: tuple[int, ...], what: str) -> None:
+def expect_shape(tensor: TensorSpec, shape: tuple[int, ...], what: str) -> None:
     if tensor.sample_shape != tuple(shape):
         raise BundleError(f"{what} has per-sample shape {tensor.sample_shape}, expected "
                           f"{tuple(shape)}")
@@ -137,7 +137,7 @@ class SegmentSpec:
 KIND_NAMES = {"ddnn": "a hierarchy bundle", "raw": "a raw-offload reference bundle"}
 
 
-def _check_format(d: Any, kind: str) -> int:
+def check_format(d: Any, kind: str) -> int:
     """The manifest's format version, once its format and kind are what the caller reads."""
     if not isinstance(d, dict) or d.get("format") != FORMAT:
         raise BundleError(f"not a ddnn bundle manifest (format must be {FORMAT!r})")
@@ -242,7 +242,7 @@ class Manifest:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         """Parse and validate a manifest; raises :class:`BundleError` on any inconsistency."""
-        version = _check_format(d, "ddnn")
+        version = check_format(d, "ddnn")
         try:
             segs = d["segments"]
             m = cls(
@@ -304,8 +304,8 @@ class Manifest:
         classes = (self.num_classes,)
         features = None
         for i, seg in enumerate(self.devices):
-            _expect(seg.input("image"), self.input_shape, f"device-{i} image")
-            _expect(seg.output("scores"), classes, f"device-{i} scores")
+            expect_shape(seg.input("image"), self.input_shape, f"device-{i} image")
+            expect_shape(seg.output("scores"), classes, f"device-{i} scores")
             shape = seg.output("features").sample_shape
             if not shape:
                 raise BundleError(f"device-{i} features need a shape per sample, got none")
@@ -315,16 +315,16 @@ class Manifest:
             features = shape
         if self.local is not None:
             n = aggregated_channels(self.aggregation["local"], self.views, self.num_classes)
-            _expect(self.local.input("device_scores"), (n,), "local device_scores")
-            _expect(self.local.output("scores"), classes, "local scores")
+            expect_shape(self.local.input("device_scores"), (n,), "local device_scores")
+            expect_shape(self.local.output("scores"), classes, "local scores")
         assert features is not None  # views >= 1 was checked
         channels = aggregated_channels(self.aggregation["edge"], self.views, features[0])
-        _expect(self.edge.input("device_features"), (channels, *features[1:]),
-                "edge device_features")
-        _expect(self.edge.output("scores"), classes, "edge scores")
-        _expect(self.cloud.input("edge_features"), self.edge.output("features").sample_shape,
-                "cloud edge_features")
-        _expect(self.cloud.output("scores"), classes, "cloud scores")
+        expect_shape(self.edge.input("device_features"), (channels, *features[1:]),
+                     "edge device_features")
+        expect_shape(self.edge.output("scores"), classes, "edge scores")
+        expect_shape(self.cloud.input("edge_features"),
+                     self.edge.output("features").sample_shape, "cloud edge_features")
+        expect_shape(self.cloud.output("scores"), classes, "cloud scores")
         self._validate_escalation()
 
     def _validate_escalation(self) -> None:
@@ -339,96 +339,29 @@ class Manifest:
         if not detail:
             raise BundleError("device-0 detail needs a shape per sample, got none")
         for i, seg in enumerate(self.devices):
-            _expect(seg.output("detail"), detail, f"device-{i} detail")
+            expect_shape(seg.output("detail"), detail, f"device-{i} detail")
         if not 0 <= self.escalation_views <= self.views:
             raise BundleError(f"escalation views must lie in 0..{self.views} (0: every view), "
                               f"got {self.escalation_views}")
         slots = self.escalation_views or self.views
-        _expect(self.escalated.input("edge_features"), self.edge.output("features").sample_shape,
-                "escalated edge_features")
-        _expect(self.escalated.input("device_detail"), (slots * detail[0], *detail[1:]),
-                "escalated device_detail")
-        _expect(self.escalated.output("scores"), (self.num_classes,), "escalated scores")
+        expect_shape(self.escalated.input("edge_features"),
+                     self.edge.output("features").sample_shape, "escalated edge_features")
+        expect_shape(self.escalated.input("device_detail"), (slots * detail[0], *detail[1:]),
+                     "escalated device_detail")
+        expect_shape(self.escalated.output("scores"), (self.num_classes,), "escalated scores")
 
 
-@dataclass(frozen=True)
-class RawManifest:
-    """A raw-offload reference bundle (``"kind": "raw"``): one model, ``raw``, on the full image
-    of every view → class scores. What the hierarchy is judged against (``ddnn train
-    --baseline``), served beside a hierarchy bundle of the same name as ``{name}-raw``.
-
-    Its one input, ``views`` (V, 3, H, W) in [0, 1], holds zeros for an absent view (the
-    dataset contract), so every request needs nothing else; on a constrained uplink each
-    present view counts as an 8-bit image.
-    """
-
-    name: str
-    version: str
-    classes: tuple[str, ...]
-    views: int
-    input_shape: tuple[int, int, int]
-    raw: SegmentSpec
-    training: dict[str, Any] = field(default_factory=dict)
-    created: str = ""
-    format_version: int = FORMAT_VERSION
-    kind: str = "raw"
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    def segments(self) -> dict[str, SegmentSpec]:
-        return {"raw": self.raw}
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": FORMAT,
-            "format_version": self.format_version,
-            "kind": self.kind,
-            "created": self.created,
-            "model": {"name": self.name, "version": self.version},
-            "classes": list(self.classes),
-            "views": self.views,
-            "input": {"shape": list(self.input_shape), "dtype": "float32", "range": [0.0, 1.0]},
-            "segments": {"raw": self.raw.to_dict()},
-            "training": self.training,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> RawManifest:
-        version = _check_format(d, "raw")
-        try:
-            m = cls(
-                name=check_name("model name", d["model"]["name"]),
-                version=check_name("model version", str(d["model"]["version"])),
-                classes=class_names(d["classes"]),
-                views=int(d["views"]),
-                input_shape=tuple(int(x) for x in d["input"]["shape"]),  # type: ignore[arg-type]
-                raw=SegmentSpec.from_dict(d["segments"]["raw"]),
-                training=dict(d.get("training", {})),
-                created=str(d.get("created", "")),
-                format_version=version,
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise BundleError(f"malformed manifest: {type(e).__name__}: {e}") from None
-        if len(m.classes) < 2 or m.views < 1:
-            raise BundleError("manifest must name at least two classes and one view")
-        if len(m.input_shape) != 3 or m.input_shape[0] != 3:
-            raise BundleError(f"input shape must be (3, H, W), got {m.input_shape}")
-        f = m.raw.file
-        if not f or "/" in f or "\\" in f or f.startswith("."):
-            raise BundleError(f"segment raw names an unsafe file {f!r}")
-        _expect(m.raw.input("views"), (m.views, *m.input_shape), "raw views")
-        _expect(m.raw.output("scores"), (m.num_classes,), "raw scores")
-        return m
-
-
-def parse_manifest(d: Any, kind: str | None = "ddnn") -> Manifest | RawManifest:
-    """A manifest of ``kind`` (None: either) from its JSON object; refuses any other kind."""
+def parse_manifest(d: Any, kind: str | None = "ddnn") -> Manifest:
+    """A manifest of ``kind`` (None: either) from its JSON object; refuses any other kind.
+    Kind "raw" gives a :class:`ddnn.raw_manifest.RawManifest`."""
     found = d.get("kind", "ddnn") if isinstance(d, dict) else "ddnn"
     if kind is None and found in KIND_NAMES:
         kind = found
-    return RawManifest.from_dict(d) if kind == "raw" else Manifest.from_dict(d)
+    if kind == "raw":
+        from ddnn.raw_manifest import RawManifest
+
+        return RawManifest.from_dict(d)
+    return Manifest.from_dict(d)
 
 
 @dataclass(frozen=True)

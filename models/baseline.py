@@ -20,7 +20,6 @@ from torch import nn
 
 from ddnn.bundle import (
     BATCH,
-    RawManifest,
     SegmentSpec,
     TensorSpec,
     check_name,
@@ -36,6 +35,7 @@ from ddnn.models.distributed import Distributed
 from ddnn.models.export import PARITY_MAX_DISAGREE, _export, publish, staging_dir
 from ddnn.models.train import predict, train
 from ddnn.models.view_cnn import ViewTrunk, max_over_views
+from ddnn.raw_manifest import RawManifest
 
 
 class RawOffloadCNN(nn.Module):

@@ -44,7 +44,7 @@ def _edited(src, tmp_path, change):
 def test_an_escalating_bundle_describes_its_detail_and_level(escalating, tiny_data):
     m = load_bundle(escalating).manifest
     assert m.kind == "ddnn" and m.escalated is not None and m.escalation_level in (0, 1)
-    assert "escalated" in m.segments() and m.codec["device_detail"] == "int8"
+    assert "escalated" in m.segments() and m.codec["device_detail"] == "bits4"
     detail = m.devices[0].output("detail").sample_shape
     assert m.escalated.input("device_detail").sample_shape == (m.views * detail[0], *detail[1:])
     cal = m.calibration
