@@ -4,13 +4,21 @@
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
-# The CPU build of torch, pinned: an unpinned torch pulls several GB of CUDA packages.
-TORCH  ?= torch==2.13.0
-EXTRAS ?= device,edge,cloud,train,demo,dev
+# torch, pinned. On PyPI an ordinary Linux machine gets the CUDA build (several GB), so by
+# default torch comes from PyTorch's CPU index when that answers within a few seconds, and from
+# the configured index (PyPI) otherwise: a machine that cannot reach download.pytorch.org, such
+# as one with a local CPU wheel, is not stalled. TORCH_INDEX overrides: a URL (GPUs:
+# https://download.pytorch.org/whl/cu128), `pypi` for the configured index only (what CI sets:
+# its mirror serves the CPU build), or `auto` (the default).
+TORCH       ?= torch==2.13.0
+TORCH_INDEX ?= auto
+TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
+# federate: flwr (Python >= 3.11), so that one install runs every command.
+EXTRAS ?= device,edge,cloud,train,demo,federate,dev
 
-.PHONY: setup venv broker demo test lint bench clean
+.PHONY: setup venv system broker demo test test-arm64 lint bench clean
 
-setup: venv broker
+setup: venv system
 
 venv: $(BIN)/.installed
 
@@ -20,20 +28,41 @@ $(BIN)/.installed: pyproject.toml
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv \
 		>/dev/null && rm -rf $(VENV) && $(PYTHON) -m venv $(VENV); }
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
+	@index="$(TORCH_INDEX)"; \
+	if [ "$$index" = auto ]; then \
+		if $(BIN)/python -c "import urllib.request as u; u.urlopen('$(TORCH_CPU_INDEX)/torch/', timeout=5)" \
+			2>/dev/null; then index="$(TORCH_CPU_INDEX)"; else index=pypi; fi; fi; \
+	if [ "$$index" = pypi ]; then echo "torch: $(TORCH) from the configured index"; \
+		$(BIN)/python -m pip install -q "$(TORCH)"; \
+	else echo "torch: $(TORCH) from $$index"; \
+		$(BIN)/python -m pip install -q "$(TORCH)" --index-url "$$index" \
+			--extra-index-url https://pypi.org/simple; fi
 	# Editable: the tier folders map into the one `ddnn` package (pyproject's package-dir).
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
 	touch $@
 
-# Mosquitto for the integration tests and the demo; the demo falls back to the embedded
-# pure-Python broker (amqtt) when Mosquitto cannot be installed.
-broker:
-	@if command -v mosquitto >/dev/null 2>&1 || [ -x /usr/sbin/mosquitto ]; then :; \
+# Debian packages the tests and the demo use, installed when root and missing:
+#   mosquitto   the broker of the integration tests and the demo (the demo falls back to the
+#               embedded pure-Python broker, amqtt, without it)
+#   prometheus  promtool and a real Prometheus for the monitoring tests (deploy/prometheus)
+#   chromium, chromium-driver   a real headless browser for the edge's status page test
+# Without root the tests that need them are skipped (CI, which is root, fails instead).
+SYSTEM_PACKAGES ?= mosquitto:/usr/sbin/mosquitto prometheus:/usr/bin/promtool \
+	chromium:/usr/bin/chromium chromium-driver:/usr/bin/chromedriver
+
+system:
+	@missing=""; for entry in $(SYSTEM_PACKAGES); do \
+		pkg=$${entry%%:*}; exe=$${entry#*:}; [ -x "$$exe" ] || missing="$$missing $$pkg"; done; \
+	if [ -z "$$missing" ]; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		echo "installing mosquitto"; \
-		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mosquitto >/dev/null) \
-		|| echo "warning: could not install mosquitto; broker tests will be skipped"; \
-	else echo "warning: mosquitto is not installed and I am not root; broker tests will be skipped"; fi
+		echo "installing$$missing"; \
+		(apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+			--no-install-recommends $$missing >/dev/null) \
+		|| echo "warning: could not install$$missing; the tests that need them will be skipped"; \
+	else echo "warning:$$missing not installed and I am not root; the tests that need them will be skipped"; fi
+
+# (the old name of `system`)
+broker: system
 
 demo: setup
 	$(BIN)/ddnn demo
@@ -47,6 +76,13 @@ lint: venv
 
 test: setup lint
 	$(BIN)/python -m pytest
+
+# The device agent on the boards' architecture (aarch64), in an arm64 Debian userland run
+# through qemu-user: the device's tests and a live replay against this machine's broker and edge.
+# Needs root; made once and cached in $(DDNN_ARM64_CACHE) (default /var/cache/ddnn-arm64);
+# skips with the reason where it cannot run. See tests/support/arm64.py and docs/raspberry-pi.md.
+test-arm64: setup
+	$(BIN)/python -m tests.support.arm64
 
 bench: setup
 	$(BIN)/ddnn bench

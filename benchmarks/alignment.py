@@ -29,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ddnn.benchmarks.common import pyplot, stop_process, write_json
+from ddnn.benchmarks.common import percentile, pyplot, stop_process, write_json
 from ddnn.benchmarks.hierarchy_latency import (
-    _pct,
     _ready,
     _start,
     low_latency_broker,
@@ -95,7 +94,7 @@ def _summary(rows: list[dict], offline: np.ndarray, labels: np.ndarray, frames: 
         "partial_share": sum(by_frame[f]["partial"] for f in answered) / max(len(answered), 1),
         "live_accuracy": float((live == labels[idx]).mean()) if answered else None,
         "offline_accuracy": float((offline[idx] == labels[idx]).mean()) if answered else None,
-        "local_p50_ms": _pct(local, 50), "local_p99_ms": _pct(local, 99),
+        "local_p50_ms": percentile(local, 50), "local_p99_ms": percentile(local, 99),
     }
 
 

@@ -23,6 +23,7 @@ BENCHMARKS = {
     "raw_vs_hierarchy": "ddnn.benchmarks.raw_vs_hierarchy",
     "bandwidth": "ddnn.benchmarks.bandwidth",
     "soak": "ddnn.benchmarks.soak",  # minutes of the full hierarchy: memory and every frame
+    "federated": "ddnn.benchmarks.federated",  # drifted sites: before, FedAvg, DMA, central
 }
 
 
@@ -53,7 +54,7 @@ def register(sub, data_sub, formatter) -> None:
 
 def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     module = importlib.import_module(BENCHMARKS[name])
-    if name in ("training", "ablation", "paper_tables", "tiers"):
+    if name in ("training", "ablation", "paper_tables", "federated", "tiers"):
         return module.run(out, work, quick=quick)
     from ddnn.benchmarks.common import workspace
 

@@ -1,15 +1,31 @@
 """Device footprint: segment size, per-frame latency on one thread, agent memory, no torch.
 
-Baselines in the same run: the raw 8-bit image a device would otherwise send, and the resident
-memory of a bare Python process that imports torch (what the agent would cost with torch).
+Baselines in the same run: the raw 8-bit image a device would otherwise send; the floor of the
+agent's memory, a process that only imports numpy, ONNX Runtime and paho (``floor_imports``) and
+one that also runs the device segment once in its one-thread session (``floor_session``); a bare
+Python process that imports torch (what the agent would cost with torch); and, with
+``DDNN_FOOTPRINT_BASELINE=REV``, the agent of that git revision (before a change, after it).
+The agent replays view 0 of the test file from a wheel installed with the device extra alone
+in a fresh venv: on this machine and, when ``make test-arm64`` has built the emulated arm64
+userland (benchmarks/arm64.py; root only), on aarch64 too. Under qemu a process's resident
+memory also holds the emulator (its translated-code cache and heap): ``peak_guest_mib`` is what
+the program itself maps, what a board would hold, read from the process's smaps. Per-frame
+times under emulation say nothing about a board and are not taken there.
 """
 
 from __future__ import annotations
 
+import os
+import platform
+import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
+import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -20,29 +36,196 @@ from ddnn.dataset import load_dataset
 from ddnn.runtime import BundleRuntime
 from ddnn.tools.broker import start_broker
 
+FLOOR_IMPORTS = "import numpy, onnxruntime, paho.mqtt.client"
+# The device segment in one session of one thread, run once: what any agent must hold.
+FLOOR_SESSION = FLOOR_IMPORTS + """
+import sys
+from ddnn.bundle import load_bundle
+from ddnn.runtime import BundleRuntime
+rt = BundleRuntime(load_bundle(sys.argv[1]), threads=1)
+rt.device(0, numpy.zeros((1, *rt.manifest.input_shape), numpy.float32))"""
+# Held until told to stop, so that its memory is read at a known point.
+HOLD = "\nprint('ready', flush=True)\nsys.stdin.read()"
+QEMU_OWN = ("[heap]", "[stack]", "[vdso]", "[vvar]", "[vsyscall]")
+REPO = Path(__file__).resolve().parents[1]
+# Where the measured processes start: in the repository, `python -m ddnn` would import the
+# source folder ddnn/ instead of the wheel under test.
+AWAY = tempfile.gettempdir()
+HOST_SPACE = 0x7F00_0000_0000  # qemu-user maps its own memory up here, the guest's far below
 
-def _peak_rss_kib(pid: int) -> int:
+
+def _status_kib(pid: int, field: str) -> int:
     for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+        if line.startswith(field + ":"):
             return int(line.split()[1])
     return 0
 
 
-def _mapped_torch(pid: int) -> bool:
-    return "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+def guest_rss_kib(pid: int) -> int:
+    """Resident memory of what an emulated (qemu-user) program maps itself, in KiB.
+
+    qemu's own memory is left out: its translated-code cache (anonymous and executable: guest
+    code is never executed in place), heap, stack, binary, and what it maps for itself at the
+    top of the address space, above the guest's.
+    """
+    total, own = 0, False
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        head = re.match(r"([0-9a-f]+)-[0-9a-f]+ (\S+) \S+ \S+ \S+\s*(.*)$", line)
+        if head:
+            start, perms, name = int(head[1], 16), head[2], head[3]
+            own = (start >= HOST_SPACE or name in QEMU_OWN or "qemu" in name
+                   or ("x" in perms and not name))
+        elif line.startswith("Rss:") and not own:
+            total += int(line.split()[1])
+    return total
 
 
-def _watch(proc: subprocess.Popen) -> tuple[int, bool]:
-    """Peak resident memory (KiB) and whether torch was ever mapped, sampled until exit."""
-    peak, torch_seen = 0, False
-    while proc.poll() is None:
+class MemoryWatch:
+    """Peak resident memory of a running process, sampled until it exits (or :meth:`stop`)."""
+
+    def __init__(self, proc: subprocess.Popen, emulated: bool = False, every: float = 0.05):
+        self.proc, self.emulated, self.every = proc, emulated, every
+        self.peak_kib = self.guest_kib = 0
+        self.torch = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def sample(self) -> None:
+        pid = self.proc.pid
+        self.peak_kib = max(self.peak_kib, _status_kib(pid, "VmHWM"))
+        if self.emulated:
+            self.guest_kib = max(self.guest_kib, guest_rss_kib(pid))
+        self.torch = self.torch or "libtorch" in Path(f"/proc/{pid}/maps").read_text()
+
+    def _run(self) -> None:
+        while self.proc.poll() is None and not self._stop.is_set():
+            try:
+                self.sample()
+            except (FileNotFoundError, ProcessLookupError, ValueError):
+                break
+            self._stop.wait(self.every)
+
+    def start(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join()
+        return self.result()
+
+    def result(self) -> dict:
+        out = {"peak_rss_mib": round(self.peak_kib / 1024, 1)}
+        if self.emulated:
+            out["peak_guest_mib"] = round(self.guest_kib / 1024, 1)
+        return out
+
+
+def floor(python: Sequence[str], code: str, args: Sequence[str] = (), emulated: bool = False
+          ) -> dict:
+    """Memory of ``python -c code args`` once it says it is ready."""
+    with tempfile.TemporaryFile("w+") as errors:
+        proc = subprocess.Popen([*python, "-c", code + HOLD, *args], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, stderr=errors, text=True, cwd=AWAY)
         try:
-            peak = max(peak, _peak_rss_kib(proc.pid))
-            torch_seen = torch_seen or _mapped_torch(proc.pid)
-        except (FileNotFoundError, ProcessLookupError):
-            break
-        time.sleep(0.05)
-    return peak, torch_seen
+            if proc.stdout.readline().strip() != "ready":
+                proc.wait()
+                errors.seek(0)
+                raise RuntimeError(f"{code.splitlines()[0]!r} failed: {errors.read()[-2000:]}")
+            watch = MemoryWatch(proc, emulated)
+            watch.sample()
+            return watch.result()
+        finally:
+            proc.stdin.close()
+            proc.wait(60)
+
+
+def agent(python: Sequence[str], bundle: Path, data: Path, broker: str, frames: int,
+          emulated: bool = False) -> dict:
+    """Peak memory of ``ddnn device`` replaying ``frames`` frames of view 0 of ``data``."""
+    proc = subprocess.Popen(
+        [*python, "-m", "ddnn", "device", "--bundle", str(bundle.resolve()), "--broker", broker,
+         "--view", "0", "--data", str(data.resolve()), "--fps", "200", "--limit", str(frames),
+         "--grace", "0.5", "--threads", "1", "--wait-peers", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=AWAY,
+    )
+    watch = MemoryWatch(proc, emulated).start()
+    code = proc.wait()
+    result = watch.stop()
+    if code != 0:
+        raise RuntimeError(f"the device agent exited with {code}")
+    return {**result, "imported_torch": watch.torch}
+
+
+def memory(python: Sequence[str], bundle: Path, data: Path, broker: str, frames: int,
+           emulated: bool = False) -> dict:
+    """The agent's memory beside its two floors, with one interpreter."""
+    key = "peak_guest_mib" if emulated else "peak_rss_mib"
+    out = {"floor_imports": floor(python, FLOOR_IMPORTS, emulated=emulated),
+           "floor_session": floor(python, FLOOR_SESSION, [str(bundle.resolve())], emulated),
+           "agent": agent(python, bundle, data, broker, frames, emulated)}
+    out["agent_over_floor_mib"] = round(out["agent"][key] - out["floor_session"][key], 1)
+    return out
+
+
+def wheels(work: Path) -> dict[str, Path]:
+    """A wheel of this working tree and, with ``DDNN_FOOTPRINT_BASELINE=REV``, one of that git
+    revision: the agent before and after a change, measured in the same run."""
+    builds = {"this_tree": REPO}
+    rev = os.environ.get("DDNN_FOOTPRINT_BASELINE")
+    if rev:
+        src = work / "baseline-src"
+        src.mkdir()
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True,
+                                 capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+        builds[f"baseline_{rev}"] = src
+    out = {}
+    for name, src in builds.items():
+        dest = work / "wheels" / name
+        subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", str(src), "-w",
+                        str(dest)], check=True)
+        out[name] = next(dest.glob("ddnn-*.whl"))
+    return out
+
+
+def host_memory(wheels: dict[str, Path], bundle: Path, data: Path, broker: str, frames: int
+                ) -> dict:
+    """:func:`memory` on this machine, each wheel in a fresh venv with the device extra alone
+    (as on a board: no torch, no other tier's packages)."""
+    out = {}
+    for name, wheel in wheels.items():
+        venv = wheel.parent / "venv"
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin/python"), "-m", "pip", "install", "-q",
+                        f"{wheel}[device]"], check=True)
+        out[name] = memory([str(venv / "bin/python")], bundle, data, broker, frames)
+    return out
+
+
+def arm64_memory(wheels: dict[str, Path], bundle: Path, data: Path, broker: str, frames: int
+                 ) -> dict:
+    """:func:`memory` in the emulated arm64 userland, each wheel installed there in turn."""
+    from ddnn.benchmarks.arm64 import VENV, Userland
+
+    userland = Userland()
+    why = userland.host_problem(install=False)
+    if why is None and not userland.built:
+        why = "no arm64 userland yet: `make test-arm64` builds it"
+    if why:
+        return {"skipped": why}
+    with tempfile.TemporaryDirectory(prefix="ddnn-footprint-") as tmp:
+        work = Path(tmp)  # under /tmp: bound into the userland's own /tmp, nothing left there
+        shutil.copytree(bundle, work / "bundle")
+        shutil.copy2(data, work / "data.npz")
+        python = userland.command([f"{VENV}/bin/python"], binds=[work])
+        out = {}
+        for name, wheel in wheels.items():
+            userland.install(wheel)
+            out[name] = memory(python, work / "bundle", work / "data.npz", broker, frames,
+                               emulated=True)
+        return out
 
 
 def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
@@ -57,27 +240,28 @@ def run(out_dir: Path, bundle: Path, data: Path, quick: bool = False) -> dict:
         start = time.perf_counter()
         rt.device(0, x[None])
         times.append((time.perf_counter() - start) * 1e3)
+    del ds, frames
 
     n = 50 if quick else 300
-    with start_broker() as broker:
-        agent = subprocess.Popen(
-            [sys.executable, "-m", "ddnn", "device", "--bundle", str(bundle), "--broker",
-             broker.url, "--view", "0", "--data", str(data), "--fps", "200", "--limit", str(n),
-             "--grace", "0.5", "--threads", "1", "--wait-peers", "0"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        agent_rss, agent_torch = _watch(agent)
+    with tempfile.TemporaryDirectory(prefix="ddnn-footprint-") as tmp, start_broker() as broker:
+        built = wheels(Path(tmp))
+        host = host_memory(built, bundle, data, broker.url, n)
+        arm64 = arm64_memory(built, bundle, data, broker.url, n)
     torch_proc = subprocess.Popen([sys.executable, "-c", "import torch, time; time.sleep(1)"])
-    torch_rss, _ = _watch(torch_proc)
+    torch_watch = MemoryWatch(torch_proc).start()
+    torch_proc.wait()
+    torch_rss = torch_watch.stop()["peak_rss_mib"]
 
     seg = m.devices[0]
+    agent_rss = host["this_tree"]["agent"]["peak_rss_mib"]
     result = {
         "segment_file_bytes": (bundle / seg.file).stat().st_size,
         "per_frame_ms_one_thread": {"p50": statistics.median(times),
                                     "p99": float(np.percentile(times, 99))},
-        "agent_peak_rss_mib": agent_rss / 1024,
-        "agent_imported_torch": agent_torch,
-        "baseline_python_with_torch_rss_mib": torch_rss / 1024,
+        "agent_peak_rss_mib": agent_rss,
+        "agent_imported_torch": host["this_tree"]["agent"]["imported_torch"],
+        "memory": {platform.machine(): host, "aarch64_emulated": arm64},
+        "baseline_python_with_torch_rss_mib": torch_rss,
         "raw_frame_bytes": int(np.prod(m.input_shape)),
         "ratios": {"torch_process_over_agent_rss": torch_rss / max(agent_rss, 1)},
     }

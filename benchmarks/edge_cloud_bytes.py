@@ -3,19 +3,22 @@
 The real cloud service (``ddnn cloud`` in a subprocess on a free loopback port) sits behind a
 small loopback relay that counts every byte each way: HTTP as it crosses the link, request line
 and headers included (TCP/IP framing excluded). The edge's cloud client (``CloudClient``)
-forwards batches of 1 and 8 frames of the bundle's edge features (±1, as they leave the binary
-codec) in three ways, one after another on the same server:
+forwards batches of 1 and 8 frames of the bundle's edge features (as they leave the bundle's
+edge codec) in three ways, one after another on the same server:
 
 * ``fp32_before``: the client as it was before packing: FP32 features, urllib3's default
   headers, ``scores`` and ``entropy`` asked for;
-* ``fp32``: today's client against a cloud that does not take packed features: FP32, lean
-  headers, ``scores`` only (the edge computes the entropy);
+* ``fp32``: today's client against a cloud that does not serve packed features: FP32 to
+  ``{name}-cloud``, lean headers, ``scores`` only (the edge computes the entropy);
 * ``packed``: today's client against today's cloud: the features packed in the bundle's codec
-  (``edge_features_packed``), negotiated once per version (that one metadata request is
-  reported apart, not spread over the frames).
+  to ``{name}-cloud-packed``, negotiated once per version (that one metadata request is
+  reported apart, not spread over the frames); a lone frame goes as a raw binary request (no
+  JSON header).
 
 Bytes per frame are a request's bytes divided by its frames; the scores of the packed and FP32
-paths are checked to be bit-identical. Nothing is asserted.
+paths are checked to be bit-identical. For a lone packed frame the exchange is also split into
+its parts (request line and headers, JSON header, tensor bytes; each way), so what remains is
+visible. Nothing is asserted.
 
     ddnn bench --only edge_cloud_bytes [--quick]
 """
@@ -36,7 +39,7 @@ from ddnn.benchmarks.common import stop_process, write_json
 from ddnn.tools.broker import free_port
 
 BATCHES = (1, 8)
-AIM = 16.0  # issue 13: edge → cloud bytes per forwarded frame ≥ 16× fewer than FP32
+AIM = 16.0  # issues 13, 21: edge → cloud bytes per forwarded frame ≥ 16× fewer than FP32
 
 
 class CountingRelay:
@@ -45,6 +48,7 @@ class CountingRelay:
     def __init__(self, port: int):
         self.upstream = port
         self.sent = self.received = 0  # client → server, server → client
+        self.captured: list[tuple[bool, bytes]] | None = None  # (upward, data), when capturing
         self._lock = threading.Lock()
         self._listener = socket.create_server((HOST, 0))
         self.port = self._listener.getsockname()[1]
@@ -74,6 +78,8 @@ class CountingRelay:
                         self.sent += len(data)
                     else:
                         self.received += len(data)
+                    if self.captured is not None:
+                        self.captured.append((upward, data))
                 dst.sendall(data)
         except OSError:
             pass
@@ -126,6 +132,28 @@ def _measure(relay: CountingRelay, infer, batch: np.ndarray, requests: int) -> d
             "scores": scores}
 
 
+def _parts(message: bytes) -> dict[str, int]:
+    """An HTTP message's bytes by part: start line and headers, JSON header, tensor bytes."""
+    head, _, body = message.partition(b"\r\n\r\n")
+    headers = {k.strip().lower(): v.strip() for k, _, v in
+               (line.partition(b":") for line in head.split(b"\r\n")[1:])}
+    json_length = int(headers.get(oip.HEADER_LENGTH.lower().encode(), len(body)))
+    return {"start_line_and_headers": len(head) + 4, "json_header": json_length,
+            "tensor_bytes": len(body) - json_length}
+
+
+def _breakdown(relay: CountingRelay, infer, x: np.ndarray) -> dict:
+    """One call's exchange split into its parts, each way."""
+    relay.captured = []
+    infer(x)
+    captured, relay.captured = relay.captured, None
+    up = b"".join(d for upward, d in captured if upward)
+    down = b"".join(d for upward, d in captured if not upward)
+    return {"request": _parts(up), "response": _parts(down),
+            "request_text": up.partition(b"\r\n\r\n")[0].decode(errors="replace"),
+            "response_text": down.partition(b"\r\n\r\n")[0].decode(errors="replace")}
+
+
 def _ways(url: str, model: str, codec: str):
     from ddnn.edge.cloud_client import CloudClient
 
@@ -158,12 +186,15 @@ def _run_all(bundle: Path, requests: int) -> tuple[dict, dict]:
             for way, infer in ways.items():
                 results[way][str(b)] = _measure(relay, lambda z, f=infer: f(z, m.version), x,
                                                 requests)
+        lone = np.sign(rng.standard_normal((1, *sample))).astype(np.float32)
+        breakdown = {w: _breakdown(relay, lambda z, f=infer: f(z, m.version), lone)
+                     for w, infer in ways.items()}
         scores = {(w, b): r.pop("scores").view(np.uint32)
                   for w, by_batch in results.items() for b, r in by_batch.items()}
         identical = all(np.array_equal(scores["packed", b], s) for (_, b), s in scores.items())
         info = {"model": model, "version": m.version, "codec": codec,
                 "features_shape": list(sample), "went_packed": packed_client.packed(m.version),
-                "scores_bit_identical": identical}
+                "scores_bit_identical": identical, "lone_frame_breakdown": breakdown}
         for c in clients:
             c.close()
         return results, info
@@ -204,3 +235,22 @@ def run(out_dir: Path, bundle: Path, quick: bool = False) -> dict:
     }
     write_json(Path(out_dir), "edge_cloud_bytes", result)
     return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m ddnn.benchmarks.edge_cloud_bytes --bundle B``: the same run on any bundle
+    (``ddnn bench`` uses its default one), e.g. the paper preset's (``ddnn train --paper``)."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--bundle", required=True, type=Path)
+    p.add_argument("--out", default="runs/bench/edge_cloud_bytes", type=Path)
+    p.add_argument("--quick", action="store_true")
+    args = p.parse_args(argv)
+    result = run(args.out, args.bundle, quick=args.quick)
+    print(json.dumps({"summary": result["summary"], "ratios": result["ratios"]}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -57,10 +57,12 @@ def publish(broker: str, bundle: Path, frames: int, first: int, part: int = 0,
     rng = np.random.default_rng(0)
     logits = rng.normal(size=(m.views, m.num_classes)).astype(np.float32) * 4
     devices = default_device_ids(m.views)
-    msgs = [(t.device(d, "scores"), first + n, bytearray(env.encode(env.pack(
+    msgs = [(t.device(d, "scores"), bytearray(env.encode(env.pack(
         MessageType.SCORES, version=m.version, frame=first + n, tensor=logits[v : v + 1],
         codec=m.codec["scores"]))))
         for n in range(frames) for v, d in enumerate(devices) if v % PUBLISHERS == part]
+    # Where each message's capture time goes: stamped at sending.
+    msgs = [(topic, env.frame_header(payload)[1], payload) for topic, payload in msgs]
     # paho driven from this one thread (no loop thread): the load generator must cost less
     # than what it measures.
     import paho.mqtt.client as paho
@@ -75,11 +77,10 @@ def publish(broker: str, bundle: Path, frames: int, first: int, part: int = 0,
         client.loop(0.1)
     start = max(start_at, time.time())
     time.sleep(max(start - time.time(), 0.0))
-    for i, (topic, frame, payload) in enumerate(msgs):
+    for i, (topic, at, payload) in enumerate(msgs):
         if rate and i % 10 == 0:  # paced: ten messages at a time, on a wall-clock schedule
             time.sleep(max(start + i / rate - time.time(), 0.0))
-        # Captured now: latencies run from here. The time follows the frame id's varint.
-        at = 2 + (max(frame.bit_length(), 1) + 6) // 7
+        # Captured now: latencies run from here.
         payload[at : at + 4] = struct.pack("<I", round(time.time() / env.TICK) % (1 << 32))
         client.publish(topic, bytes(payload), 1)
         if i % 50 == 0:
@@ -94,7 +95,7 @@ class _Publishers:
 
     def __init__(self, broker: str, bundle: Path, frames: int, first: int, deployment: str,
                  rate: float = 0.0):
-        code = ("import sys; from pathlib import Path; from benchmarks.edge_ingest import "
+        code = ("import sys; from pathlib import Path; from ddnn.benchmarks.edge_ingest import "
                 "publish; publish(sys.argv[1], Path(sys.argv[2]), *map(int, sys.argv[3:6]), "
                 "sys.argv[6], *map(float, sys.argv[7:9]))")
         start_at = time.time() + 3.0  # both connected by then: they start together
@@ -115,11 +116,9 @@ def _cpu() -> float:
 
 
 def _capture_time(payload: bytes) -> float:
-    """The capture time of an envelope (after the format, type and frame id: ddnn.envelope)."""
-    at = 2
-    while payload[at] & 0x80:
-        at += 1
-    return env.capture_time(struct.unpack_from("<I", payload, at + 1)[0], time.time())
+    """The capture time of an envelope, read in place."""
+    at = env.frame_header(payload)[1]
+    return env.capture_time(struct.unpack_from("<I", payload, at)[0], time.time())
 
 
 def raw_rate(broker: str, bundle: Path, frames: int, views: int, deployment: str,
@@ -166,13 +165,7 @@ class _Clock(ResultSink):
         self.from_capture: list[float] = []
 
     def arrived(self, payload: bytes) -> None:
-        frame, shift = 0, 0
-        for byte in payload[2:12]:  # the frame id, a varint after two bytes (ddnn.envelope)
-            frame |= (byte & 0x7F) << shift
-            shift += 7
-            if not byte & 0x80:
-                break
-        self.last[frame] = time.perf_counter()
+        self.last[env.frame_header(payload)[0]] = time.perf_counter()
 
     def publish(self, result) -> None:  # the last sink: the MQTT one has had it
         self.out[result.frame] = time.perf_counter()

@@ -7,6 +7,7 @@ its 4xx status; anything else is logged with its traceback and answered as a pla
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import logging
 import zlib
@@ -32,6 +33,7 @@ SERVER_NAME = "ddnn-cloud"
 EXTENSIONS = ["binary_tensor_data", "model_repository"]
 # Health checks stay open with a token set: orchestrators probe them without credentials.
 OPEN_PATHS = frozenset({"/v2/health/live", "/v2/health/ready"})
+_INFLATE_CHUNK = 1 << 20
 _TRITON_TYPES = {"BOOL": "TYPE_BOOL", "FP32": "TYPE_FP32", "UINT8": "TYPE_UINT8"}
 INFER_PATHS = ("/v2/models/{model_name}/infer",
                "/v2/models/{model_name}/versions/{model_version}/infer")
@@ -69,8 +71,12 @@ class BearerAuth:
         return await reply(scope, receive, send)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The request body, refused with 413 past ``limit`` bytes (before or after decompression)."""
+async def read_body(request: Request, limit: int) -> bytes | bytearray:
+    """The request body, refused with 413 past ``limit`` bytes (before or after decompression).
+
+    Read into one growing buffer (joining chunks would hold the body twice); an encoded body is
+    inflated in a worker thread (zlib lets go of the interpreter lock), at most ``limit + 1``
+    bytes of it, so neither its size nor its inflating stalls the event loop."""
     declared = request.headers.get("content-length")
     if declared is not None:
         if not declared.isdigit():
@@ -78,28 +84,38 @@ async def read_body(request: Request, limit: int) -> bytes:
         if int(declared) > limit:
             raise PayloadTooLargeError(f"request body of {declared} bytes exceeds the limit of "
                                        f"{limit} bytes")
-    chunks, total = [], 0
+    body = bytearray()
     try:
         async for chunk in request.stream():
-            total += len(chunk)
-            if total > limit:
+            if len(body) + len(chunk) > limit:
                 raise PayloadTooLargeError(f"request body exceeds the limit of {limit} bytes")
-            chunks.append(chunk)
+            body += chunk
     except ClientDisconnect:  # gone, or closed by the body timeout (ddnn.cloud.protocol)
         raise OipError("the client disconnected before the end of its body") from None
-    body = b"".join(chunks)
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
         return body
     if encoding not in ("gzip", "deflate"):
         raise OipError(f"unsupported Content-Encoding {encoding!r}; use gzip, deflate or none")
+    return await asyncio.to_thread(_inflate, body, encoding, limit)
+
+
+def _inflate(body: bytearray, encoding: str, limit: int) -> bytearray:
+    """``body`` inflated into one buffer, a chunk at a time (zlib's own one-shot output is
+    assembled from blocks, which holds the result twice); 413 past ``limit`` bytes."""
     inflater = zlib.decompressobj(31 if encoding == "gzip" else 15)
+    out, pending = bytearray(), body
     try:
-        out = inflater.decompress(body, limit + 1)
+        while True:
+            chunk = inflater.decompress(pending, _INFLATE_CHUNK)
+            if len(out) + len(chunk) > limit:
+                raise PayloadTooLargeError(f"decompressed body exceeds the limit of {limit} bytes")
+            out += chunk
+            pending = inflater.unconsumed_tail
+            if inflater.eof or not (pending or chunk):
+                break
     except zlib.error as e:
         raise OipError(f"body is not valid {encoding} data: {e}") from None
-    if len(out) > limit or inflater.unconsumed_tail:
-        raise PayloadTooLargeError(f"decompressed body exceeds the limit of {limit} bytes")
     if not inflater.eof:
         raise OipError(f"{encoding} body is truncated")
     return out
@@ -128,9 +144,10 @@ def create_app(settings: CloudSettings) -> FastAPI:
         title="ddnn cloud",
         version=__version__,
         description="Open Inference Protocol (KServe v2) service for ddnn bundles: "
-        "`{name}-cloud` (edge features → class scores) and `{name}-full` (raw views → class "
-        "scores). Request and response bodies are v2 inference JSON, optionally followed by "
-        "binary tensors (`Inference-Header-Content-Length`).",
+        "`{name}-cloud` (edge features → class scores), `{name}-cloud-packed` (the same features "
+        "packed in the bundle's edge codec) and `{name}-full` (raw views → class scores). "
+        "Request and response bodies are v2 inference JSON, optionally followed by binary "
+        "tensors (`Inference-Header-Content-Length`).",
         lifespan=lifespan,
     )
     app.state.service = service
@@ -217,7 +234,7 @@ def add_model_routes(app: FastAPI, service: CloudService) -> None:
 
         def tensors(metas):
             return [{"name": t.name, "data_type": _TRITON_TYPES[t.datatype],
-                     "dims": list(t.shape[1:]), **({"optional": True} if t.optional else {})}
+                     "dims": list(t.shape[1:])}
                     for t in metas]
 
         return {"name": model.name, "platform": "onnxruntime_onnx",

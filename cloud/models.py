@@ -1,15 +1,18 @@
-"""The two kinds of model the cloud serves for each bundle.
+"""The kinds of model the cloud serves for each bundle.
 
 * ``{name}-cloud``: edge features (as the edge aggregator forwards them, already through the
-  bundle's edge codec) → cloud exit scores and their normalized entropy; the features come as
-  FP32, or packed in the bundle's edge codec (``edge_features_packed``, UINT8 rows), which
-  costs the WAN link 32× fewer bytes for binary features;
+  bundle's edge codec), FP32 → cloud exit scores and their normalized entropy;
+* ``{name}-cloud-packed`` (where the bundle's edge codec packs): the same model on the same
+  features packed in that codec, one UINT8 row per sample (``edge_features_packed``), which
+  costs the WAN link 32× fewer bytes for binary features. A model of its own, so every input a
+  model's metadata lists is one its requests need: a client that knows only the metadata shapes
+  a valid request for each;
 * ``{name}-full``: raw views with a presence mask → the cloud exit computed through every segment,
   exactly as :meth:`ddnn.runtime.BundleRuntime.all_exits` does (the raw-offload path).
 
 Each kind is one class with the LitServe shape: ``decode`` validates a request's tensors (user
 errors raise :class:`~ddnn.oip.OipError`), ``predict`` runs a whole batch off the event loop, and
-``encode`` picks the outputs the request asked for.
+``encode`` picks the outputs the request asked for. ``serves`` says whether a bundle has the kind.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ddnn.bundle import Manifest
 from ddnn.codec import MAX_ELEMENTS, FeatureCodec
 from ddnn.errors import CodecError
 from ddnn.exits import entropy_of_logits
@@ -41,14 +45,12 @@ PLATFORM = "onnxruntime_onnx"
 class TensorMeta:
     """A tensor as the protocol's metadata describes it; ``-1`` marks the batch axis.
 
-    ``parameters`` are listed in the metadata (``-cloud``'s packed input says its codec there);
-    ``optional``: one of a model's alternative inputs (Triton's configuration says so)."""
+    ``parameters`` are listed in the metadata (the packed input says its codec there)."""
 
     name: str
     datatype: str
     shape: tuple[int, ...]
     parameters: dict[str, Any] = field(default_factory=dict, compare=False)
-    optional: bool = False
 
     def to_dict(self) -> dict:
         d = {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
@@ -72,12 +74,26 @@ class ServedModel:
         self.inputs: tuple[TensorMeta, ...] = self._input_meta()
         self.outputs = (TensorMeta("scores", "FP32", (-1, c)), TensorMeta("entropy", "FP32", (-1,)))
 
+    @classmethod
+    def serves(cls, manifest: Manifest) -> bool:
+        """Whether a bundle with this manifest has a model of this kind."""
+        return True
+
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         raise NotImplementedError
 
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
+
+    @property
+    def raw_input(self) -> tuple[str, str, tuple[int, ...]] | None:
+        """The one input a raw binary request may carry (name, datatype, sample shape): for a
+        model with exactly one input, whose only free dimension is the batch."""
+        if len(self.inputs) != 1 or -1 in self.inputs[0].shape[1:]:
+            return None
+        t = self.inputs[0]
+        return t.name, t.datatype, t.shape[1:]
 
     def json_arrays(self, json_bytes: int) -> int:
         """The most ``[`` a JSON request body of ``json_bytes`` bytes may hold for this model's
@@ -107,7 +123,7 @@ class ServedModel:
                            f"{sorted(expected)}")
         arrays: dict[str, np.ndarray] = {}
         batch: int | None = None
-        for meta in self._chosen(set(request.inputs)):
+        for meta in self.inputs:
             if meta.name not in request.inputs:
                 raise OipError(f"model {self.name} needs input {meta.name!r}")
             x = request.inputs[meta.name]
@@ -136,10 +152,6 @@ class ServedModel:
                                    f"{sorted(names)}")
         return self._unpack(arrays), batch
 
-    def _chosen(self, given: set[str]) -> tuple[TensorMeta, ...]:
-        """The inputs this request must hold (all of them, unless a kind has alternatives)."""
-        return self.inputs
-
     def _check(self, arrays: dict[str, np.ndarray]) -> None:
         """Checks of a kind beyond names, datatypes and shapes."""
 
@@ -166,55 +178,51 @@ class ServedModel:
 
 
 class CloudModel(ServedModel):
-    """``{name}-cloud``: the cloud segment on edge features, FP32 or packed in the edge codec.
-
-    ``edge_features_packed`` (UINT8 ``[-1, payload_size]``, for a packing codec only) holds each
-    sample's features as the codec encodes one sample (:meth:`ddnn.codec.FeatureCodec.encode`);
-    unpacked, they are exactly the FP32 tensor ``edge_features`` the segment takes. A request
-    holds one of the two."""
+    """``{name}-cloud``: the cloud segment on edge features, FP32."""
 
     kind = "cloud"
 
-    def __init__(self, runtime: BundleRuntime):
-        self.codec = FeatureCodec(runtime.manifest.codec["edge_features"])
-        super().__init__(runtime)
-
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         sample = tuple(self.runtime.manifest.cloud.inputs[0].sample_shape)
-        if self.codec.kind not in PACKING_CODECS:
-            return (TensorMeta(EDGE_FEATURES, "FP32", (-1, *sample)),)
-        packed = TensorMeta(EDGE_FEATURES_PACKED, "UINT8", (-1, self.codec.payload_size(sample)), {
-            "codec": self.codec.kind, "unpacked_name": EDGE_FEATURES,
-            "unpacked_datatype": "FP32", "unpacked_shape": [-1, *sample]}, optional=True)
-        return TensorMeta(EDGE_FEATURES, "FP32", (-1, *sample), optional=True), packed
-
-    def _chosen(self, given: set[str]) -> tuple[TensorMeta, ...]:
-        chosen = tuple(t for t in self.inputs if t.name in given)
-        if len(chosen) == 1 or len(self.inputs) == 1:
-            return chosen or self.inputs
-        fp32, packed = self.inputs
-        what = (f"{fp32.name!r} (FP32 {list(fp32.shape)}) or {packed.name!r} (UINT8 "
-                f"{list(packed.shape)}, the {self.codec.kind} codec)")
-        if chosen:
-            raise OipError(f"model {self.name} takes exactly one of {what}, not both")
-        raise OipError(f"model {self.name} needs input {what}")
-
-    def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        rows = arrays.get(EDGE_FEATURES_PACKED)
-        if rows is None:
-            return arrays
-        sample = self.inputs[0].shape[1:]
-        if len(rows) * math.prod(sample) > MAX_ELEMENTS:  # 32× the bytes' worth of floats
-            raise OipError(f"input {EDGE_FEATURES_PACKED!r}: {len(rows)} samples unpack to "
-                           f"more than {MAX_ELEMENTS} values, the limit of one request")
-        try:
-            return {EDGE_FEATURES: self.codec.decode_rows(rows, sample)}
-        except CodecError as e:
-            raise OipError(f"input {EDGE_FEATURES_PACKED!r} is not {self.codec.kind}-coded "
-                           f"features: {e}") from None
+        return (TensorMeta(EDGE_FEATURES, "FP32", (-1, *sample)),)
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.runtime.cloud(inputs[EDGE_FEATURES])
+
+
+class CloudPackedModel(CloudModel):
+    """``{name}-cloud-packed``: the cloud segment on edge features packed in the bundle's edge
+    codec, one UINT8 row of ``payload_size`` bytes per sample as
+    :meth:`ddnn.codec.FeatureCodec.encode_rows` makes it; unpacked, exactly the FP32 features of
+    ``{name}-cloud``. Only for a codec that packs (binary, int8, float16).
+
+    Any bytes are a request: rows decode leniently (an all-zero int8 row is zeros; a value that
+    would not be finite is clamped, NaN to 0), so a client that knows only the metadata — a load
+    generator sending zeros or random bytes — gets an answer, as from the other kinds."""
+
+    kind = "cloud-packed"
+
+    @classmethod
+    def serves(cls, manifest: Manifest) -> bool:
+        return manifest.codec["edge_features"] in PACKING_CODECS
+
+    def __init__(self, runtime: BundleRuntime):
+        self.codec = FeatureCodec(runtime.manifest.codec["edge_features"])
+        self.sample = tuple(runtime.manifest.cloud.inputs[0].sample_shape)
+        super().__init__(runtime)
+
+    def _input_meta(self) -> tuple[TensorMeta, ...]:
+        row = self.codec.payload_size(self.sample)
+        return (TensorMeta(EDGE_FEATURES_PACKED, "UINT8", (-1, row), {
+            "codec": self.codec.kind, "unpacked_name": EDGE_FEATURES,
+            "unpacked_datatype": "FP32", "unpacked_shape": [-1, *self.sample]}),)
+
+    def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = arrays[EDGE_FEATURES_PACKED]
+        if len(rows) * math.prod(self.sample) > MAX_ELEMENTS:  # 32× the bytes' worth of floats
+            raise OipError(f"input {EDGE_FEATURES_PACKED!r}: {len(rows)} samples unpack to "
+                           f"more than {MAX_ELEMENTS} values, the limit of one request")
+        return {EDGE_FEATURES: self.codec.decode_rows(rows, self.sample, lenient=True)}
 
 
 class FullModel(ServedModel):
@@ -245,4 +253,4 @@ def _shape_hint(meta: TensorMeta) -> str:
             f"{meta.parameters['unpacked_shape'][1:]} features packed with the {codec} codec)")
 
 
-MODEL_KINDS: tuple[type[ServedModel], ...] = (CloudModel, FullModel)
+MODEL_KINDS: tuple[type[ServedModel], ...] = (CloudModel, CloudPackedModel, FullModel)

@@ -1,9 +1,10 @@
 """The model repository: every bundle version found in a directory, kept in step with the disk.
 
 Each bundle directory's manifest gives its model name and version; a bundle serves
-``{name}-cloud`` and ``{name}-full`` at that version, and the latest version is each model's
-default. :meth:`ModelRepository.poll` compares the directory with what is loaded — by each
-bundle's file names, sizes and modification times — and loads, reloads or unloads accordingly.
+``{name}-cloud``, ``{name}-cloud-packed`` (where its edge codec packs) and ``{name}-full`` at
+that version, and the latest version is each model's default. :meth:`ModelRepository.poll`
+compares the directory with what is loaded — by each bundle's file names, sizes and modification
+times — and loads, reloads or unloads accordingly.
 A bundle that fails to load (bad checksum, a graph ONNX Runtime refuses, a name clash) is logged
 and listed with its reason, and whatever was serving before keeps serving. Loading happens in a
 worker thread; the swap of the served set happens on the event loop, so no locks are needed.
@@ -232,7 +233,7 @@ class ModelRepository:
         old = self._bundles.pop(path, None)
         if old is not None:
             self._unload(old, "its files changed")
-        entry.models = [kind(runtime) for kind in MODEL_KINDS]
+        entry.models = [kind(runtime) for kind in MODEL_KINDS if kind.serves(runtime.manifest)]
         for model in entry.models:
             self._models.setdefault(model.name, {})[model.version] = model
             self._on_load(model)
@@ -245,7 +246,8 @@ class ModelRepository:
     def _fail(self, path: Path, sig: Signature, reason: str) -> bool:
         try:
             m = read_manifest(path)
-            models = tuple((f"{m.name}-{kind.kind}", m.version) for kind in MODEL_KINDS)
+            models = tuple((f"{m.name}-{kind.kind}", m.version) for kind in MODEL_KINDS
+                           if kind.serves(m))
         except DdnnError:
             models = ()
         failure = Failure(path, sig, reason, models)

@@ -1,10 +1,11 @@
-"""Running the cloud app under uvicorn: in the foreground (the CLI) or in a thread (tests)."""
+"""Running the cloud app under uvicorn, as a part of a lifecycle (:class:`CloudServer`): for
+the CLI until a signal (:func:`serve`), or for the tests and benchmarks in a ``with`` block
+(:func:`run_server`)."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import signal
 import socket
 import ssl
 import threading
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from ddnn.cloud.protocol import ConnectionLimits, guarded_protocol, httptools_available
 from ddnn.cloud.settings import CloudSettings
 from ddnn.errors import ConfigError
+from ddnn.plumbing.lifecycle import Lifecycle
+from ddnn.plumbing.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -65,25 +68,65 @@ def uvicorn_config(settings: CloudSettings, **overrides):
     )
 
 
-def serve(settings: CloudSettings) -> None:
-    """Serve in the foreground until SIGINT or SIGTERM (uvicorn handles both cleanly)."""
-    import uvicorn
+class CloudServer:
+    """uvicorn serving the cloud app in a thread: a part of a
+    :class:`~ddnn.plumbing.lifecycle.Lifecycle`. :meth:`start` returns once uvicorn has started
+    — which means the repository's first scan is done — or raises :class:`ConfigError`;
+    :meth:`stop` shuts it down gracefully. ``sock``: serve on this bound socket (else uvicorn
+    binds ``settings.host`` and ``settings.port`` itself)."""
 
-    config = uvicorn_config(settings)
-    server = uvicorn.Server(config)
-    # uvicorn shuts down gracefully on SIGINT/SIGTERM, then re-raises the signal to the handler
-    # it found; a no-op handler there makes a requested stop exit with status 0.
-    previous = {sig: signal.signal(sig, lambda *_: None) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        server.run()
-    except SystemExit:  # uvicorn's way of reporting a failed start-up
-        pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-    if not server.started:
-        error = getattr(config.app.state, "startup_error", None) or "see the log above"
-        raise ConfigError(f"the cloud service did not start: {error}")
+    def __init__(self, settings: CloudSettings, sock: socket.socket | None = None,
+                 timeout: float = 60.0):
+        self.settings, self.sock, self.timeout = settings, sock, timeout
+        self.config = None
+        self.server = None
+        self._thread: threading.Thread | None = None
+        self._errors: list[BaseException] = []
+
+    def start(self) -> CloudServer:
+        import uvicorn
+
+        self.config = uvicorn_config(self.settings)
+        self.server = uvicorn.Server(self.config)
+        self._thread = threading.Thread(target=self._run, name="ddnn-cloud-server", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + self.timeout
+        while not self.server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                error = getattr(self.config.app.state, "startup_error", None) or (
+                    self._errors[0] if self._errors
+                    else "timed out" if self._thread.is_alive() else "see the log above")
+                self.stop()
+                raise ConfigError(f"the cloud service did not start: {error}")
+            time.sleep(0.01)  # polling uvicorn's started flag, not guessing a duration
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.server.run(sockets=[self.sock] if self.sock is not None else None)
+        except SystemExit:  # uvicorn's way of reporting a failed start-up (told by start())
+            pass
+        except BaseException as e:  # reported to the caller, not lost in the thread
+            self._errors.append(e)
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.should_exit = True  # graceful: requests under way are answered
+        if self._thread is not None:
+            self._thread.join(self.timeout)
+
+
+def serve(settings: CloudSettings) -> None:
+    """Serve until SIGINT or SIGTERM (a graceful shutdown), or until uvicorn ends."""
+    stop = threading.Event()
+    stop_on_signals(stop)
+    server = CloudServer(settings)
+    with Lifecycle().add("cloud-server", server):
+        while server.alive() and not stop.wait(0.2):
+            pass
     log.info("ddnn cloud stopped")
 
 
@@ -107,34 +150,12 @@ def run_server(settings: CloudSettings, timeout: float = 60.0) -> Iterator[Runni
     Yields once uvicorn has started — which means the repository's first scan is done — and
     stops the server on exit.
     """
-    import uvicorn
-
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((settings.host, settings.port))
     port = sock.getsockname()[1]
-    config = uvicorn_config(settings)
-    server = uvicorn.Server(config)
-    errors: list[BaseException] = []
-
-    def target() -> None:
-        try:
-            server.run(sockets=[sock])
-        except BaseException as e:  # reported to the caller, not lost in the thread
-            errors.append(e)
-
-    thread = threading.Thread(target=target, name="ddnn-cloud-server", daemon=True)
-    thread.start()
-    deadline = time.monotonic() + timeout
     try:
-        while not server.started:
-            if not thread.is_alive() or time.monotonic() > deadline:
-                error = getattr(config.app.state, "startup_error", None) or (
-                    errors[0] if errors else "timed out" if thread.is_alive() else "see the log")
-                raise ConfigError(f"the cloud service did not start: {error}")
-            time.sleep(0.01)  # polling uvicorn's started flag, not guessing a duration
-        yield RunningServer(settings.host, port, settings.scheme)
+        with Lifecycle().add("cloud-server", CloudServer(settings, sock, timeout)):
+            yield RunningServer(settings.host, port, settings.scheme)
     finally:
-        server.should_exit = True
-        thread.join(timeout)
         sock.close()

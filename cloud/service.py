@@ -1,8 +1,9 @@
 """The cloud inference service behind the HTTP routes: repository, batchers, metrics, inference.
 
 :class:`CloudService` owns everything with a lifetime — the worker threads that call ONNX Runtime,
-one :class:`~cloud.batching.Batcher` per served model version, the repository poller — and turns
-a request body into a response body. The HTTP layer (:mod:`cloud.app`) only routes and frames.
+one :class:`~ddnn.cloud.batching.Batcher` per served model version, the repository poller —
+and turns a request body into a response body. The HTTP layer (:mod:`ddnn.cloud.app`) only
+routes and frames.
 """
 
 from __future__ import annotations
@@ -112,7 +113,7 @@ class CloudService:
 
     # --- inference --------------------------------------------------------------------------------
 
-    async def infer(self, name: str, version: str | None, body: bytes,
+    async def infer(self, name: str, version: str | None, body: bytes | bytearray,
                     headers: Mapping[str, str]) -> tuple[bytes, dict[str, str]]:
         """Answer one inference request body; raises :class:`OipError` for the client's mistakes."""
         start = time.perf_counter()
@@ -143,11 +144,12 @@ class CloudService:
                 self.metrics.latency.observe(time.perf_counter() - start, **labels)
 
 
-def _parse(model: ServedModel, body: bytes, headers: Mapping[str, str]
+def _parse(model: ServedModel, body: bytes | bytearray, headers: Mapping[str, str]
            ) -> tuple[InferRequest, dict[str, np.ndarray], int]:
     """The request, its inputs as the model runs them (checked, unpacked) and its batch size."""
     # A JSON body holding more arrays than this model's tensors can need is refused by a count
     # of its bytes, before json.loads builds them.
-    request = decode_request(body, headers, max_json_arrays=model.json_arrays)
+    request = decode_request(body, headers, max_json_arrays=model.json_arrays,
+                             raw_input=model.raw_input)
     inputs, size = model.decode(request)
     return request, inputs, size

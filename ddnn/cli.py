@@ -25,11 +25,12 @@ COMMAND_MODULES = (
     "ddnn.tools.commands",  # data info, evaluate
     "ddnn.tools.bundle_cli",  # bundle keygen, sign, verify
     "ddnn.device.cli",
-    "ddnn.device.gateway",
+    "ddnn.device.gateway.cli",
     "ddnn.edge.cli",
     "ddnn.cloud.cli",
     "ddnn.tools.demo",
     "ddnn.tools.announce",  # announce (over-the-air bundle updates)
+    "ddnn.models.federated.cli",  # federate (Flower)
     "ddnn.benchmarks.cli",
 )
 
@@ -40,10 +41,12 @@ EXTRA_OF = {
     "prometheus_client": "device", "urllib3": "device", "PIL": "device",
     "torch": "train", "onnx": "train", "onnxscript": "train",
     "tqdm": "train", "matplotlib": "train", "amqtt": "demo", "cryptography": "sign",
+    "flwr": "federate",
 }
 
 COMMAND_EXTRAS = {"device": "device", "gateway": "device", "edge": "edge", "cloud": "cloud",
-                  "train": "train", "demo": "device,edge,cloud,train,demo"}
+                  "train": "train", "demo": "device,edge,cloud,train,demo",
+                  "federate": "train,federate"}
 
 
 def missing_package_message(e: ModuleNotFoundError, command: str | None = None) -> str | None:
@@ -87,8 +90,9 @@ def build_parser() -> argparse.ArgumentParser:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as e:
-            # A tier left out of this install hides its command; any other error is a bug.
-            if e.name not in (name, name.split(".")[0]):
+            # A tier left out of this install (the module or a package above it) hides its
+            # command; any other error is a bug.
+            if not e.name or not (name == e.name or name.startswith(e.name + ".")):
                 raise
             continue
         module.register(sub, data_sub, _Formatter)

@@ -147,8 +147,14 @@ class FeatureCodec:
             return np.packbits(x.reshape(b, math.prod(x.shape[1:])) > 0, axis=1)
         return np.frombuffer(b"".join(self.encode(s) for s in x), np.uint8).reshape(b, size)
 
-    def decode_rows(self, rows: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
-        """The inverse of :meth:`encode_rows`, vectorised: equal to :meth:`decode` of each row."""
+    def decode_rows(self, rows: np.ndarray, shape: tuple[int, ...], *, lenient: bool = False
+                    ) -> np.ndarray:
+        """The inverse of :meth:`encode_rows`, vectorised: equal to :meth:`decode` of each row.
+
+        ``lenient``: every row of the right size decodes, for a server whose clients may send
+        any bytes: an int8 scale may be zero or negative, and a value that would not be finite
+        (a NaN or infinite scale or float16, a product past float32) is numpy's ``nan_to_num``
+        of it (NaN → 0, ±∞ → ±float32 max) instead of a :class:`CodecError`."""
         shape = tuple(int(d) for d in shape)
         size, n = self.payload_size(shape), math.prod(shape)
         rows = np.asarray(rows)
@@ -165,10 +171,14 @@ class FeatureCodec:
             return _levels(bits.reshape(b, n, k), k).reshape(b, *shape)
         if self.kind == "int8":
             scales = np.ascontiguousarray(rows[:, :_SCALE.size]).view("<f4")[:, 0]
+            q = np.ascontiguousarray(rows[:, _SCALE.size:]).view(np.int8)
+            if lenient:
+                with np.errstate(over="ignore", invalid="ignore"):
+                    x = q.astype(np.float32) * scales.astype(np.float32)[:, None]
+                return np.nan_to_num(x, copy=False).reshape(b, *shape)
             if not (np.isfinite(scales) & (scales > 0)).all():
                 raise CodecError("invalid int8 scale (a row's first 4 bytes must be a finite "
                                  "positive float32)")
-            q = np.ascontiguousarray(rows[:, _SCALE.size:]).view(np.int8)
             if n:  # as in decode: a scale near the float32 limit times the peak overflows
                 peak = np.maximum(-q.min(axis=1).astype(np.int64), q.max(axis=1))
                 if (scales.astype(np.float64) * peak > float(np.finfo(np.float32).max)).any():
@@ -176,6 +186,8 @@ class FeatureCodec:
             return (q.astype(np.float32) * scales.astype(np.float32)[:, None]).reshape(b, *shape)
         dtype = "<f2" if self.kind == "float16" else "<f4"
         x = np.ascontiguousarray(rows).view(dtype).astype(np.float32).reshape(b, *shape)
+        if lenient:
+            return np.nan_to_num(x, copy=False)
         if not np.isfinite(x).all():
             raise CodecError("decoded tensor holds NaN or infinite values")
         return x

@@ -26,6 +26,7 @@ MIN_SIZE = 16
 DIR_FORMAT = "ddnn-dataset"  # dataset.json "format" of the directory layout
 DIR_VERSION = 1
 _CHUNK = 256  # samples read at a time when scanning a memory-mapped X
+_CHUNK_BYTES = 4 << 20  # bytes of a .npz file's X read at a time
 
 
 class RowSelection:
@@ -127,42 +128,128 @@ def load_dataset(
     if path.is_dir():
         ds = _load_directory(path, num_classes)
         return ds if mmap else ds.in_memory()
+    arrays, X, blank = _read_npz(path)
+    y, label, classes = _npz_labels(path, arrays, blank, num_classes)
+    return MultiViewDataset(X, y, label, classes)
+
+
+def load_view(
+    path: str | Path, view: int, num_classes: int | None = None, start: int = 0,
+    limit: int | None = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """One view of a dataset: its images float32 ``(N, 3, H, W)``, all zero where the view is
+    absent, and a boolean ``(N,)`` of where it is present; of the samples from ``start`` on
+    (``limit`` of them at most) when given.
+
+    The file is validated as :func:`load_dataset` validates it, but only these images are kept
+    (a ``.npz`` file's ``X`` is read a few samples at a time, a directory's stays mapped): a
+    device replaying one camera of V holds 1/V of the images at most, never the whole array.
+    """
+    path = Path(path)
+    if path.is_dir():
+        ds = _load_directory(path, num_classes)
+        _check_view(path, view, ds.num_views)
+        rows = range(ds.num_samples)[start : None if limit is None else start + limit]
+        images = np.empty((len(rows), *ds.image_shape), np.float32)
+        for i in range(rows.start, rows.stop, _CHUNK):
+            j = min(i + _CHUNK, rows.stop)
+            images[i - rows.start : j - rows.start] = ds.images((slice(i, j), view))
+        present = ds.present[rows.start : rows.stop, view]
+    else:
+        arrays, images, blank = _read_npz(path, view, start, limit)
+        y, _, _ = _npz_labels(path, arrays, blank, num_classes)
+        present = y[start:, view][: len(images)] >= 0
+    images[~present] = 0.0  # absent by label: exactly zero, as the device's absence test wants
+    return images, present
+
+
+def _check_view(path: Path, view: int, views: int) -> None:
+    if not 0 <= view < views:
+        raise _fail(path, f"has views 0..{views - 1}, not {view}")
+
+
+def _read_npz(path: Path, view: int | None = None, start: int = 0, limit: int | None = None
+              ) -> tuple[dict, np.ndarray, np.ndarray]:
+    """A ``.npz`` file's arrays but X; X checked and kept whole, or only ``view`` of it (of the
+    samples from ``start``, ``limit`` at most); and the (N, V) mask of all-zero images."""
     if not path.is_file():
         raise DatasetError(f"{path}: no such dataset file")
     try:
-        with np.load(path, allow_pickle=False) as f:
-            arrays = {k: f[k] for k in f.files}
+        f = np.load(path, allow_pickle=False)
+        if not isinstance(f, np.lib.npyio.NpzFile):
+            raise _fail(path, "not a .npz file (one array alone?)")
+        with f:
+            for key in ("X", "y"):
+                if key not in f.files:
+                    raise _fail(path, f"missing array {key!r} (has {sorted(f.files)})")
+            arrays = {k: f[k] for k in f.files if k != "X"}
+            with f.zip.open("X.npy") as fp:
+                X, blank = _read_images(path, fp, view, start, limit)
+    except DatasetError:
+        raise
     except (OSError, ValueError, zipfile.BadZipFile, EOFError) as e:
         raise _fail(path, f"not a readable .npz file ({e})") from None
-    for key in ("X", "y"):
-        if key not in arrays:
-            raise _fail(path, f"missing array {key!r} (has {sorted(arrays)})")
+    return arrays, X, blank
 
-    X, y = arrays["X"], arrays["y"]
-    if X.ndim != 5 or X.shape[2] != 3:
-        raise _fail(path, f"X must have shape (N, V, 3, H, W), got {X.shape}")
-    n, v, _, h, w = X.shape
+
+def _read_images(path: Path, fp, view: int | None, start: int = 0, limit: int | None = None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """X from its ``.npy`` stream, a chunk of samples at a time: checked, converted to float32,
+    every view or one kept (of the samples ``start`` to ``start + limit``); with the (N, V)
+    mask of all-zero images."""
+    version = np.lib.format.read_magic(fp)
+    if version not in ((1, 0), (2, 0)):
+        raise _fail(path, f"X.npy has an unsupported .npy format version {version}")
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, fortran, dtype = read_header(fp)
+    if len(shape) != 5 or shape[2] != 3:
+        raise _fail(path, f"X must have shape (N, V, 3, H, W), got {shape}")
+    n, v, _, h, w = shape
     if n == 0 or v == 0:
-        raise _fail(path, f"X holds no samples or no views: shape {X.shape}")
+        raise _fail(path, f"X holds no samples or no views: shape {shape}")
     if h < MIN_SIZE or w < MIN_SIZE:
         raise _fail(path, f"images must be at least {MIN_SIZE}x{MIN_SIZE}, got {h}x{w}")
-    if not np.issubdtype(X.dtype, np.floating):
-        raise _fail(path, f"X must be floating point in [0, 1], got dtype {X.dtype}")
-    X = X.astype(np.float32, copy=False)
-    if not np.isfinite(X).all() or X.min() < 0.0 or X.max() > 1.0:
-        raise _fail(path, "X values must be finite and lie in [0, 1]")
+    if not np.issubdtype(dtype, np.floating):
+        raise _fail(path, f"X must be floating point in [0, 1], got dtype {dtype}")
+    if view is not None:
+        _check_view(path, view, v)
+    keep = range(n)[start : None if limit is None else start + limit]
+    kept = np.empty((len(keep), v, 3, h, w) if view is None else (len(keep), 3, h, w),
+                    np.float32)
+    blank = np.empty((n, v), dtype=bool)
+    sample = v * 3 * h * w * dtype.itemsize
+    # A Fortran-ordered X (a transposed array saved as it was) cannot be cut by samples.
+    rows = n if fortran else max(1, _CHUNK_BYTES // sample)
+    for i in range(0, n, rows):
+        k = min(rows, n - i)
+        data = fp.read(k * sample)
+        if len(data) != k * sample:
+            raise _fail(path, f"X.npy is truncated: {shape} needs {n * sample} bytes")
+        chunk = np.frombuffer(data, dtype).reshape((k, v, 3, h, w), order="F" if fortran else "C")
+        chunk = chunk.astype(np.float32, copy=False)
+        if not np.isfinite(chunk).all() or chunk.min() < 0.0 or chunk.max() > 1.0:
+            raise _fail(path, "X values must be finite and lie in [0, 1]")
+        # An all-zero image is an absent view, whatever its label says (MVMC uses 3 there).
+        blank[i : i + k] = ~chunk.reshape(k, v, -1).any(axis=2)
+        lo, hi = max(i, keep.start), min(i + k, keep.stop)
+        if lo < hi:
+            part = chunk[lo - i : hi - i]
+            kept[lo - keep.start : hi - keep.start] = part if view is None else part[:, view]
+    return kept, blank
+
+
+def _npz_labels(path: Path, arrays: dict, blank: np.ndarray, num_classes: int | None):
+    """Validated (y, label, classes) of a ``.npz`` file."""
+    y = arrays["y"]
+    n, v = blank.shape
     if y.shape != (n, v) or not np.issubdtype(y.dtype, np.integer):
         raise _fail(path, f"y must be integer with shape {(n, v)}, got {y.dtype} {y.shape}")
-
-    # An all-zero image is an absent view, whatever its label says (MVMC uses 3 there).
-    blank = ~X.reshape(n, v, -1).any(axis=2)
-    label = arrays.get("label")
     names = arrays.get("classes")
     if names is not None and (names.ndim != 1 or names.dtype.kind != "U"):
         raise _fail(path, "classes must be a 1-D array of strings")
     classes = tuple(str(c) for c in names) if names is not None else ()
-    y, label, classes = _labels(path, y, blank, label, classes, num_classes)
-    return MultiViewDataset(X, y, label, classes)
+    return _labels(path, y, blank, arrays.get("label"), classes, num_classes)
 
 
 def _labels(path, y, blank, label, classes, num_classes):

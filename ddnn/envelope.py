@@ -29,14 +29,14 @@ import numpy as np
 
 from ddnn.codec import CODECS, FeatureCodec
 from ddnn.errors import CodecError
-from ddnn.names import RULE, is_name
+from ddnn.names import MAX_NAME, RULE, is_name
 
 VERSION = 2
 FORMAT = 0xD0 | VERSION  # the first byte: a ddnn envelope of this version
 _FAMILY = 0xD0  # high nibble of every ddnn envelope from version 2 on
 _V1_MAGIC = b"DDNN"  # what version 1 envelopes began with (refused by name)
 MAX_MESSAGE = 1 << 20  # bytes: bounds what a sender can make a receiver hold or decode
-MAX_STRING = 64
+MAX_STRING = MAX_NAME  # the only strings are names
 MAX_VARINT = 10  # bytes of a 64-bit LEB128 value
 TICK = 1e-4  # seconds per capture-time tick
 _WRAP = 1 << 32  # ticks before the capture time wraps: about 4.97 days
@@ -174,6 +174,14 @@ def capture_time(ticks: int, now: float) -> float:
     if delta >= _WRAP // 2:
         delta -= _WRAP
     return (base + delta) * TICK
+
+
+def frame_header(data: bytes) -> tuple[int, int]:
+    """``(frame id, offset of the capture time)`` of an encoded envelope, read without decoding
+    the rest: for tools that time or stamp messages in place (the capture time is a u32 of
+    :data:`TICK` at that offset). Raises :class:`DecodeError` where no frame id can be read."""
+    r = Reader(data, pos=2)  # after the format and the header byte
+    return r.varint("frame id"), r.pos
 
 
 class Reader:

@@ -12,9 +12,11 @@ import re
 
 from ddnn.errors import ConfigError, DdnnError
 
+MAX_NAME = 64  # characters
 # fullmatch, never ``$``: ``$`` also matches before a trailing newline.
-_NAME = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
-RULE = "1-64 lowercase letters, digits, '.', '_' or '-', starting with a letter or digit"
+_NAME = re.compile(rf"[a-z0-9][a-z0-9._-]{{0,{MAX_NAME - 1}}}")
+RULE = (f"1-{MAX_NAME} lowercase letters, digits, '.', '_' or '-', starting with a letter or "
+        "digit")
 
 
 def is_name(value: object) -> bool:

@@ -7,300 +7,85 @@ byte for byte: :func:`encode_request` / :func:`decode_response` for clients,
 A body is a JSON object, optionally followed by raw tensor bytes; the header
 ``Inference-Header-Content-Length`` then gives the length of the JSON part, and each tensor sent
 in binary carries ``"parameters": {"binary_data_size": n}`` instead of ``"data"``, its bytes
-appended in order, row-major, little-endian. Everything is validated — sizes, header length
-against body length, datatype and shape against byte count, JSON structure — and any problem
-raises :class:`OipError` with a message fit to return to the caller.
+appended in order, row-major, little-endian. A *raw binary request* (Triton's form of the
+extension) has no JSON at all: ``Inference-Header-Content-Length: 0``, the body is the bytes of a
+model's one input, and every output is answered binary. Everything is validated — sizes, header
+length against body length, datatype and shape against byte count, JSON structure — and any
+problem raises :class:`OipError` with a message fit to return to the caller. The limits and the
+parsing of tensors live in :mod:`ddnn.oip_body`; their public names are re-exported here.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ddnn.codec import MAX_ELEMENTS
-from ddnn.errors import DdnnError
+from ddnn.oip_body import (
+    BINARY_TYPE,
+    DATATYPES,
+    EDGE_FEATURES,
+    EDGE_FEATURES_PACKED,
+    HEADER_LENGTH,
+    JSON_TYPE,
+    MAX_BODY,
+    MAX_DIM,
+    MAX_JSON_BYTES,
+    MAX_JSON_ELEMENTS,
+    MAX_NAME,
+    MAX_RANK,
+    MAX_TENSORS,
+    PACKING_CODECS,
+    ModelNotFoundError,
+    OipError,
+    PayloadTooLargeError,
+    _check_consumed,
+    _field,
+    _from_bytes,
+    _header,
+    _name,
+    _parameters,
+    _read_tensors,
+    _split,
+    check_json_size,
+    datatype_of,
+    json_array_limit,
+)
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
-JSON_TYPE = "application/json"
-BINARY_TYPE = "application/octet-stream"
-# Bounds, so a hostile body cannot make a receiver allocate without limit.
-MAX_BODY = 256 << 20
-MAX_TENSORS = 64
-MAX_RANK = 8
-MAX_NAME = 256
-# No dimension may exceed the element bound: a shape like [10**30, 0] holds no elements yet is no
-# tensor anyone can allocate or reshape to.
-MAX_DIM = MAX_ELEMENTS
-# Arrays a JSON body may hold beyond those its tensors' nesting needs (the inputs and outputs
-# lists, each tensor's shape, a few in parameters).
-JSON_ARRAY_SLACK = 4 * MAX_TENSORS + 64
-# The fewest bytes one value takes in a JSON tensor ("0,"): bounds a batch by the body's size.
-_MIN_VALUE_BYTES = 2
-
-# The inputs of a ``{name}-cloud`` model: the edge features as FP32, or (where the bundle's edge
-# codec packs) each sample packed by that codec into one row of UINT8
-# (:meth:`ddnn.codec.FeatureCodec.encode_rows`), which the model's metadata advertises.
-EDGE_FEATURES = "edge_features"
-EDGE_FEATURES_PACKED = "edge_features_packed"
-PACKING_CODECS = ("binary", "int8", "float16")
-
-# v2 datatype <-> numpy dtype (little-endian on the wire). BYTES is not supported.
-DATATYPES: dict[str, np.dtype] = {
-    "BOOL": np.dtype("bool"),
-    "UINT8": np.dtype("<u1"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-}
-# JSON values each datatype accepts, by numpy kind of the parsed list: bools are not numbers here
-# and floats are not integers, so a client's type confusion is an error rather than a cast.
-_JSON_KINDS = {"BOOL": "b", "FP16": "iuf", "FP32": "iuf", "FP64": "iuf"}
-
-
-class OipError(DdnnError, ValueError):
-    """A request or response that breaks the protocol; ``status`` is the HTTP code to answer."""
-
-    status: int = 400
-
-
-class ModelNotFoundError(OipError):
-    """The model or version named in a request is not served."""
-
-    status = 404
-
-
-class PayloadTooLargeError(OipError):
-    """A body larger than the receiver accepts."""
-
-    status = 413
-
-
-def datatype_of(dtype: np.dtype | type) -> str:
-    """The v2 datatype name of a numpy dtype; raises :class:`OipError` for unsupported ones."""
-    dt = np.dtype(dtype)
-    for name, d in DATATYPES.items():
-        if d.kind == dt.kind and d.itemsize == dt.itemsize:
-            return name
-    raise OipError(f"numpy dtype {dt} has no Open Inference Protocol datatype")
-
-
-def _header(headers: Mapping[str, str], name: str) -> str | None:
-    value = headers.get(name)
-    if value is None:  # plain dicts are case-sensitive; HTTP header names are not
-        lower = name.lower()
-        value = next((v for k, v in headers.items() if k.lower() == lower), None)
-    return value
-
-
-def _json_length(body: bytes, headers: Mapping[str, str]) -> int:
-    raw = _header(headers, HEADER_LENGTH)
-    if raw is None:
-        return len(body)
-    try:
-        n = int(raw.strip())
-    except ValueError:
-        raise OipError(f"{HEADER_LENGTH} must be an integer, got {raw!r}") from None
-    if not 0 < n <= len(body):
-        raise OipError(
-            f"{HEADER_LENGTH} is {n} but the body has {len(body)} bytes; the JSON header must "
-            "be 1..body length bytes"
-        )
-    return n
-
-
-def _parse_json(data: bytes, what: str) -> dict[str, Any]:
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise OipError(f"{what} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise OipError(f"{what} is nested too deeply") from None
-    if not isinstance(obj, dict):
-        raise OipError(f"{what} must be a JSON object, got {type(obj).__name__}")
-    return obj
-
-
-def _field(obj: Mapping[str, Any], key: str, kind: type, where: str,
-           default: Any = ...) -> Any:
-    if key not in obj:
-        if default is ...:
-            raise OipError(f"{where} lacks the required field {key!r}")
-        return default
-    value = obj[key]
-    # JSON true is a Python int: never accept it where a number or string is due.
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is not bool):
-        raise OipError(f"{where}: field {key!r} must be a {kind.__name__}, "
-                       f"got {type(value).__name__}")
-    return value
-
-
-def _parameters(obj: Mapping[str, Any], where: str) -> dict[str, Any]:
-    return _field(obj, "parameters", dict, where, default={})
-
-
-def _name(obj: Mapping[str, Any], where: str) -> str:
-    name = _field(obj, "name", str, where)
-    if not name or len(name) > MAX_NAME:
-        raise OipError(f"{where}: tensor name must be 1..{MAX_NAME} characters")
-    return name
-
-
-def _shape(obj: Mapping[str, Any], where: str) -> tuple[int, ...]:
-    shape = _field(obj, "shape", list, where)
-    if len(shape) > MAX_RANK:
-        raise OipError(f"{where}: rank {len(shape)} exceeds the limit of {MAX_RANK}")
-    if not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise OipError(f"{where}: shape must be a list of non-negative integers, got "
-                       f"{shape!r:.200}")
-    if any(d > MAX_DIM for d in shape):
-        raise OipError(f"{where}: a dimension of shape {shape!r:.200} exceeds the limit of "
-                       f"{MAX_DIM}")
-    if math.prod(shape) > MAX_ELEMENTS:
-        raise OipError(f"{where}: {math.prod(shape)} elements exceed the limit of {MAX_ELEMENTS}")
-    return tuple(shape)
-
-
-def _dtype(obj: Mapping[str, Any], where: str) -> tuple[str, np.dtype]:
-    name = _field(obj, "datatype", str, where)
-    if name not in DATATYPES:
-        extra = " (BYTES tensors are not supported)" if name == "BYTES" else ""
-        raise OipError(f"{where}: unknown datatype {name!r}{extra}; use one of {list(DATATYPES)}")
-    return name, DATATYPES[name]
-
-
-def _from_json_data(data: Any, datatype: str, dtype: np.dtype, shape: tuple[int, ...],
-                    where: str) -> np.ndarray:
-    if not isinstance(data, list):
-        raise OipError(f"{where}: 'data' must be a list")
-    n = math.prod(shape)
-    # Flat (n values) or nested (shape[0] rows): anything else is refused before numpy walks it.
-    if len(data) != n and (len(shape) < 2 or len(data) != shape[0]):
-        raise OipError(f"{where}: 'data' holds {len(data)} values but shape {list(shape)} needs "
-                       f"{n}")
-    try:
-        raw = np.asarray(data)
-    except ValueError as e:  # ragged nesting
-        raise OipError(f"{where}: 'data' is not a regular array: {e}") from None
-    if raw.size != n:
-        raise OipError(f"{where}: 'data' holds {raw.size} values but shape {list(shape)} needs {n}")
-    if n and raw.dtype.kind not in _JSON_KINDS.get(datatype, "iu"):
-        raise OipError(f"{where}: 'data' holds {raw.dtype.kind!r}-kind values, not {datatype}")
-    if raw.dtype.kind in "iu" and n and dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        if raw.min() < info.min or raw.max() > info.max:
-            raise OipError(f"{where}: 'data' has values outside the range of {datatype}")
-    with np.errstate(over="ignore"):
-        return raw.astype(dtype.newbyteorder("=")).reshape(shape)
-
-
-def _from_bytes(buf: memoryview, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
-    expected = math.prod(shape) * dtype.itemsize
-    if len(buf) != expected:
-        raise OipError(f"{where}: binary_data_size is {len(buf)} bytes but shape {list(shape)} "
-                       f"of {dtype} needs {expected}")
-    if dtype.kind == "b":
-        raw = np.frombuffer(buf, dtype=np.uint8)
-        if raw.size and raw.max() > 1:
-            raise OipError(f"{where}: BOOL bytes must be 0 or 1")
-        return raw.astype(bool).reshape(shape)
-    return np.frombuffer(buf, dtype=dtype).astype(dtype.newbyteorder("=")).reshape(shape)
-
-
-def _read_tensors(items: Any, binary: memoryview, where: str, *, allow_data: bool = True
-                  ) -> tuple[dict[str, np.ndarray], int]:
-    """Tensors of an ``inputs``/``outputs`` list; returns them and the binary bytes consumed."""
-    if not isinstance(items, list):
-        raise OipError(f"{where} must be a list")
-    if len(items) > MAX_TENSORS:
-        raise OipError(f"{where} holds {len(items)} tensors, more than the limit of {MAX_TENSORS}")
-    tensors: dict[str, np.ndarray] = {}
-    offset = 0
-    for i, item in enumerate(items):
-        if not isinstance(item, dict):
-            raise OipError(f"{where}[{i}] must be a JSON object")
-        name = _name(item, f"{where}[{i}]")
-        at = f"tensor {name!r}"
-        if name in tensors:
-            raise OipError(f"{at} appears twice")
-        shape = _shape(item, at)
-        datatype, dtype = _dtype(item, at)
-        size = _parameters(item, at).get("binary_data_size")
-        if size is not None:
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-                raise OipError(f"{at}: binary_data_size must be a non-negative integer")
-            if "data" in item:
-                raise OipError(f"{at} has both 'data' and binary_data_size")
-            if offset + size > len(binary):
-                raise OipError(f"{at}: binary_data_size {size} runs past the end of the body "
-                               f"({len(binary) - offset} bytes left): truncated body?")
-            tensors[name] = _from_bytes(binary[offset:offset + size], dtype, shape, at)
-            offset += size
-        elif "data" in item and allow_data:
-            tensors[name] = _from_json_data(item["data"], datatype, dtype, shape, at)
-        else:
-            raise OipError(f"{at} has neither 'data' nor a binary_data_size parameter")
-    return tensors, offset
-
-
-def json_array_limit(tensors: Iterable[tuple[str, tuple[int, ...]]], json_bytes: int) -> int:
-    """The most JSON arrays a request body of ``json_bytes`` bytes can need for tensors given as
-    ``(datatype, sample shape)`` (the batch axis dropped), sent nested or flat.
-
-    Nested, a sample of shape ``(a, b, c)`` takes ``1 + a + a*b`` arrays for its ``a*b*c``
-    values, each at least ``"0,"`` (``"true,"`` for BOOL); a body of ``json_bytes`` holds at
-    most so many samples of any one input, so the bound is what the largest legitimate body
-    could need. A body of ``[[],[],…]`` needs far more arrays than values and is refused before
-    it is parsed.
-    """
-    arrays = JSON_ARRAY_SLACK
-    for datatype, shape in tensors:
-        values = max(1, math.prod(shape))
-        per_sample = 1 + sum(math.prod(shape[:i]) for i in range(1, len(shape)))
-        value_bytes = 5 if datatype == "BOOL" else _MIN_VALUE_BYTES
-        samples = json_bytes // (value_bytes * values) + 1
-        arrays += 1 + samples * per_sample
-    return arrays
-
-
-def _check_arrays(data: bytes, limit: int) -> None:
-    """Count the JSON's arrays before parsing it: ``bytes.count`` runs at memory speed, while
-    ``json.loads`` of millions of empty lists takes seconds and gigabytes. Brackets inside
-    strings count too, which only makes the bound stricter for odd bodies."""
-    arrays = data.count(b"[")
-    if arrays > limit:
-        raise OipError(f"the JSON holds {arrays} arrays; tensors of this model's shapes need at "
-                       f"most {limit} for a body of {len(data)} bytes (send 'data' flat, or "
-                       "binary tensors)")
-
-
-def _split(body: bytes, headers: Mapping[str, str], what: str,
-           max_json_arrays: int | Callable[[int], int] | None = None
-           ) -> tuple[dict[str, Any], memoryview]:
-    if len(body) > MAX_BODY:
-        raise PayloadTooLargeError(f"{what} of {len(body)} bytes exceeds the limit of {MAX_BODY}")
-    if not body:
-        raise OipError(f"{what} is empty")
-    n = _json_length(body, headers)
-    head = body if n == len(body) else body[:n]
-    if max_json_arrays is not None:
-        _check_arrays(head, max_json_arrays(n) if callable(max_json_arrays)
-                      else max_json_arrays)
-    return _parse_json(head, what), memoryview(body)[n:]
-
-
-def _check_consumed(binary: memoryview, used: int) -> None:
-    if used != len(binary):
-        raise OipError(f"the body has {len(binary) - used} bytes after the last binary tensor; "
-                       f"binary_data_size values and {HEADER_LENGTH} disagree with the body")
+# The v2 API of ddnn, with the limits and errors of ddnn.oip_body that callers use.
+__all__ = [
+    "BINARY_TYPE",
+    "DATATYPES",
+    "EDGE_FEATURES",
+    "EDGE_FEATURES_PACKED",
+    "HEADER_LENGTH",
+    "JSON_TYPE",
+    "MAX_BODY",
+    "MAX_DIM",
+    "MAX_JSON_BYTES",
+    "MAX_JSON_ELEMENTS",
+    "MAX_NAME",
+    "MAX_RANK",
+    "MAX_TENSORS",
+    "PACKING_CODECS",
+    "InferRequest",
+    "ModelNotFoundError",
+    "OipError",
+    "PayloadTooLargeError",
+    "check_json_size",
+    "datatype_of",
+    "decode_request",
+    "decode_response",
+    "encode_raw_request",
+    "encode_request",
+    "encode_response",
+    "error_body",
+    "json_array_limit",
+]
 
 
 # --- server side --------------------------------------------------------------------------------
@@ -322,13 +107,20 @@ class InferRequest:
         return name in self.binary_outputs
 
 
-def decode_request(body: bytes, headers: Mapping[str, str], *,
-                   max_json_arrays: int | Callable[[int], int] | None = None) -> InferRequest:
-    """Parse and validate an inference request body (JSON, or JSON plus binary tensors).
+def decode_request(body: bytes | bytearray, headers: Mapping[str, str], *,
+                   max_json_arrays: int | Callable[[int], int] | None = None,
+                   raw_input: tuple[str, str, tuple[int, ...]] | None = None) -> InferRequest:
+    """Parse and validate an inference request body (JSON, or JSON plus binary tensors, or a raw
+    binary request).
 
-    ``max_json_arrays``: how many ``[`` the JSON part may hold (a number, or a function of its
-    length such as one made with :func:`json_array_limit`), checked before it is parsed.
+    The JSON part is bounded before it is parsed (:func:`check_json_size`); ``max_json_arrays``:
+    how many ``[`` it may hold (a number, or a function of its length such as one made with
+    :func:`json_array_limit`). ``raw_input``: the model's one input as (name, datatype, sample
+    shape), which a raw binary request carries; without it such a request is refused.
     """
+    raw = _header(headers, HEADER_LENGTH)
+    if raw is not None and raw.strip() == "0":
+        return _raw_request(body, raw_input)
     obj, binary = _split(body, headers, "request body", max_json_arrays)
     req_id = _field(obj, "id", str, "request", default=None)
     params = _parameters(obj, "request")
@@ -359,6 +151,25 @@ def decode_request(body: bytes, headers: Mapping[str, str], *,
             if flag:
                 binary_outputs.add(name)
     return InferRequest(req_id, inputs, outputs, binary_outputs, params)
+
+
+def _raw_request(body: bytes | bytearray, raw_input: tuple[str, str, tuple[int, ...]] | None
+                 ) -> InferRequest:
+    """A raw binary request: the body is the one input's samples, as many as its size holds."""
+    if raw_input is None:
+        raise OipError(f"a raw binary request ({HEADER_LENGTH}: 0) needs a model with exactly "
+                       "one input")
+    name, datatype, sample = raw_input
+    dtype = DATATYPES[datatype]
+    row = math.prod(sample) * dtype.itemsize
+    if not body or not row or len(body) % row:
+        raise OipError(f"a raw binary request for {name!r} ({datatype} {[-1, *sample]}) must hold "
+                       f"a whole number of samples of {row} bytes, got {len(body)} bytes")
+    if len(body) > MAX_BODY:
+        raise PayloadTooLargeError(f"request body of {len(body)} bytes exceeds the limit of "
+                                   f"{MAX_BODY}")
+    x = _from_bytes(memoryview(body), dtype, (len(body) // row, *sample), f"tensor {name!r}")
+    return InferRequest(None, {name: x}, None, True)
 
 
 def _tensor_json(name: str, x: np.ndarray, binary: bool) -> tuple[dict[str, Any], bytes]:
@@ -430,6 +241,15 @@ def encode_request(inputs: dict[str, np.ndarray], *, binary: bool = True,
         chunks.append(raw)
     obj["inputs"] = entries
     return _assemble(obj, chunks)
+
+
+def encode_raw_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
+    """A raw binary request for a model with one input: ``x``'s bytes and nothing else (every
+    output comes back binary). The server takes the batch from the body's size."""
+    x = np.asarray(x)
+    datatype_of(x.dtype)  # a datatype the protocol has
+    le = x.astype(x.dtype.newbyteorder("<"), copy=False)
+    return np.ascontiguousarray(le).tobytes(), {HEADER_LENGTH: "0"}
 
 
 def decode_response(body: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:

@@ -4,6 +4,9 @@
 ``{prefix}/{deployment}/gateways/{gateway}/messages|status``,
 ``{prefix}/{deployment}/edges/{edge}/requests|status``, ``{prefix}/{deployment}/results`` and
 ``{prefix}/{deployment}/bundle``. Names are lowercase-safe and never contain MQTT wildcards.
+
+How each kind of topic carries its messages (QoS, retained or not, the body's format) is in
+:data:`DELIVERY`, the one table every subscription and publication is built from.
 """
 
 from __future__ import annotations
@@ -15,6 +18,39 @@ from ddnn.names import check_name, is_name
 
 DEVICE_KINDS = ("scores", "features", "status")
 GATEWAY_KINDS = ("messages", "status")
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """How the messages of one kind of topic travel over MQTT."""
+
+    qos: int
+    retain: bool = False
+    # The body: "envelope" (ddnn.envelope), "batch" (ddnn.batch), "status" (ddnn.status),
+    # "result" (ddnn.result JSON) or "announcement" (a bundle version, ddnn.plumbing.ota).
+    body: str = "envelope"
+
+
+# Topic kind -> how its messages travel. Absent views go on the scores topic.
+DELIVERY = {
+    # A lost score message makes the edge wait for the deadline, then fuse without it.
+    "scores": Delivery(qos=1),
+    "features": Delivery(qos=1),  # a lost feature message degrades the frame's edge exit
+    # A pull is lost only with the device's connection, and the edge pulls again when the
+    # device is back online (the frame waits for its features meanwhile); QoS 1 would cost
+    # every device a PUBACK up the constrained link for every pull.
+    "requests": Delivery(qos=0),
+    "results": Delivery(qos=1, body="result"),  # the product: applications must not miss one
+    # Retained (devices, gateways, edges), so late subscribers learn who is alive.
+    "status": Delivery(qos=1, retain=True, body="status"),
+    "bundle": Delivery(qos=1, retain=True, body="announcement"),  # the current version
+    "messages": Delivery(qos=1, body="batch"),  # a gateway's scores and features of a frame
+}
+
+
+def subscription(topic: str, kind: str) -> tuple[str, int]:
+    """``(topic filter, QoS)`` of a subscription to ``kind`` messages on ``topic``."""
+    return topic, DELIVERY[kind].qos
 
 
 def check_part(kind: str, value: str) -> str:

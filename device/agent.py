@@ -30,6 +30,7 @@ from ddnn.device.settings import DeviceSettings
 from ddnn.device.sources import is_absent
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.exits import entropy_of_logits
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import result_for
 from ddnn.runtime import BundleRuntime, transmit
 
@@ -86,6 +87,7 @@ class DeviceAgent:
         self._ids = dict(version=m.version, **self._identity)
         self._previous: tuple[str, str] | None = None  # the version before the last swap
         self._frame_lock = threading.Lock()  # a frame runs on one version, start to end
+        self._once = LogThrottle()  # each kind of bad or repeated pull: one line, then counted
 
     # --- over-the-air updates ---------------------------------------------------------------
 
@@ -176,7 +178,7 @@ class DeviceAgent:
             mask = req.tensor((self.manifest.views,))
         except DecodeError as e:
             self.stats.bad_requests += 1
-            if self.stats.bad_requests == 1:
+            if self._once("bad request"):
                 log.warning("dropping a bad feature request (logged once): %s", e)
             return
         view = self.settings.view
@@ -196,7 +198,7 @@ class DeviceAgent:
             return
         if repeated:
             self.stats.pulls_repeated += 1
-            if self.stats.pulls_repeated == 1:
+            if self._once("repeated pull"):
                 log.warning("ignoring a repeated pull for frame %d, answered %.1f s ago (logged "
                             "once; counted)", req.frame, now - last[0])  # type: ignore[index]
             return

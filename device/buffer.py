@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Protocol
 
 from ddnn.errors import ConfigError
+from ddnn.plumbing.throttle import LogThrottle
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class Outbox:
             raise ConfigError("the outbox needs room for at least one message")
         self.capacity = capacity
         self.dropped = 0
+        self._drops_log = LogThrottle(every=1000)  # the first drop, then one in a thousand
         self._items: collections.deque[tuple[int, OutMessage]] = collections.deque()
         self._inflight: collections.deque[tuple[int, Receipt]] = collections.deque()
         self._cond = threading.Condition()
@@ -88,7 +90,7 @@ class Outbox:
         self.dropped += 1
         if self._spool:
             self._spool.done(seq)
-        if self.dropped == 1 or self.dropped % 1000 == 0:
+        if self._drops_log():
             log.warning("outbox full (%d): dropped the oldest message (%d so far)",
                         self.capacity, self.dropped)
 

@@ -5,7 +5,7 @@ connection, pulls answered and missed, bundle version), ``GET /healthz`` = ``/re
 with reasons when the broker has been unreachable for longer than ``--health-grace``, the
 broker refused this device for good, or the source has produced no frame for
 ``--stall-after`` seconds while it should, e.g. a camera being reopened) and ``GET /livez``
-(the sender, MQTT and updater threads run).
+(the threads of the service's lifecycle run: sender, MQTT, updater).
 
 The agent counts in plain integers (:class:`~ddnn.device.agent.DeviceStats`); the metrics are
 brought up to date from them at each scrape. :class:`DeviceVersionProbe` is what the probation
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 
 from ddnn.plumbing.health import Check, MonitorServer, check_route
 from ddnn.plumbing.metrics import CONTENT_TYPE, Registry
@@ -195,20 +195,6 @@ class DeviceVersionProbe:
         return Look(worked)
 
 
-def liveness(service) -> Check:
-    """Whether the device's threads run."""
-    check = Check()
-    threads: list[tuple[str, Callable[[], bool]]] = [("sender", service.sender_alive)]
-    client = getattr(service.transport, "client", None)
-    if client is not None and service.refused is None:
-        threads.append(("mqtt", client.alive))
-    if service.updater is not None:
-        threads.append(("bundle updater", service.updater.alive))
-    check.reasons = [f"the {name} thread is not running" for name, alive in threads
-                     if not alive()]
-    return check
-
-
 def monitor(service, host: str, port: int) -> MonitorServer:
     """The device's HTTP server: /metrics, /healthz, /readyz, /livez."""
     metrics: DeviceMetrics = service.metrics
@@ -218,5 +204,5 @@ def monitor(service, host: str, port: int) -> MonitorServer:
 
     ready = check_route(lambda: readiness(service))
     return MonitorServer({"/metrics": scrape, "/healthz": ready, "/readyz": ready,
-                          "/livez": check_route(lambda: liveness(service))}, host, port,
+                          "/livez": check_route(service.lifecycle.liveness)}, host, port,
                          name="device")

@@ -24,8 +24,11 @@ from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
 from ddnn.device.transport import HttpTransport, MqttTransport
 from ddnn.errors import ConfigError
-from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions, security_of
+from ddnn.plumbing.health import MonitorServer
+from ddnn.plumbing.lifecycle import Lifecycle, Worker
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions
 from ddnn.plumbing.ota import BundleUpdater
+from ddnn.plumbing.ota_settings import UpdateHooks
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics, default_device_ids
@@ -42,8 +45,10 @@ class DeviceService:
     """Wires a :class:`DeviceAgent` to a transport through a bounded :class:`Outbox`.
 
     ``settings`` must be resolved for ``bundle`` (:meth:`from_settings` does that). Nothing
-    runs until the ``with`` block: entering starts the over-the-air updater (MQTT only), the
-    transport and the sender thread; leaving stops them in reverse order.
+    runs until the ``with`` block: entering starts the parts of :attr:`lifecycle` in order —
+    the HTTP server (with ``--http-port``: a port in use fails before anything runs), the
+    over-the-air updater (MQTT only), the transport and the sender thread; leaving stops them
+    in reverse, settling the outbox and closing the source on the way.
     """
 
     def __init__(self, settings: DeviceSettings, bundle: Bundle, source: Source | None = None):
@@ -54,19 +59,23 @@ class DeviceService:
         if hasattr(source, "stop_event"):  # a camera or a followed folder stops waiting too
             source.stop_event = self.stop_event
         self.refused: BrokerRefusedError | None = None  # the broker refused us for good
-        self.updater: BundleUpdater | None = None  # while running over MQTT
-        self._sender: threading.Thread | None = None
         self._sender_done = threading.Event()
+        self.sender = Worker("device-sender", self._send_loop, stop=self._sender_done.set,
+                             join=SENDER_JOIN)
         self._send_lock = threading.Lock()
         self.outbox = Outbox(settings.buffer, settings.spool,
                              sync_every=settings.spool_sync_every,
                              sync_interval=settings.spool_sync_ms / 1000)
         self.metrics = DeviceMetrics()
         self.metrics.bundle.set(1, model=bundle.manifest.name, version=bundle.manifest.version)
-        self.http = None  # the HTTP server of /metrics and /healthz, with --http-port
+        self.http: MonitorServer | None = None  # /metrics, /healthz, /livez (--http-port)
         self.agent = DeviceAgent(BundleRuntime(bundle, threads=settings.threads), settings,
                                  emit=self.deliver)
         self.transport = self._transport()
+        # Updates are announced over MQTT.
+        self.updater = self._updater() if isinstance(self.transport, MqttTransport) else None
+        self._clean = True  # False when leaving on an error: a version on probation is condemned
+        self.lifecycle = self._lifecycle()
 
     @classmethod
     def from_settings(cls, settings: DeviceSettings) -> DeviceService:
@@ -81,7 +90,7 @@ class DeviceService:
         if not s.broker:
             return HttpTransport(s.edge_url, s.token)
         options = MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                              security=security_of(s))
+                              security=s.security)
         # "since": when this device came online; replaying peers agree on a start from it.
         status = {"device": s.device_id, "view": s.view, "model": self.bundle.ref,
                   "mode": s.mode, "since": round(time.time(), 3)}
@@ -92,58 +101,54 @@ class DeviceService:
         self.agent.connections = lambda: transport.client.connects
         return transport
 
+    def _updater(self) -> BundleUpdater:
+        s = self.settings
+        hooks = UpdateHooks(apply=self._apply_update, on_result=self._update_result,
+                            on_retry=lambda ann, why: self._update_result(None),
+                            on_rollback=self._rolled_back)
+        return BundleUpdater(self.bundle, hooks, policy=s.updates, source=s.update_source,
+                             public_key=s.bundle_key, tag=s.device_id,
+                             probe=DeviceVersionProbe(self))
+
     # --- lifetime ----------------------------------------------------------------------------
 
-    def __enter__(self) -> DeviceService:
-        s = self.settings
-        # Bound first: a port in use fails before anything runs.
-        http = monitor(self, s.http_host, s.http_port) if s.http_port is not None else None
-        if isinstance(self.transport, MqttTransport):  # updates are announced over MQTT
-            self.updater = BundleUpdater(self.bundle, self._apply_update, cloud=s.ota_origin,
-                                         token=s.ota_token, ca_file=s.ota_ca_file,
-                                         public_key=s.bundle_key, tag=s.device_id,
-                                         allow_unsigned=s.ota_allow_unsigned,
-                                         allow_downgrade=s.ota_allow_downgrade,
-                                         retry=RetryPolicy(min(1.0, s.ota_retry_max),
-                                                           s.ota_retry_max),
-                                         on_result=self._update_result,
-                                         on_retry=lambda ann, why: self._update_result(None),
-                                         probation=s.ota_probation,
-                                         probe=DeviceVersionProbe(self),
-                                         on_rollback=self._rolled_back)
-        try:
-            self.transport.start()
-        except BaseException:
-            self._stop_updater()
-            if http is not None:
-                http.server.server_close()
-            raise
-        self._sender = threading.Thread(target=self._send_loop, name="device-sender",
-                                        daemon=True)
-        self._sender.start()
-        if http is not None:
-            self.http = http.start()
-        return self
+    def _lifecycle(self) -> Lifecycle:
+        parts = Lifecycle()
+        if self.settings.http.port is not None:
+            parts.add("http", start=self._start_http, stop=lambda: self.http.stop(),
+                      alive=lambda: self.http.alive())
+        close = getattr(self.source.source if self.source is not None else None, "close", None)
+        if close is not None:
+            parts.add("source", stop=close)
+        if self.updater is not None:
+            parts.add("bundle updater", self.updater,
+                      stop=lambda: self.updater.stop(clean=self._clean))
+        parts.add("outbox", stop=self._close_outbox)
+        parts.add("mqtt" if isinstance(self.transport, MqttTransport) else "http fallback",
+                  self.transport)
+        parts.add("sender", self.sender)
+        return parts
 
-    def __exit__(self, *exc) -> None:
-        self.stop_event.set()
-        self._sender_done.set()
-        if self._sender is not None:
-            self._sender.join(timeout=SENDER_JOIN)
-        sending = self._sender is not None and self._sender.is_alive()
-        self.transport.stop()
+    def _start_http(self) -> None:
+        s = self.settings
+        self.http = monitor(self, s.http.host, s.http.port).start()
+
+    def _close_outbox(self) -> None:
         self.outbox.settle()  # acknowledged while stopping: not sent again by the next process
-        if sending:  # closing the spool under a send would lose its done mark: leave it open
+        if self.sender.alive():  # closing the spool under a send would lose its done mark
             log.warning("the sender is still inside a send after %.0f s; the outbox is left "
                         "for the next start to recover", SENDER_JOIN)
         else:
             self.outbox.close()
-        self._stop_updater(clean=exc[0] is None)  # failing: a version on probation is condemned
-        if self.http is not None:
-            self.http.stop()
-        close = getattr(self.source.source if self.source is not None else None, "close", None)
-        if close is not None:
-            close()
+
+    def __enter__(self) -> DeviceService:
+        self.lifecycle.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._clean = exc[0] is None
+        self.stop_event.set()
+        self.lifecycle.stop()
         s = self.agent.stats
         log.info(
             "device %s done: %d frames (%d absent, %d local exits), sent %s, %d payload + %d "
@@ -154,10 +159,6 @@ class DeviceService:
             s.pulls_repeated, s.bad_requests,
             self.outbox.dropped,
         )
-
-    def _stop_updater(self, clean: bool = True) -> None:
-        if self.updater is not None:
-            self.updater.stop(clean)
 
     # --- hooks of the transport and the updater ------------------------------------------------
 
@@ -214,9 +215,6 @@ class DeviceService:
                 receipt = self.transport.send(msg)
                 if receipt:
                     self.outbox.taken(DELIVERED if receipt is True else receipt, msg)
-
-    def sender_alive(self) -> bool:
-        return self._sender is not None and self._sender.is_alive()
 
     def deliver(self, msg: OutMessage) -> None:
         """Send at once when nothing older waits (saves a thread hop), else queue in order.

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
-import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.errors import ConfigError
 from ddnn.names import check_name
-from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl
-from ddnn.plumbing.options import Option, boolean, describe, id_list, path
-from ddnn.plumbing.ota import UPDATE_OPTIONS
+from ddnn.plumbing.health import MonitorHttp
+from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity
+from ddnn.plumbing.options import Option, bind, boolean, describe, grouped, id_list, path
+from ddnn.plumbing.ota_settings import (
+    BUNDLE_KEY_OPTION,
+    SOURCE_OPTIONS,
+    UPDATE_OPTIONS,
+    UpdatePolicy,
+    UpdateSource,
+)
 
 ENV_PREFIX = "DDNN_DEVICE_"
 MODES = ("pull", "push")
@@ -31,25 +37,18 @@ class DeviceSettings:
 
     What depends on the bundle (the view's range, the default peers, push mode on the HTTP
     fallback) is checked and filled in by :meth:`DeviceService.from_settings
-    <ddnn.device.service.DeviceService.from_settings>`.
+    <ddnn.device.service.DeviceService.from_settings>`. Option groups (``security``,
+    ``updates``, ``update_source``, ``http``) keep their flat names as flags and variables, and
+    in code too (:func:`ddnn.plumbing.options.bind`: ``DeviceSettings(ota_origin=...)``).
     """
 
     bundle: Path  # the bundle directory (from ddnn train)
     view: int  # which of the bundle's device segments (camera positions) this device runs
     broker: str | None = None  # MQTT broker URL; without it, HTTP POSTs to edge_url
-    ca_file: str | None = None  # MQTT TLS and credentials (ddnn.plumbing.mqtt.SECURITY_OPTIONS)
-    cert_file: str | None = None
-    key_file: str | None = None
-    username: str | None = None
-    password: str | None = None
+    security: MqttSecurity = MqttSecurity()  # MQTT TLS and credentials
     bundle_key: Path | None = None  # Ed25519 public key: run only bundles signed by it
-    ota_allow_unsigned: bool = False  # apply unsigned over-the-air bundles (explicit opt-out)
-    ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
-    ota_retry_max: float = 60.0  # longest wait between fetches of an announced version
-    ota_probation: float = 60.0  # seconds an applied version may be rolled back in; 0: never
-    ota_origin: str | None = None  # fetch over-the-air bundles only from this http(s) origin
-    ota_token: str | None = None  # bearer token for that origin (a cloud with --token)
-    ota_ca_file: str | None = None  # CA its HTTPS certificate must chain to (default: system)
+    updates: UpdatePolicy = UpdatePolicy(probation=60.0)  # which over-the-air versions apply
+    update_source: UpdateSource = UpdateSource()  # where over-the-air bundles come from
     edge_url: str | None = None  # the HTTP fallback: the edge's http://host:port
     token: str | None = None  # bearer token for the HTTP fallback
     device_id: str | None = None  # the id in topics and messages; None: cam0, cam1, ... by view
@@ -81,8 +80,7 @@ class DeviceSettings:
     peers: tuple[str, ...] = ()  # devices to wait for; empty: every view's default id
     start_at: float | None = None  # Unix time of the first frame: cameras triggered together
     threads: int = 1  # ONNX Runtime intra-op threads
-    http_host: str = "127.0.0.1"  # the device's own HTTP server (/metrics, /healthz)
-    http_port: int | None = None  # None: no HTTP server
+    http: MonitorHttp = MonitorHttp()  # the device's own HTTP server (/metrics, /healthz)
     health_grace: float = 60.0  # seconds the broker may be unreachable before /healthz fails
     stall_after: float = 60.0  # seconds without a frame from the source before /healthz fails
 
@@ -119,29 +117,23 @@ class DeviceSettings:
         if self.follow and self.images is None:
             raise ConfigError("--follow applies to --images only")
         after_send_mode(self.after_send)
-        if (self.ota_token or self.ota_ca_file) and self.ota_origin is None:
+        src = self.update_source
+        if (src.token or src.ca_file) and src.origin is None:
             raise ConfigError("--ota-token and --ota-ca-file need --ota-origin (a token is "
                               "sent to that origin only)")
-        if self.ota_origin is not None:
-            u = urllib.parse.urlsplit(self.ota_origin)
-            if u.scheme not in ("http", "https") or not u.hostname:
-                raise ConfigError(f"--ota-origin {self.ota_origin!r} must be http(s)://host[:port]")
         self._check_numbers()
 
     def _check_numbers(self) -> None:
         at_least = {"buffer": 1, "keep": 1, "threads": 1, "reconnect_max": 1, "start": 0,
                     "keepalive": 0, "fps": 0, "grace": 0, "wait_peers": 0,
                     "spool_sync_every": 1, "spool_sync_ms": 0, "camera_retries": 0,
-                    "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0,
-                    "ota_retry_max": 0.1, "ota_probation": 0}
+                    "camera_retry_max": 0.1, "health_grace": 0, "stall_after": 0}
         for name, low in at_least.items():
             if getattr(self, name) < low:
                 raise ConfigError(f"{name} must be at least {low}, got {getattr(self, name)}")
         for name in ("limit", "camera", "start_at"):
             if getattr(self, name) is not None and getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
-        if self.http_port is not None and not 0 <= self.http_port <= 65535:
-            raise ConfigError(f"http_port must be in 0..65535, got {self.http_port}")
         if self.keepalive > 65535:  # a 16-bit field of MQTT's CONNECT
             raise ConfigError(f"keepalive must be at most 65535 seconds, got {self.keepalive}")
         if self.drain_timeout <= 0:
@@ -164,17 +156,10 @@ OPTIONS = (
     Option("view", int, "I", "which view (camera position) of the bundle this device is: 0..V-1"),
     Option("broker", str, "URL", "MQTT broker URL, mqtt://[user:pass@]host:port (mqtts:// for "
                                  "TLS); a password in it is never logged"),
-    *SECURITY_OPTIONS,
-    *UPDATE_OPTIONS,
-    Option("ota-origin", str, "URL",
-           "fetch over-the-air bundles only from this http(s) origin (e.g. the cloud's URL); "
-           "unset: from the announced URL, signature still required"),
-    Option("ota-token", str, "TOKEN",
-           "bearer token sent to --ota-origin when fetching bundles (a cloud run with --token); "
-           "never sent anywhere else", secret=True),
-    Option("ota-ca-file", str, "FILE",
-           "CA certificate (PEM) the --ota-origin's HTTPS certificate must chain to (default: "
-           "the system's CAs)"),
+    *grouped("security", SECURITY_OPTIONS),
+    BUNDLE_KEY_OPTION,
+    *grouped("updates", UPDATE_OPTIONS),
+    *grouped("update_source", SOURCE_OPTIONS),
     Option("edge-url", str, "URL",
            "HTTP fallback when no --broker: the edge's http://host:port (push mode only)"),
     Option("token", str, "TOKEN", "bearer token for the HTTP fallback", secret=True),
@@ -235,12 +220,15 @@ OPTIONS = (
     Option("start-at", float, "T",
            "Unix time of the first frame, to trigger several replaying devices together"),
     Option("threads", int, "N", "ONNX Runtime threads"),
-    Option("http-host", str, "ADDR", "address of the device's HTTP server"),
-    Option("http-port", int, "PORT",
-           "port of the device's HTTP server (/metrics, /healthz, /livez); unset: none"),
+    *grouped("http", (
+        Option("http-host", str, "ADDR", "address of the device's HTTP server", key="host"),
+        Option("http-port", int, "PORT",
+               "port of the device's HTTP server (/metrics, /healthz, /livez); unset: none",
+               key="port"))),
     Option("health-grace", float, "S",
            "seconds the broker may be unreachable before /healthz answers 503"),
     Option("stall-after", float, "S",
            "seconds without a frame from the source (while it should produce) before /healthz "
            "answers 503"),
 )
+bind(DeviceSettings, OPTIONS)

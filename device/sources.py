@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddnn.errors import ConfigError, DatasetError, DdnnError
+from ddnn.errors import ConfigError, DdnnError
 from ddnn.plumbing.retry import RetryPolicy
 
 log = logging.getLogger(__name__)
@@ -36,24 +36,20 @@ class NpzReplay:
 
     def __init__(self, path: str | Path, view: int, num_classes: int | None = None,
                  limit: int | None = None, start: int = 0):
-        from ddnn.dataset import load_dataset
+        from ddnn.dataset import load_view
 
-        ds = load_dataset(path, num_classes=num_classes)
-        if not 0 <= view < ds.num_views:
-            raise DatasetError(f"{path}: has views 0..{ds.num_views - 1}, not {view}")
         self.path = Path(path)
-        # The contract marks absent views by label; make their images exactly zero so the
-        # device's absence test (all-zero) agrees with the file whatever a writer stored.
-        self._images = np.where(ds.present[:, view, None, None, None], ds.X[:, view], 0.0)
-        end = len(self._images) if limit is None else min(len(self._images), start + limit)
-        self._range = range(start, end)
+        # The frames to replay of this view alone, read a few samples at a time: never the
+        # whole file in memory. Views absent by label are exactly zero, so the device's absence
+        # test agrees with the file.
+        self._images, _ = load_view(path, view, num_classes, start, limit)
+        self._range = range(start, start + len(self._images))
 
     def __len__(self) -> int:
         return len(self._range)
 
     def __iter__(self) -> Iterator[tuple[int, np.ndarray]]:
-        for i in self._range:
-            yield i, self._images[i].astype(np.float32, copy=False)
+        yield from zip(self._range, self._images, strict=True)
 
 
 class SourceError(DdnnError):

@@ -15,19 +15,11 @@ import time
 from collections.abc import Callable
 
 from ddnn.device.buffer import OutMessage, Receipt
-from ddnn.plumbing.http import KeepAliveConnection
-from ddnn.plumbing.mqtt import (
-    QOS_FEATURES,
-    QOS_RESULTS,
-    QOS_SCORES,
-    QOS_STATUS,
-    BrokerRefusedError,
-    MqttClient,
-    MqttOptions,
-    status_fields,
-)
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.retry import RETRY_STATUSES, RetryPolicy
-from ddnn.topics import Topics
+from ddnn.plumbing.throttle import LogThrottle
+from ddnn.status import status_fields
+from ddnn.topics import DELIVERY, Topics, subscription
 
 log = logging.getLogger(__name__)
 
@@ -69,16 +61,18 @@ class MqttTransport:
         self.since: dict[str, float] = {}  # device id -> when it came online (its status says)
         self._peers_changed = threading.Condition()
         self._on_request = on_request
-        self._routes = {
-            "scores": (topics.device(device_id, "scores"), QOS_SCORES),
-            "absent": (topics.device(device_id, "scores"), QOS_SCORES),
-            "features": (topics.device(device_id, "features"), QOS_FEATURES),
-            "results": (topics.results, QOS_RESULTS),
-        }
+        # message kind -> (topic, QoS); an absent view goes on the scores topic
+        self._routes = {kind: (topic, DELIVERY[wire].qos) for kind, topic, wire in (
+            ("scores", topics.device(device_id, "scores"), "scores"),
+            ("absent", topics.device(device_id, "scores"), "scores"),
+            ("features", topics.device(device_id, "features"), "features"),
+            ("results", topics.results, "results"))}
         self._requests = topics.requests(edge_id)
         self._edge_status = topics.edge_status(edge_id)
-        options.subscriptions = [(self._requests, 1), (topics.all_devices("status"), QOS_STATUS),
-                                 (self._edge_status, QOS_STATUS), (topics.bundle, 1)]
+        options.subscriptions = [subscription(self._requests, "requests"),
+                                 subscription(topics.all_devices("status"), "status"),
+                                 subscription(self._edge_status, "status"),
+                                 subscription(topics.bundle, "bundle")]
         self._on_bundle = on_bundle
         # PUBACKs: paho reports the mid (its thread, its lock held); receipts are settled by
         # whoever asks, from this queue.
@@ -117,6 +111,11 @@ class MqttTransport:
 
     def start(self) -> None:
         self.client.start()
+
+    def alive(self) -> bool:
+        """paho's thread runs, or ended because the broker refused this device for good (then
+        the service stops, and its health says why)."""
+        return self.client.refused is not None or self.client.alive()
 
     def update_status(self, **info) -> None:
         """Change fields of the retained status (the bundle version after an update)."""
@@ -192,6 +191,9 @@ class HttpTransport:
     """
 
     def __init__(self, edge_url: str, token: str | None = None, timeout: float = 5.0):
+        # Imported here: urllib3 costs an MQTT device 2.5 MiB it never uses.
+        from ddnn.plumbing.http import KeepAliveConnection
+
         self._edge = KeepAliveConnection(edge_url, "edge", timeout)
         self._headers = {"Content-Type": "application/octet-stream"}
         if token:
@@ -200,6 +202,7 @@ class HttpTransport:
         self.connected = False
         self.disconnected_since: float | None = None  # monotonic: the edge became unreachable
         self.refused = 0  # messages the edge refused (4xx other than "later"): dropped
+        self._refusals_log = LogThrottle(every=1000)
 
     def start(self) -> None:
         pass
@@ -231,7 +234,7 @@ class HttpTransport:
         self._backoff.succeeded()
         if status >= 400:  # the edge refused this message itself: resending cannot help
             self.refused += 1
-            if self.refused == 1 or self.refused % 1000 == 0:
+            if self._refusals_log():
                 log.warning("edge refused a %s message (%d so far): %d %s", msg.kind,
                             self.refused, status, body[:200])
         return True

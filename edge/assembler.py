@@ -4,10 +4,10 @@ A frame opens when its first message arrives. It is ready for the local exit as 
 device expected to report has sent its scores (or said "absent"), or when its wait runs out: a
 missing or dead device never blocks a frame, the frame is fused over the views present (the
 paper's fault-tolerance result). The wait adapts to the devices: at least ``deadline`` after the
-first view, longer when a device still awaited usually lags (:class:`~edge.arrivals.ArrivalLag`),
-never longer than ``max_wait``. Devices are expected unless their status says offline (the last
-will), or they missed ``suspect_after`` waits in a row; any message revives them. Feature pulls
-get their own deadline.
+first view, longer when a device still awaited usually lags
+(:class:`~ddnn.edge.arrivals.ArrivalLag`), never longer than ``max_wait``. Devices are expected
+unless their status says offline (the last will), or they missed ``suspect_after`` waits in a
+row; any message revives them. Feature pulls get their own deadline.
 
 Bounded whatever the devices send: frame ids more than ``window`` ahead of the newest frame any
 device is at are refused (one message moves the window by at most ``window``), at most
@@ -74,6 +74,14 @@ class Frame:
         """Views that sent scores: the views the local and edge exits fuse over."""
         return sorted(self.scores)
 
+    def take(self, now: float) -> Frame:
+        """Ready for its stage: handed to the worker, out of the deadline watch until it is
+        given back."""
+        self.deadline = float("inf")
+        self.taken = True
+        self.ready_at = now
+        return self
+
 
 class FrameAssembler:
     """Per-frame bookkeeping of which views arrived, with deadlines and dead-device tracking."""
@@ -97,30 +105,33 @@ class FrameAssembler:
         self._newest: int | None = None  # newest frame id any device has opened or joined
         self._offline = [False] * views
         self._misses = [0] * views
+        self._expected = tuple(range(views))  # what expected() says, kept up to date
         # Devices in push mode send features unasked; the edge learns it from the first ones.
         self.pushing = [False] * views
         self._lock = threading.Lock()
 
     # --- devices ----------------------------------------------------------------------------
 
-    def set_online(self, view: int, online: bool) -> None:
+    def set_online(self, view: int, online: bool, pushing: bool | None = None) -> None:
+        """The device of ``view`` says it is online or offline (its status, or its last will);
+        ``pushing``: whether it sends its features with every frame (push mode), when it
+        says."""
         with self._lock:
             self._offline[view] = not online
             self._misses[view] = 0
-
-    def set_pushing(self, view: int, pushing: bool) -> None:
-        """The device of ``view`` sends its features with every frame (push mode), or not."""
-        self.pushing[view] = pushing
-
-    def is_expected(self, view: int) -> bool:
-        """The device of ``view`` is believed alive (not offline, not silent for long)."""
-        with self._lock:
-            return not self._offline[view] and self._misses[view] < self.suspect_after
+            self._update_expected()
+        if pushing is not None:
+            self.pushing[view] = pushing
 
     def expected(self) -> list[int]:
-        """Views a frame waits for right now."""
-        return [v for v in range(self.views)
-                if not self._offline[v] and self._misses[v] < self.suspect_after]
+        """Views a frame waits for right now: their devices are believed alive."""
+        return list(self._expected)
+
+    def _update_expected(self) -> None:
+        """The one rule of who is expected: not offline, and not silent ``suspect_after``
+        waits in a row (called under the lock whenever either changes)."""
+        self._expected = tuple(v for v in range(self.views)
+                               if not self._offline[v] and self._misses[v] < self.suspect_after)
 
     # --- messages ---------------------------------------------------------------------------
 
@@ -145,8 +156,10 @@ class FrameAssembler:
         return f
 
     def _heard(self, view: int) -> None:
-        self._offline[view] = False
-        self._misses[view] = 0
+        if self._offline[view] or self._misses[view]:  # (the hot path: most views are alive)
+            self._offline[view] = False
+            self._misses[view] = 0
+            self._update_expected()
 
     def add_scores(self, view: int, frame: int, scores: np.ndarray | None, captured: float,
                    now: float) -> Frame | None:
@@ -167,7 +180,7 @@ class FrameAssembler:
                 f.scores[view] = scores
             awaited = self._awaited(f)
             if not awaited:
-                return self._take(f, now)
+                return f.take(now)
             f.deadline = self._scores_deadline(f, awaited)
             return None
 
@@ -192,7 +205,7 @@ class FrameAssembler:
                 f.scores.setdefault(view, np.zeros(0, np.float32))
                 f.features[view] = features
                 f.stage, f.requested = FEATURES, (view,)
-                return self._take(f, now)
+                return f.take(now)
             if f.stage == SCORES and view not in f.scores:
                 raise Drop("unrequested", f"features of view {view} before its scores")
             if f.stage == SCORES and not f.taken:
@@ -205,23 +218,14 @@ class FrameAssembler:
                 raise Drop("unrequested", f"features of view {view} were not pulled")
             f.features[view] = features
             if f.stage == FEATURES and all(v in f.features for v in f.requested):
-                return self._take(f, now)
+                return f.take(now)
             return None
 
     def _awaited(self, f: Frame) -> list[int]:
-        """Views ``f`` still waits for: expected, not arrived, and not hopelessly late
-        (:meth:`expected` and :meth:`ArrivalLag.hopeless` in one pass: once per message)."""
-        off, misses, suspect = self._offline, self._misses, self.suspect_after
-        lag, budget, scores, absent = self.lag.estimate, self.max_wait, f.scores, f.absent
-        return [v for v in range(self.views) if not off[v] and misses[v] < suspect
-                and v not in scores and v not in absent and lag[v] <= budget]
-
-    def _take(self, f: Frame, now: float) -> Frame:
-        # A frame handed to the worker leaves the deadline watch until it is given back.
-        f.deadline = float("inf")
-        f.taken = True
-        f.ready_at = now
-        return f
+        """Views ``f`` still waits for: expected, not arrived, and not hopelessly late."""
+        hopeless, budget, scores, absent = self.lag.hopeless, self.max_wait, f.scores, f.absent
+        return [v for v in self._expected if v not in scores and v not in absent
+                and not hopeless(v, budget)]
 
     # --- the worker's side ------------------------------------------------------------------
 
@@ -231,7 +235,7 @@ class FrameAssembler:
             f.stage, f.requested = FEATURES, tuple(views)
             f.pulled_at = now
             if all(v in f.features for v in views):
-                return self._take(f, now)
+                return f.take(now)
             f.deadline = now + self.feature_deadline
             f.taken = False
             return None
@@ -273,9 +277,10 @@ class FrameAssembler:
                     f.missing = {v for v in expected if v not in f.scores and v not in f.absent}
                     for v in f.missing:
                         self._misses[v] += 1
+                    self._update_expected()
                 else:
                     f.missing = {v for v in f.requested if v not in f.features}
-                out.append(self._take(f, now))
+                out.append(f.take(now))
         return out
 
     def pending(self) -> list[Frame]:
@@ -316,7 +321,7 @@ class FrameAssembler:
             elif v in f.scores:
                 out[v] = "no_features"
             else:
-                out[v] = "late" if self.is_expected(v) else "offline"
+                out[v] = "late" if v in self._expected else "offline"
         return out
 
     def knows(self, frame: int) -> bool:

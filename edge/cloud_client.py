@@ -1,14 +1,16 @@
 """The edge's client of the cloud tier: the Open Inference Protocol v2 over one keep-alive HTTP
 connection (:class:`~ddnn.plumbing.http.KeepAliveConnection`).
 
-``POST {cloud}/v2/models/{name}-cloud/versions/{v}/infer`` with the edge features in the binary
-tensor extension; the answer holds ``scores`` (B, C) (and ``entropy`` (B,) when asked for). The
-features go packed in the bundle's edge codec (``edge_features_packed``: 1 bit per value for
-binary features, 32× fewer bytes than FP32) when the cloud's metadata for that version
-advertises it, else as FP32: negotiated once per version, and a cloud that refuses packed
-features (400) gets FP32 from then on. One keep-alive connection, a timeout, an optional bearer
-token, and a circuit breaker: after a failure the edge stops calling for a backoff that doubles
-up to ``retry.maximum``, then tries again by itself.
+``POST {cloud}/v2/models/{name}-cloud[-packed]/versions/{v}/infer`` with the edge features in the
+binary tensor extension; the answer holds ``scores`` (B, C) (and ``entropy`` (B,) when asked
+for). The features go packed in the bundle's edge codec to ``{name}-cloud-packed``
+(``edge_features_packed``: 1 bit per value for binary features, 32× fewer bytes than FP32) when
+the cloud serves that model for the version with the edge's codec, else as FP32 to
+``{name}-cloud``: negotiated once per version from the packed model's metadata, and a cloud that
+refuses packed features (400, or 404: the model went away) gets FP32 from then on. One
+keep-alive connection, a timeout, an optional bearer token, and a circuit breaker: after a
+failure the edge stops calling for a backoff that doubles up to ``retry.maximum``, then tries
+again by itself.
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ CLOUD_RETRY = RetryPolicy(initial=0.25, maximum=5.0)
 # would add a User-Agent and Accept-Encoding: identity, which is the default anyway).
 _LEAN = {"User-Agent": SKIP_HEADER, "Accept-Encoding": SKIP_HEADER}
 _MAX_VERSIONS = 64  # negotiations remembered; a bound, versions come and go slowly
+# A negotiation that found no packed model (404): remembered only once FP32 is answered, since
+# the version itself may be the one missing (an update under way).
+_ABSENT = object()
 
 
 class CloudError(DdnnError):
@@ -90,13 +95,15 @@ class CloudClient:
         self.up = True
         self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
 
-    def path(self, version: str | None = None, route: str = "/infer") -> str:
-        """The infer route (or another of the model's); pinned to ``version`` so features meet
-        the cloud segment they were made for (during an update the cloud's default may already
-        be the next version)."""
+    def path(self, version: str | None = None, route: str = "/infer", *, packed: bool = False
+             ) -> str:
+        """The infer route (or another of the model's, or of its packed twin); pinned to
+        ``version`` so features meet the cloud segment they were made for (during an update the
+        cloud's default may already be the next version)."""
+        prefix = f"{self._prefix}-packed" if packed else self._prefix
         if version is None:
-            return f"{self._prefix}{route}"
-        return f"{self._prefix}/versions/{urllib.parse.quote(version, safe='')}{route}"
+            return f"{prefix}{route}"
+        return f"{prefix}/versions/{urllib.parse.quote(version, safe='')}{route}"
 
     def available(self) -> bool:
         """False while the circuit is open (the last call failed and the backoff runs)."""
@@ -123,9 +130,15 @@ class CloudClient:
 
     def _post(self, version: str | None, name: str, x: np.ndarray, outputs: list[str]
               ) -> tuple[int, bytes, dict[str, str]]:
-        body, headers = oip.encode_request({name: x}, outputs=outputs)
-        del headers["Content-Type"]  # the v2 header-length header says it all; bytes on the WAN
-        return self._request("POST", self.path(version), body, headers)
+        packed = name == oip.EDGE_FEATURES_PACKED
+        if packed and len(x) == 1:
+            # A lone frame to the packed model (one input): a raw binary request, no JSON at
+            # all; its answer holds every output, binary. Bytes on the WAN.
+            body, headers = oip.encode_raw_request(x)
+        else:
+            body, headers = oip.encode_request({name: x}, outputs=outputs)
+            del headers["Content-Type"]  # the v2 header-length header says it all
+        return self._request("POST", self.path(version, packed=packed), body, headers)
 
     def infer(self, features: np.ndarray, version: str | None = None, *, entropy: bool = True
               ) -> tuple[np.ndarray, np.ndarray | None]:
@@ -151,43 +164,52 @@ class CloudClient:
                 self._failed(e)
                 raise CloudError(str(e)) from None
             self._succeeded()
-        return np.asarray(scores, np.float32), out.get("entropy")
+        return np.asarray(scores, np.float32), out.get("entropy") if entropy else None
 
     def _send(self, x: np.ndarray, version: str | None, outputs: list[str]
               ) -> tuple[int, bytes, dict[str, str]]:
-        """Post ``x`` packed where negotiated (FP32 again after a 400), else as FP32."""
+        """Post ``x`` packed where negotiated (FP32 again after a 400 or 404), else as FP32."""
         packing = self._negotiate(version)
-        rows = packing.pack(x) if packing is not None else None
+        rows = packing.pack(x) if isinstance(packing, _Packing) else None
         if rows is not None:
             answer = self._post(version, oip.EDGE_FEATURES_PACKED, rows, outputs)
-            if answer[0] != 400:
+            if answer[0] not in (400, 404):
                 return answer
-            log.warning("cloud refused packed features for %s version %s (%s); sending FP32 "
-                        "to this version from now on", self.model, version, answer[1][:200])
-            self._packing[version] = None
-        return self._post(version, oip.EDGE_FEATURES, x, outputs)
+            log.warning("cloud refused packed features for %s version %s (%s, %s); sending FP32 "
+                        "to this version from now on", self.model, version, answer[0],
+                        answer[1][:200])
+            self._remember(version, None)
+        answer = self._post(version, oip.EDGE_FEATURES, x, outputs)
+        if packing is _ABSENT and answer[0] == 200:  # the version is served, unpacked
+            self._remember(version, None)
+        return answer
 
-    def _negotiate(self, version: str | None) -> _Packing | None:
-        """How ``version`` takes packed features, from the cloud's model metadata (asked once
-        per version; an answer other than 200 is not remembered)."""
+    def _negotiate(self, version: str | None) -> _Packing | object | None:
+        """How ``version`` takes packed features, from the metadata of ``{model}-packed`` at
+        that version (asked once per version; :data:`_ABSENT` for a 404, remembered by
+        :meth:`_send` once FP32 is answered; any other answer but 200 is asked again next
+        time)."""
         if self.codec is None:
             return None
         if version in self._packing:
             return self._packing[version]
-        status, data, _ = self._request("GET", self.path(version, route=""), None, {})
-        if status == 404 and version is not None:
-            raise UnknownVersion(f"cloud does not serve {self.model} version {version}: "
-                                 f"{data[:200]!r}")
+        status, data, _ = self._request("GET", self.path(version, route="", packed=True), None,
+                                        {})
+        if status == 404:
+            return _ABSENT
         if status != 200:
             return None
         packing = _advertised(data, self.codec)
+        self._remember(version, packing)
+        return packing
+
+    def _remember(self, version: str | None, packing: _Packing | None) -> None:
         if len(self._packing) >= _MAX_VERSIONS:
             self._packing.clear()
         self._packing[version] = packing
         log.info("cloud %s version %s: edge features go %s", self.model, version,
                  f"packed ({self.codec.kind}, {packing.row_bytes} bytes per frame)"
-                 if packing else "as FP32 (the cloud does not advertise packed features)")
-        return packing
+                 if packing else "as FP32 (the cloud serves no packed model for this codec)")
 
     def ready(self) -> bool:
         """``GET /v2/health/ready`` answered 200."""
@@ -218,19 +240,17 @@ class CloudClient:
 
 
 def _advertised(metadata: bytes, codec: FeatureCodec) -> _Packing | None:
-    """The packed input of a model's metadata, if it takes ``codec``."""
+    """The packed model's one input, from its metadata, if it takes ``codec``."""
     try:
-        inputs = json.loads(metadata)["inputs"]
-        meta = next((t for t in inputs if t.get("name") == oip.EDGE_FEATURES_PACKED), None)
-        if meta is None:
-            return None
+        (meta,) = json.loads(metadata)["inputs"]
         params = meta.get("parameters") or {}
         batch, *dims = params["unpacked_shape"]
         sample = tuple(int(d) for d in dims)
         row_bytes = codec.payload_size(sample)
     except (ValueError, KeyError, TypeError, AttributeError, CodecError):
         return None  # metadata this client cannot read: FP32 is always understood
-    if (meta.get("datatype") != "UINT8" or params.get("codec") != codec.kind
-            or batch != -1 or meta.get("shape") != [-1, row_bytes]):
+    if (meta.get("name") != oip.EDGE_FEATURES_PACKED or meta.get("datatype") != "UINT8"
+            or params.get("codec") != codec.kind or batch != -1
+            or meta.get("shape") != [-1, row_bytes]):
         return None
     return _Packing(codec, sample, row_bytes)

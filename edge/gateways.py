@@ -15,7 +15,8 @@ from collections.abc import Callable, Mapping
 from ddnn.batch import unpack_batch
 from ddnn.edge.ingest import Ingest
 from ddnn.envelope import DecodeError
-from ddnn.plumbing.mqtt import status_fields
+from ddnn.plumbing.throttle import LogThrottle
+from ddnn.status import status_fields
 from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class GatewayIngest:
         self.ingest, self.topics = ingest, topics
         self.gateways = {g: tuple(ds) for g, ds in gateways.items()}
         self._on_drop = on_drop
-        self._warned: set[str] = set()
+        self._warned = LogThrottle(max_keys=100)  # one line per distinct refusal
 
     def handles(self, topic: str) -> bool:
         return self.topics.parse_gateway(topic) is not None
@@ -82,6 +83,5 @@ class GatewayIngest:
 
     def _refuse(self, reason: str, detail: str) -> None:
         self._on_drop(reason, None, None)
-        if detail not in self._warned and len(self._warned) < 100:
-            self._warned.add(detail)
+        if self._warned(detail):
             log.warning("dropped a gateway message (%s): %s", reason, detail)

@@ -9,7 +9,7 @@ Not ready (503, with a JSON list of reasons) while:
   seconds while the broker is connected (deadlines are frozen while it is away, by design);
 * every device is offline: its retained status says so (the last will), or, once the edge has
   run for ``--health-grace``, it never said anything;
-* a thread of the edge has ended.
+* a thread of the edge has ended (the service's lifecycle lists them: ``/livez``).
 
 Ready again by itself once the cause is gone. A small thread samples the worker's progress
 every :data:`SAMPLE` seconds, so a stall is measured, not guessed from one look.
@@ -25,9 +25,10 @@ import threading
 import time
 from collections.abc import Callable
 
-from ddnn.edge.aggregator import EdgeAggregator
+from ddnn.edge.aggregator import EdgeAggregator, EdgeSnapshot
 from ddnn.edge.settings import EdgeSettings
 from ddnn.plumbing.health import Check
+from ddnn.plumbing.lifecycle import Worker
 from ddnn.plumbing.mqtt import MqttClient
 from ddnn.plumbing.probation import Look
 
@@ -35,29 +36,33 @@ SAMPLE = 0.25  # seconds between two samples of the worker's progress
 
 
 class EdgeHealth:
-    """Watches one edge; ``updater`` returns its bundle updater (None before start)."""
+    """Watches one edge through its read-only :meth:`EdgeAggregator.snapshot` (and its
+    metrics); ``updater`` returns its bundle updater (None without one)."""
 
     def __init__(self, agg: EdgeAggregator, settings: EdgeSettings, mqtt: MqttClient | None,
-                 updater: Callable[[], object] = lambda: None):
+                 updater: Callable[[], object] = lambda: None,
+                 liveness: Callable[[], Check] = Check):
         self.agg, self.settings, self.mqtt = agg, settings, mqtt
         self._updater = updater
+        self.liveness = liveness  # the service's lifecycle says which threads run
         self.started = time.monotonic()
-        self._answered = agg.answered
+        self._answered = agg.snapshot().answered
         self._progress_at = self.started  # last sample with progress, or nothing pending
         self._done = threading.Event()
-        self._thread = threading.Thread(target=self._sample_loop, name="edge-health",
-                                        daemon=True)
+        self._sampler = Worker("edge-health", self._sample_loop, stop=self._done.set, join=2)
 
     # --- sampling --------------------------------------------------------------------------
 
     def start(self) -> EdgeHealth:
         self.started = self._progress_at = time.monotonic()
-        self._thread.start()
+        self._sampler.start()
         return self
 
     def stop(self) -> None:
-        self._done.set()
-        self._thread.join(timeout=2)
+        self._sampler.stop()
+
+    def alive(self) -> bool:
+        return self._sampler.alive()
 
     def _sample_loop(self) -> None:
         while not self._done.wait(SAMPLE):
@@ -66,17 +71,17 @@ class EdgeHealth:
     def sample(self, now: float | None = None) -> None:
         """One look at the worker: progress is an answer, or nothing left to answer."""
         now = time.monotonic() if now is None else now
-        answered = self.agg.answered
-        if answered != self._answered or len(self.agg.assembler) == 0 or not self._connected():
+        snap = self.agg.snapshot()
+        if snap.answered != self._answered or snap.pending == 0 or not self._connected():
             self._progress_at = now
-        self._answered = answered
+        self._answered = snap.answered
 
     def _connected(self) -> bool:
         return self.mqtt is None or self.mqtt.connected.is_set()
 
     def stalled_for(self) -> float:
         """Seconds frames have been pending without an answer (0 when none pend)."""
-        if len(self.agg.assembler) == 0:
+        if self.agg.snapshot().pending == 0:
             return 0.0
         return time.monotonic() - self._progress_at
 
@@ -86,36 +91,16 @@ class EdgeHealth:
         """Each device's last status: online, offline, or unknown (never said)."""
         gauge = self.agg.metrics.devices_online
         states = {}
-        for d in self.agg.devices:
+        for d in self.agg.snapshot().devices:
             v = gauge.get(device=d)
             states[d] = "unknown" if v is None else ("online" if v else "offline")
         return states
 
-    def _threads(self) -> dict[str, bool]:
-        threads = {t.name: t.is_alive() for t in getattr(self.agg, "_threads", ())}
-        if self._thread.ident is not None:  # started (a monitor never started is not dead)
-            threads["edge-health"] = self._thread.is_alive()
-        if self.mqtt is not None and self.mqtt.refused is None:
-            threads["mqtt"] = self.mqtt.alive()
-        updater = self._updater()
-        if updater is not None:
-            threads["bundle-updater"] = updater.alive()  # type: ignore[attr-defined]
-        return threads
-
-    def liveness(self) -> Check:
-        return Check([f"the {name} thread is not running"
-                      for name, alive in self._threads().items() if not alive])
-
     def readiness(self) -> Check:
-        s, agg, now = self.settings, self.agg, time.monotonic()
+        s, now = self.settings, time.monotonic()
         states = self.device_states() if self.mqtt is not None else {}
-        check = Check(details={
-            "results": agg.answered, "pending_frames": len(agg.assembler),
-            "cloud_up": bool(agg.cloud and agg.cloud.up),
-            "broker_connected": self._connected(), "devices": states})
-        late = getattr(agg, "late_devices", None)
-        if late is not None:
-            check.details["late_devices"] = late()
+        check = snapshot_check(self.agg.snapshot())
+        check.details.update(broker_connected=self._connected(), devices=states)
         updater = self._updater()
         if updater is not None:
             check.details["bundle"] = updater.status()  # type: ignore[attr-defined]
@@ -137,7 +122,7 @@ class EdgeHealth:
         """Why the worker counts as stalled, or None."""
         stalled, s = self.stalled_for(), self.settings
         if stalled > s.stall_after and self._connected():
-            return (f"worker stalled: {len(self.agg.assembler)} frames pending and none "
+            return (f"worker stalled: {self.agg.snapshot().pending} frames pending and none "
                     f"answered for {stalled:.0f} s (more than --stall-after {s.stall_after:g} s)")
         return None
 
@@ -163,7 +148,7 @@ class EdgeVersionProbe:
 
     def _counts(self) -> tuple[float, float, float]:
         agg = self.health.agg
-        return (agg.answered, agg.metrics.dropped.value(reason="processing_failed"),
+        return (agg.snapshot().answered, agg.metrics.dropped.value(reason="processing_failed"),
                 agg.metrics.cloud.value(outcome="unknown_version"))
 
     def begin(self) -> None:
@@ -179,7 +164,8 @@ class EdgeVersionProbe:
                             '(ddnn_edge_dropped_total{reason="processing_failed"})')
         if refused:
             problems.append(f"the cloud does not serve version "
-                            f"{self.health.agg.manifest.version} ({refused:.0f} calls answered "
+                            f"{self.health.agg.snapshot().manifest.version} ({refused:.0f} "
+                            "calls answered "
                             "404)")
         stall = self.health.stall_reason()
         if stall is not None:
@@ -187,14 +173,15 @@ class EdgeVersionProbe:
         return Look(worked=answered > 0, problems=tuple(problems))
 
 
+def snapshot_check(snap: EdgeSnapshot) -> Check:
+    """The numbers every health answer shows (no reasons)."""
+    return Check(details={"results": snap.answered, "pending_frames": snap.pending,
+                          "cloud_up": snap.cloud_up, "late_devices": list(snap.late_devices)})
+
+
 def health_check(agg: EdgeAggregator, health: EdgeHealth | None, path: str) -> Check:
     """What ``GET path`` (/healthz, /readyz or /livez) answers; without a monitor (an HTTP
     server made on its own, in tests) the edge counts as able to serve."""
     if health is not None:
         return health.liveness() if path == "/livez" else health.readiness()
-    check = Check(details={"results": agg.answered, "pending_frames": len(agg.assembler),
-                           "cloud_up": bool(agg.cloud and agg.cloud.up)})
-    late = getattr(agg, "late_devices", None)
-    if late is not None:
-        check.details["late_devices"] = late()
-    return check
+    return snapshot_check(agg.snapshot())

@@ -5,7 +5,7 @@ results, for tools without MQTT), ``POST /v1/ingest`` (one message envelope, wha
 publishes over MQTT) and ``POST /v1/results`` (a one-view device's own local-exit result).
 Standard library only: a threading server in a background thread.
 
-The POST routes take a bearer token (:mod:`edge.credentials`): with per-device tokens, a
+The POST routes take a bearer token (:mod:`ddnn.edge.credentials`): with per-device tokens, a
 device's token posts only that device's envelopes and results (``403`` otherwise), as the
 broker's ACL lets a device publish only on its own topics. A multi-view bundle's devices never
 post results: the edge answers their frames. At most ``max_connections`` connections are open,
@@ -20,16 +20,17 @@ import json
 import logging
 import socket
 import threading
-import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from ddnn import envelope as env
-from ddnn.edge.aggregator import EdgeAggregator
+from ddnn.edge import status_page
+from ddnn.edge.aggregator import EdgeAggregator, EdgeSnapshot
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
-from ddnn.edge.health import health_check
+from ddnn.edge.health import EdgeHealth, health_check
 from ddnn.envelope import DecodeError
 from ddnn.plumbing.metrics import CONTENT_TYPE
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, ResultError
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ class Forbidden(Exception):
     """A request whose token may not post what it carries (``403``)."""
 
 
-def check_device_result(body: bytes, agg: EdgeAggregator, sender: str = ANY_DEVICE) -> Result:
+def check_device_result(body: bytes, agg: EdgeSnapshot, sender: str = ANY_DEVICE) -> Result:
     """A one-view device's posted result, checked (a ResultError says what is off, Forbidden
     that ``sender`` may not post it).
 
@@ -110,8 +111,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._open: set[socket.socket] = set()
         self._waiting: dict[socket.socket, None] = {}  # insertion order: longest waiting first
-        self._busy_logged = -BUSY_LOG_EVERY  # when a refusal was last logged
-        self._busy_unlogged = 0
+        self._busy_log = LogThrottle(period=BUSY_LOG_EVERY)  # a flood: a line per period
         super().__init__(address, handler)
 
     @property
@@ -156,13 +156,9 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def _refuse(self, request: socket.socket, client_address) -> None:
         self.metrics.refused.inc(reason="busy")
-        self._busy_unlogged += 1
-        now = time.monotonic()
-        if now >= self._busy_logged + BUSY_LOG_EVERY:  # a flood gives a line per period
+        if refused := self._busy_log():
             log.warning("refused %d connection(s) (the last from %s): %d connections open, "
-                        "all busy", self._busy_unlogged, client_address[0],
-                        self.max_connections)
-            self._busy_logged, self._busy_unlogged = now, 0
+                        "all busy", refused, client_address[0], self.max_connections)
         try:
             request.settimeout(1.0)  # a fresh socket's send buffer is empty: this never waits
             request.sendall(_BUSY_RESPONSE)
@@ -207,33 +203,40 @@ class EdgeHttpServer:
 
     def __init__(self, aggregator: EdgeAggregator, host: str = "127.0.0.1", port: int = 0,
                  token: str | None = None, *, tokens: dict[str, str] | None = None,
-                 max_connections: int = MAX_CONNECTIONS):
+                 max_connections: int = MAX_CONNECTIONS, health: EdgeHealth | None = None):
         credentials = HttpCredentials(token, tokens)
-        handler = _make_handler(aggregator, credentials)
+        handler = _make_handler(aggregator, credentials, health)
         self.metrics = HttpMetrics(aggregator.metrics.registry)
         self.server = BoundedHTTPServer((host, port), handler, max_connections, self.metrics)
         self.port = self.server.server_address[1]
         self.host = host
-        self._thread = threading.Thread(target=self.server.serve_forever, name="edge-http",
-                                        daemon=True)
+        self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def start(self) -> EdgeHttpServer:
+        self._thread = threading.Thread(target=self.server.serve_forever, name="edge-http",
+                                        daemon=True)
         self._thread.start()
         log.info("edge HTTP on %s (/metrics, /healthz, /v1/ingest, /v1/results)", self.url)
         return self
 
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
-        self.server.shutdown()
+        if self._thread is not None:
+            self.server.shutdown()
+            self._thread.join(timeout=5)
         self.server.server_close()
-        self._thread.join(timeout=5)
 
 
-def _make_handler(agg: EdgeAggregator, credentials: HttpCredentials) -> type[EdgeHandler]:
-    return type("Handler", (EdgeHandler,), {"agg": agg, "credentials": credentials})
+def _make_handler(agg: EdgeAggregator, credentials: HttpCredentials,
+                  health: EdgeHealth | None) -> type[EdgeHandler]:
+    return type("Handler", (EdgeHandler,), {"agg": agg, "credentials": credentials,
+                                            "health": health})
 
 
 class EdgeHandler(BaseHTTPRequestHandler):
@@ -241,6 +244,7 @@ class EdgeHandler(BaseHTTPRequestHandler):
 
     agg: EdgeAggregator
     credentials: HttpCredentials = HttpCredentials()  # who may post, as which device
+    health: EdgeHealth | None = None  # without one (a server made alone) the edge counts as able
     server: BoundedHTTPServer
     protocol_version = "HTTP/1.1"  # keep-alive for devices posting every frame
     disable_nagle_algorithm = True  # headers and body are two writes: no 40 ms stalls
@@ -297,8 +301,14 @@ class EdgeHandler(BaseHTTPRequestHandler):
         if url.path == "/metrics":
             self._send(200, agg.metrics.render().encode(), CONTENT_TYPE)
         elif url.path in ("/healthz", "/readyz", "/livez"):  # edge.health: 503 with reasons
-            check = health_check(agg, getattr(self.server, "health", None), url.path)
+            check = health_check(agg, self.health, url.path)
             self._send(check.status(), check.body())
+        elif url.path in ("/status", "/v1/status"):  # edge.status_page: for an operator
+            data = status_page.status(agg, health_check(agg, self.health, "/readyz"))
+            if url.path == "/status":
+                self._send(200, status_page.render(data), "text/html; charset=utf-8")
+            else:
+                self._json(200, data)
         elif url.path == "/v1/results":
             q = urllib.parse.parse_qs(url.query)
             try:
@@ -353,7 +363,7 @@ class EdgeHandler(BaseHTTPRequestHandler):
             if claimed not in (None, device):
                 self._forbid(f"the token of {device} cannot post a message of {claimed}")
                 return
-        reason = self.agg.ingest.accept(body, device)
+        reason = self.agg.accept(body, device)
         if reason in BAD_REQUEST:
             self._json(400, {"accepted": False, "reason": reason})
         else:  # taken, or valid but not wanted (late, duplicate): nothing to fix
@@ -361,7 +371,7 @@ class EdgeHandler(BaseHTTPRequestHandler):
 
     def _device_result(self, body: bytes, sender: str) -> None:
         try:
-            result = check_device_result(body, self.agg, sender)
+            result = check_device_result(body, self.agg.snapshot(), sender)
         except Forbidden as e:
             self._forbid(str(e))
             return

@@ -1,4 +1,5 @@
-"""Device messages in: decoded, checked, and fed to the :class:`~edge.assembler.FrameAssembler`.
+"""Device messages in: decoded, checked, and fed to the
+:class:`~ddnn.edge.assembler.FrameAssembler`.
 
 A message is taken only when everything about it is right: its size, its envelope, its
 deployment, its model (the one the device's retained status names, for compact messages that
@@ -34,7 +35,8 @@ from ddnn.bundle import Manifest
 from ddnn.codec import FeatureCodec
 from ddnn.edge.assembler import Drop, Frame, FrameAssembler
 from ddnn.envelope import DecodeError, MessageType
-from ddnn.plumbing.mqtt import status_fields
+from ddnn.plumbing.throttle import LogThrottle
+from ddnn.status import status_fields
 from ddnn.topics import Topics
 
 log = logging.getLogger(__name__)
@@ -115,9 +117,9 @@ class Ingest:
         # (reason, device or None, lag in seconds or None) of a dropped message
         self._on_drop = on_drop
         self._on_clock = on_clock  # (device) of a message stamped far from the edge's clock
-        self._skewed: set[str] = set()  # devices whose clock was found off (warned once each)
+        self._skewed = LogThrottle()  # devices whose clock was found off (warned once each)
         self._on_status = on_status  # (device, online) of a status change
-        self._logged: set[str] = set()  # drop reasons already logged once
+        self._logged = LogThrottle()  # drop reasons: one line each
         self._models: dict[str, str] = {}  # device -> model name its status says it runs
         self._previous: tuple[str, str] | None = None  # the version before the last update
         self._announced: tuple[str, str] | None = None  # a version announced for an update
@@ -195,9 +197,10 @@ class Ingest:
         if state == "online" and isinstance(model, str) and model:
             # The model its compact messages are of (they carry only the version).
             self._models[device] = model.rsplit(":", 1)[0]
-        self.assembler.set_online(view, state == "online")
-        if state == "online" and "mode" in info:  # a pushing device is never asked for features
-            self.assembler.set_pushing(view, info["mode"] == "push")
+        online = state == "online"
+        # A pushing device is never asked for features.
+        pushing = info["mode"] == "push" if online and "mode" in info else None
+        self.assembler.set_online(view, online, pushing)
         log.info("device %s (view %d) is %s", device, view, state)
         self._on_status(device, state == "online")
 
@@ -307,8 +310,7 @@ class Ingest:
         if abs(timestamp - wall) <= CLOCK_TOLERANCE:
             return timestamp
         self._on_clock(device)
-        if device not in self._skewed:
-            self._skewed.add(device)
+        if self._skewed(device):
             log.warning("device %s stamps its frames %+.1f s from this edge's clock (more than "
                         "%.0f s): its latencies are measured from arrival; check its NTP",
                         device, timestamp - wall, CLOCK_TOLERANCE)
@@ -330,6 +332,5 @@ class Ingest:
         if reason == "late":
             return  # the aggregator warns once per device, with its lag
         # One line per kind, the counters say the rest; push mode's extra features are normal.
-        if reason not in self._logged and reason != "unneeded":
-            self._logged.add(reason)
+        if reason != "unneeded" and self._logged(reason):
             log.warning("dropped a message (%s): %s; further ones are only counted", reason, detail)

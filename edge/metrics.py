@@ -1,7 +1,8 @@
-"""The edge aggregator's Prometheus metrics (served at ``/metrics`` by :mod:`edge.http`)."""
+"""The edge aggregator's Prometheus metrics (served at ``/metrics`` by :mod:`ddnn.edge.http`)."""
 
 from __future__ import annotations
 
+import collections
 from collections.abc import Callable
 
 from ddnn.plumbing.metrics import Registry
@@ -22,6 +23,9 @@ class EdgeMetrics:
         self.frames = r.counter("ddnn_edge_frames_total",
                                 "Frames answered, by exit tier and whether the answer is degraded",
                                 ("exit", "degraded"))
+        for tier in ("local", "edge", "cloud"):
+            for degraded in ("false", "true"):
+                self.frames.zero(exit=tier, degraded=degraded)
         self.latency = r.histogram("ddnn_edge_latency_seconds",
                                    "Capture to result, by exit tier (needs synchronized clocks)",
                                    ("exit",))
@@ -59,10 +63,32 @@ class EdgeMetrics:
         self.broker_up = r.gauge("ddnn_edge_broker_connected", "1 while connected to the broker")
         self.bundle = r.gauge("ddnn_edge_bundle_info", "1 for the bundle version the edge runs",
                               ("model", "version"))
+        self.thresholds = r.gauge("ddnn_edge_exit_threshold",
+                                  "Normalized-entropy threshold of each early exit in force "
+                                  "(a frame exits where its entropy is under it)", ("exit",))
         self.callback = r.counter("ddnn_edge_results_callback_total",
                                   "Results for the HTTP callback, by outcome", ("outcome",))
         self.bundle_updates = r.counter("ddnn_edge_bundle_updates_total",
                                         "Over-the-air bundle updates, by result", ("result",))
+
+        # Compute times of segments, observed once the frame's result is out (not on its path).
+        self._computed: collections.deque[tuple[str, float]] = collections.deque()
+
+    def received(self, kind: str, messages: int, payload_bytes: int, header_bytes: int) -> None:
+        """Device messages taken by the ingest (its counts, handed over in bulk)."""
+        self.messages.inc(messages, kind=kind)
+        self.bytes.inc(payload_bytes, kind=kind, part="payload")
+        self.bytes.inc(header_bytes, kind=kind, part="header")
+
+    def computed(self, step: str, seconds: float) -> None:
+        """A segment's compute time, for :meth:`observe_computed` (any thread)."""
+        self._computed.append((step, seconds))
+
+    def observe_computed(self) -> None:
+        """Observe the compute times noted since the last call."""
+        while self._computed:  # (a deque: threads append while this one takes)
+            step, seconds = self._computed.popleft()
+            self.segment.observe(seconds, step=step)
 
     def render(self) -> str:
         for hook in self.before_render:  # counts kept in plain integers on the hot path

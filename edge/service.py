@@ -1,7 +1,7 @@
 """A running edge: the aggregator wired to the broker, the cloud, its HTTP server and updates.
 
 :meth:`EdgeService.from_settings` builds everything ``ddnn edge`` runs from
-:class:`~edge.settings.EdgeSettings`; nothing runs until the service is entered (or started)::
+:class:`~ddnn.edge.settings.EdgeSettings`; nothing runs until the service is entered (or started)::
 
     with EdgeService.from_settings(settings) as service:
         service.run_until(stop)
@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import threading
 import time
@@ -24,74 +23,61 @@ from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
 from ddnn.edge.http import EdgeHttpServer
 from ddnn.edge.metrics import EdgeMetrics
-from ddnn.edge.settings import EdgeSettings
+from ddnn.edge.settings import EdgeSettings, view_devices
 from ddnn.edge.sinks import CallbackSink, FileSink, MqttSink, ResultSink
 from ddnn.errors import ConfigError
-from ddnn.plumbing.mqtt import (
-    QOS_FEATURES,
-    QOS_SCORES,
-    QOS_STATUS,
-    BrokerRefusedError,
-    MqttClient,
-    MqttOptions,
-    security_of,
-)
+from ddnn.plumbing.lifecycle import Lifecycle
+from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.ota import BundleUpdater
+from ddnn.plumbing.ota_settings import UpdateHooks
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
-from ddnn.topics import Topics, default_device_ids
+from ddnn.topics import DEVICE_KINDS, GATEWAY_KINDS, Topics, subscription
 
 log = logging.getLogger(__name__)
 
 
 class EdgeService:
     """Owns the aggregator, the bundle updater and the MQTT client (with a broker) and the HTTP
-    server (with an HTTP port). Entering starts the aggregator, the updater, the HTTP server
-    and the MQTT client, in that order; leaving stops them in reverse, once the frames under
-    way are answered."""
+    server (with an HTTP port). Entering starts the parts of :attr:`lifecycle` in order — the
+    aggregator, the health sampler, the updater, the HTTP server and the MQTT client; leaving
+    stops them in reverse, once the frames under way are answered. ``/livez`` lists them."""
 
     def __init__(self, settings: EdgeSettings, runtime: BundleRuntime, *,
                  cloud: CloudClient | None = None, sinks: Sequence[ResultSink] = (),
                  max_inflight: int | None = None):
         self.settings = s = settings
         m = runtime.manifest
-        devices = list(s.devices) or default_device_ids(m.views)
-        if len(devices) != m.views:
-            raise ConfigError(f"--devices must name {m.views} distinct ids, one per view")
+        devices = view_devices(s.devices, m.views)
         strangers = [d for _, ds in s.gateways for d in ds if d not in devices]
         if strangers:
             raise ConfigError(f"--gateways names devices that are not this edge's: {strangers}")
         topics = Topics(s.deployment, s.topic_prefix)
         self.metrics = EdgeMetrics()
         self.mqtt = self._mqtt_client(topics, runtime, max_inflight) if s.broker else None
-        out: list[ResultSink] = []
-        if self.mqtt is not None:
-            out.append(MqttSink(self.mqtt.publish, topics.results))
-        if s.results_out is not None:
-            out.append(FileSink(s.results_out))
-        if s.results_url is not None:
-            out.append(CallbackSink(ResultsCallback(s.results_url, self.metrics.callback,
-                                                    token=s.results_token)))
         self.aggregator = EdgeAggregator(
             runtime, s, topics, devices=devices, metrics=self.metrics, cloud=cloud,
-            sinks=[*out, *sinks],
+            sinks=[*self._sinks(topics), *sinks],
             publish=self.mqtt.publish if self.mqtt else None,
             connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
         self.gateways = GatewayIngest(
             self.aggregator.ingest, topics, dict(s.gateways),
             on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason))
+        self.lifecycle = Lifecycle()  # its parts are added below, once made
+        # /healthz, /readyz, /livez (edge.health), served by the HTTP server.
+        self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater,
+                                 liveness=self.lifecycle.liveness)
         self.http: EdgeHttpServer | None = None
-        if s.http_port is not None:
+        if s.http.port is not None:
             tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
-            self.http = EdgeHttpServer(self.aggregator, s.http_host, s.http_port, s.http_token,
-                                       tokens=tokens, max_connections=s.http_max_connections)
-        self.updater: BundleUpdater | None = None  # made on start: it runs a thread
-        # /healthz, /readyz, /livez (edge.health); the HTTP handlers find it on their server.
-        self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater)
-        if self.http is not None:
-            self.http.server.health = self.health  # type: ignore[attr-defined]
+            self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port, s.http_token,
+                                       tokens=tokens, max_connections=s.http_max_connections,
+                                       health=self.health)
+        # Updates are announced over MQTT.
+        self.updater = self._updater() if self.mqtt is not None else None
         self._refused = threading.Event()
-        self._running: contextlib.ExitStack | None = None
+        self._started = False
+        self._add_parts()
 
     @classmethod
     def from_settings(cls, settings: EdgeSettings, *, runtime: BundleRuntime | None = None,
@@ -99,7 +85,7 @@ class EdgeService:
                       max_inflight: int | None = None) -> EdgeService:
         """Everything ``ddnn edge`` runs, built (not started) from ``settings``.
 
-        ``sinks``: more places for every result (:class:`~edge.sinks.ResultSink`), after those
+        ``sinks``: more places for every result (:class:`~ddnn.edge.sinks.ResultSink`), after those
         the settings configure. ``runtime``: run this bundle runtime instead of loading
         ``settings.bundle``; with ``cloud_retry`` (the cloud client's backoff) and
         ``max_inflight`` (unacknowledged MQTT messages) for tests and benchmarks.
@@ -108,27 +94,50 @@ class EdgeService:
             bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
             runtime = BundleRuntime(bundle, threads=settings.threads)
         cloud = None
-        if settings.cloud:
-            cloud = CloudClient(settings.cloud, f"{runtime.manifest.name}-cloud",
-                                token=settings.cloud_token, timeout=settings.cloud_timeout,
-                                retry=cloud_retry, ca_file=settings.cloud_ca_file,
-                                cert_file=settings.cloud_cert_file,
-                                key_file=settings.cloud_key_file,
+        link = settings.cloud_link
+        if link.url:
+            cloud = CloudClient(link.url, f"{runtime.manifest.name}-cloud", token=link.token,
+                                timeout=link.timeout, retry=cloud_retry, ca_file=link.ca_file,
+                                cert_file=link.cert_file, key_file=link.key_file,
                                 codec=runtime.manifest.codec["edge_features"])
         return cls(settings, runtime, cloud=cloud, sinks=sinks, max_inflight=max_inflight)
+
+    def _sinks(self, topics: Topics) -> list[ResultSink]:
+        """The result sinks the settings configure: MQTT, a file, an application's URL."""
+        s, out = self.settings, []
+        if self.mqtt is not None:
+            out.append(MqttSink(self.mqtt.publish, topics.results))
+        if s.results_out is not None:
+            out.append(FileSink(s.results_out))
+        if s.results_url is not None:
+            out.append(CallbackSink(ResultsCallback(s.results_url, self.metrics.callback,
+                                                    token=s.results_token)))
+        return out
+
+    def _add_parts(self) -> None:
+        parts = self.lifecycle
+        parts.add("aggregator", self.aggregator.lifecycle)
+        parts.add("edge-health", self.health)
+        if self.updater is not None:
+            parts.add("bundle-updater", self.updater)
+        if self.http is not None:
+            parts.add("edge-http", self.http)
+        if self.mqtt is not None:
+            mqtt = self.mqtt
+            # (a refusal for good ends paho's thread by design: health says so, not /livez)
+            parts.add("mqtt", mqtt, stop=self._stop_mqtt,
+                      alive=lambda: mqtt.refused is not None or mqtt.alive())
 
     def _mqtt_client(self, topics: Topics, runtime: BundleRuntime,
                      max_inflight: int | None) -> MqttClient:
         s = self.settings
         options = MqttOptions(
-            keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=security_of(s),
+            keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=s.security,
             persistent=True,  # the broker keeps device messages while the edge restarts
-            subscriptions=[(topics.all_devices("scores"), QOS_SCORES),
-                           (topics.all_devices("features"), QOS_FEATURES),
-                           (topics.all_devices("status"), QOS_STATUS),
-                           (topics.bundle, 1)]
-            + [(topics.gateway(g, kind), 1) for g, _ in s.gateways
-               for kind in ("messages", "status")])
+            subscriptions=[subscription(topics.all_devices(k), k) for k in DEVICE_KINDS]
+            + [subscription(topics.bundle, "bundle")]
+            + [subscription(topics.gateway(g, k), k) for g, _ in s.gateways
+               for k in GATEWAY_KINDS])
         if max_inflight is not None:
             options.max_inflight = max_inflight
         return MqttClient(
@@ -157,60 +166,40 @@ class EdgeService:
     # --- over-the-air bundle updates ------------------------------------------------------------
 
     def _updater(self) -> BundleUpdater:
-        s, agg = self.settings, self.aggregator
+        s, agg, m = self.settings, self.aggregator, self.metrics
 
         def apply(bundle) -> None:
             agg.swap(BundleRuntime(bundle, threads=s.threads))
 
-        def done(ok: bool) -> None:
-            self.metrics.bundle_updates.inc(result="applied" if ok else "refused")
-
-        # The target of an update survives restarts (BundleUpdater): one announced before
-        # this process started is announced to the ingest again here, before MQTT connects.
-        return BundleUpdater(agg.runtime.bundle, apply, cloud=s.cloud, token=s.cloud_token,
-                             ca_file=s.cloud_ca_file, cert_file=s.cloud_cert_file,
-                             key_file=s.cloud_key_file, public_key=s.bundle_key, on_result=done,
-                             tag=s.edge_id, allow_unsigned=s.ota_allow_unsigned,
-                             allow_downgrade=s.ota_allow_downgrade,
-                             retry=RetryPolicy(min(1.0, s.ota_retry_max), s.ota_retry_max),
-                             on_retry=lambda ann, why: self.metrics.bundle_updates.inc(
-                                 result="retry"),
-                             on_announce=lambda ann: agg.ingest.announce((ann.name,
-                                                                          ann.version)),
-                             # messages of a refused version are another model's again
-                             on_refused=lambda ann: agg.ingest.withdraw((ann.name,
-                                                                         ann.version)),
-                             # failing its health check on probation rolls a version back
-                             probation=s.ota_probation, probe=EdgeVersionProbe(self.health),
-                             on_rollback=lambda ref, why: self.metrics.bundle_updates.inc(
-                                 result="rolled_back"))
+        hooks = UpdateHooks(
+            apply=apply,
+            on_result=lambda ok: m.bundle_updates.inc(result="applied" if ok else "refused"),
+            on_retry=lambda ann, why: m.bundle_updates.inc(result="retry"),
+            # The target of an update survives restarts (BundleUpdater): one announced before
+            # this process started is announced to the ingest again here, before MQTT connects.
+            on_announce=lambda ann: agg.ingest.announce((ann.name, ann.version)),
+            # messages of a refused version are another model's again
+            on_refused=lambda ann: agg.ingest.withdraw((ann.name, ann.version)),
+            # failing its health check on probation rolls a version back
+            on_rollback=lambda ref, why: m.bundle_updates.inc(result="rolled_back"))
+        return BundleUpdater(agg.runtime.bundle, hooks, policy=s.updates,
+                             source=s.cloud_link.update_source(), public_key=s.bundle_key,
+                             tag=s.edge_id, probe=EdgeVersionProbe(self.health))
 
     # --- lifecycle ------------------------------------------------------------------------------
 
     def start(self) -> EdgeService:
-        """Start the aggregator, the updater, the HTTP server and the MQTT client, in order."""
+        """Start the aggregator, the health sampler, the updater, the HTTP server and the MQTT
+        client, in order (a part that fails to start stops those before it)."""
         agg, s = self.aggregator, self.settings
         log.info("edge config: bundle %s, devices %s, thresholds %s; settings %s",
                  agg.runtime.bundle.ref, ",".join(agg.devices),
                  dict(agg.pipeline.policy.thresholds), s.describe())
-        with contextlib.ExitStack() as stack:  # a part that fails to start stops the others
-            agg.start()
-            stack.callback(agg.stop)
-            self.health.start()
-            stack.callback(self.health.stop)
-            if self.mqtt is not None:
-                self.updater = self._updater()
-                stack.callback(self.updater.stop)
-            if self.http is not None:
-                self.http.start()
-                stack.callback(self.http.stop)
-            if self.mqtt is not None:
-                self.mqtt.start()
-                stack.callback(self._stop_mqtt)
-            self._running = stack.pop_all()
+        self.lifecycle.start()
+        self._started = True
         if agg.cloud is not None and not agg.cloud.ready():
             log.warning("cloud %s is not ready yet; frames past the edge exit are degraded "
-                        "until it is", s.cloud)
+                        "until it is", s.cloud_link.url)
         return self
 
     def _stop_mqtt(self) -> None:
@@ -223,10 +212,10 @@ class EdgeService:
 
     def stop(self) -> None:
         """Stop what :meth:`start` started, in reverse order."""
-        if self._running is None:
+        if not self._started:
             return
-        self._running.close()
-        self._running = None
+        self._started = False
+        self.lifecycle.stop()
         m = self.metrics
         log.info("edge %s done: %d results (local %d, edge %d, cloud %d, degraded %d)",
                  self.settings.edge_id, self.aggregator.answered,

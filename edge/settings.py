@@ -2,15 +2,23 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.errors import ConfigError
 from ddnn.exits import check_threshold
 from ddnn.names import check_name
-from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl
-from ddnn.plumbing.options import Option, describe, id_list, path
-from ddnn.plumbing.ota import UPDATE_OPTIONS
+from ddnn.plumbing.health import MonitorHttp
+from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity
+from ddnn.plumbing.options import Option, bind, describe, grouped, id_list, path
+from ddnn.plumbing.ota_settings import (
+    BUNDLE_KEY_OPTION,
+    UPDATE_OPTIONS,
+    UpdatePolicy,
+    UpdateSource,
+)
+from ddnn.topics import default_device_ids
 
 ENV_PREFIX = "DDNN_EDGE_"
 
@@ -32,33 +40,60 @@ def gateway_map(value: str) -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple(out)
 
 
+def view_devices(devices: Sequence[str], views: int) -> list[str]:
+    """The device of each view: ``devices`` (``--devices``), or ``cam0`` … ``cam{V-1}`` when
+    none are given; refused unless it names one distinct id per view of the bundle."""
+    ids = list(devices) or default_device_ids(views)
+    if len(ids) != views or len(set(ids)) != len(ids):
+        raise ConfigError(f"--devices must name {views} distinct ids, one per view")
+    return ids
+
+
+@dataclass(frozen=True, kw_only=True)
+class CloudLink:
+    """How the edge reaches the cloud (``--cloud*``): for inference, and as the one origin of
+    over-the-air bundles."""
+
+    url: str | None = None  # cloud base URL; None: frames past the edge exit are degraded
+    token: str | None = None
+    ca_file: str | None = None  # CA of the cloud's HTTPS certificate; None: system CAs
+    cert_file: str | None = None  # this edge's client certificate for a mutual-TLS cloud
+    key_file: str | None = None  # its private key (default: inside cert_file)
+    timeout: float = 2.0  # seconds before a cloud call counts as failed
+    batch: int = 32  # frames per cloud call at most
+
+    def __post_init__(self) -> None:
+        if not self.timeout > 0:
+            raise ConfigError(f"cloud_timeout must be positive, got {self.timeout}")
+        if self.batch < 1:
+            raise ConfigError(f"cloud_batch must be at least 1, got {self.batch}")
+        if self.token is not None and not self.token.strip():
+            raise ConfigError("cloud_token must not be empty")
+
+    def update_source(self) -> UpdateSource:
+        """Bundles come from the cloud only, with its token and TLS (none without a cloud)."""
+        if self.url is None:
+            return UpdateSource()
+        return UpdateSource(origin=self.url, token=self.token, ca_file=self.ca_file,
+                            cert_file=self.cert_file, key_file=self.key_file)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EdgeSettings:
     """Everything ``ddnn edge`` can be told; every field is a flag and an environment variable.
 
     Checks that need the bundle (one device id per view) are made when the service is built.
+    Option groups (``security``, ``updates``, ``cloud_link``, ``http``) keep their flat names
+    as flags and variables, and in code too (:func:`ddnn.plumbing.options.bind`:
+    ``EdgeSettings(cloud_timeout=5)``).
     """
 
     bundle: Path  # the bundle directory (from ddnn train); required
     broker: str | None = None  # MQTT broker URL; None: devices post over HTTP only
-    # MQTT TLS and credentials (ddnn.plumbing.mqtt.SECURITY_OPTIONS)
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    username: str | None = None
-    password: str | None = None
+    security: MqttSecurity = MqttSecurity()  # MQTT TLS and credentials
     bundle_key: Path | None = None  # Ed25519 public key (PEM): refuse bundles it did not sign
-    ota_allow_unsigned: bool = False  # apply unsigned over-the-air bundles (explicit opt-out)
-    ota_allow_downgrade: bool = False  # apply an over-the-air version not newer than the running
-    ota_retry_max: float = 60.0  # longest wait between fetches of an announced version
-    ota_probation: float = 60.0  # seconds an applied version may be rolled back in; 0: never
-    cloud: str | None = None  # cloud base URL; None: frames past the edge exit are degraded
-    cloud_token: str | None = None
-    cloud_ca_file: str | None = None  # CA of the cloud's HTTPS certificate; None: system CAs
-    cloud_cert_file: str | None = None  # this edge's client certificate for a mutual-TLS cloud
-    cloud_key_file: str | None = None  # its private key (default: inside cloud_cert_file)
-    cloud_timeout: float = 2.0  # seconds before a cloud call counts as failed
-    cloud_batch: int = 32  # frames per cloud call at most
+    updates: UpdatePolicy = UpdatePolicy(probation=60.0)  # which over-the-air versions apply
+    cloud_link: CloudLink = CloudLink()  # the cloud, and the origin of over-the-air bundles
     deployment: str = "default"
     edge_id: str = "edge0"
     topic_prefix: str = "ddnn"
@@ -70,8 +105,7 @@ class EdgeSettings:
     suspect_after: int = 3  # missed deadlines in a row before a silent device is not waited for
     local_threshold: float | None = None  # overrides of the bundle's exit thresholds
     edge_threshold: float | None = None
-    http_host: str = "127.0.0.1"  # loopback by default: exposing the edge is a deliberate choice
-    http_port: int | None = None  # None: no HTTP server
+    http: MonitorHttp = MonitorHttp()  # the HTTP server (/metrics, /healthz, /v1/ingest)
     http_token: str | None = None  # one bearer token of the POST routes, for every device
     http_tokens: Path | None = None  # file of per-device tokens (edge.credentials)
     http_max_connections: int = 64  # open HTTP connections at most (one thread each)
@@ -87,7 +121,7 @@ class EdgeSettings:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "devices", tuple(self.devices))
-        if not self.broker and self.http_port is None:
+        if not self.broker and self.http.port is None:
             raise ConfigError("give --broker, or --http-port for devices posting over HTTP")
         if self.broker:
             BrokerUrl.parse(self.broker)
@@ -102,15 +136,13 @@ class EdgeSettings:
         behind = [d for _, ds in self.gateways for d in ds]
         if len(set(behind)) != len(behind):
             raise ConfigError("--gateways puts a device behind two gateways")
-        for name in ("cloud_timeout", "deadline_ms", "feature_deadline_ms", "max_wait_ms"):
+        for name in ("deadline_ms", "feature_deadline_ms", "max_wait_ms"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be positive, got {getattr(self, name)}")
-        if not self.ota_retry_max > 0:
-            raise ConfigError(f"ota_retry_max must be positive, got {self.ota_retry_max}")
-        for name in ("health_grace", "stall_after", "ota_probation"):
+        for name in ("health_grace", "stall_after"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name} must not be negative, got {getattr(self, name)}")
-        for name in ("cloud_batch", "suspect_after", "keepalive", "reconnect_max", "threads"):
+        for name in ("suspect_after", "keepalive", "reconnect_max", "threads"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.http_max_connections < 1:
@@ -119,16 +151,14 @@ class EdgeSettings:
         if self.http_token is not None and self.http_tokens is not None:
             raise ConfigError("give --http-token or --http-tokens, not both: the shared token "
                               "would speak for every device the per-device tokens separate")
-        if self.http_tokens is not None and self.http_port is None:
+        if self.http_tokens is not None and self.http.port is None:
             raise ConfigError("--http-tokens needs --http-port (the tokens guard its POST routes)")
         if self.expect_frames is not None and self.expect_frames < 1:
             raise ConfigError(f"expect_frames must be at least 1, got {self.expect_frames}")
-        if self.http_port is not None and not 0 <= self.http_port <= 65535:
-            raise ConfigError(f"http_port must be in 0..65535, got {self.http_port}")
         for tier in ("local", "edge"):
             if getattr(self, f"{tier}_threshold") is not None:
                 check_threshold(tier, getattr(self, f"{tier}_threshold"))
-        for name in ("cloud_token", "http_token", "results_token"):
+        for name in ("http_token", "results_token"):
             if getattr(self, name) is not None and not getattr(self, name).strip():
                 raise ConfigError(f"{name} must not be empty")
 
@@ -160,21 +190,28 @@ OPTIONS = (
     Option("bundle", path, "DIR", "bundle directory (from ddnn train)"),
     Option("broker", str, "URL", "MQTT broker URL mqtt://[user:pass@]host:port (mqtts:// for "
                                  "TLS); without it only HTTP ingest is served"),
-    *SECURITY_OPTIONS,
-    *UPDATE_OPTIONS,
-    Option("cloud", str, "URL", "cloud service base URL, http://host:port; without it frames "
-                                "past the edge exit are answered by the edge, degraded"),
-    Option("cloud-token", str, "TOKEN", "bearer token for the cloud", secret=True),
-    Option("cloud-ca-file", str, "FILE", "CA certificate (PEM) the cloud's HTTPS certificate "
-                                         "must chain to (default: the system's CAs)"),
-    Option("cloud-cert-file", str, "FILE",
-           "client certificate (PEM) this edge presents to a cloud that requires one "
-           "(mutual TLS: ddnn cloud --ssl-ca-certs)"),
-    Option("cloud-key-file", str, "FILE", "private key (PEM) of --cloud-cert-file"),
-    Option("cloud-timeout", float, "SECONDS",
-           "seconds to wait for a cloud answer before answering degraded"),
-    Option("cloud-batch", int, "N",
-           "frames per cloud call at most (frames waiting together are batched)"),
+    *grouped("security", SECURITY_OPTIONS),
+    BUNDLE_KEY_OPTION,
+    *grouped("updates", UPDATE_OPTIONS),
+    *grouped("cloud_link", (
+        Option("cloud", str, "URL", "cloud service base URL, http://host:port; without it "
+                                    "frames past the edge exit are answered by the edge, "
+                                    "degraded", key="url"),
+        Option("cloud-token", str, "TOKEN", "bearer token for the cloud", secret=True,
+               key="token"),
+        Option("cloud-ca-file", str, "FILE", "CA certificate (PEM) the cloud's HTTPS "
+                                             "certificate must chain to (default: the system's "
+                                             "CAs)", key="ca_file"),
+        Option("cloud-cert-file", str, "FILE",
+               "client certificate (PEM) this edge presents to a cloud that requires one "
+               "(mutual TLS: ddnn cloud --ssl-ca-certs)", key="cert_file"),
+        Option("cloud-key-file", str, "FILE", "private key (PEM) of --cloud-cert-file",
+               key="key_file"),
+        Option("cloud-timeout", float, "SECONDS",
+               "seconds to wait for a cloud answer before answering degraded", key="timeout"),
+        Option("cloud-batch", int, "N",
+               "frames per cloud call at most (frames waiting together are batched)",
+               key="batch"))),
     Option("deployment", str, "NAME", "deployment name (topic level)"),
     Option("edge-id", str, "ID", "this edge's id (its requests topic)"),
     Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
@@ -195,9 +232,11 @@ OPTIONS = (
            "deadlines a silent device may miss in a row before frames stop waiting for it"),
     Option("local-threshold", float, "T", "override the bundle's local exit threshold (0..1)"),
     Option("edge-threshold", float, "T", "override the bundle's edge exit threshold (0..1)"),
-    Option("http-host", str, "ADDR", "address of the HTTP server"),
-    Option("http-port", int, "PORT",
-           "port of the HTTP server (/metrics, /healthz, /v1/ingest); unset: no HTTP server"),
+    *grouped("http", (
+        Option("http-host", str, "ADDR", "address of the HTTP server", key="host"),
+        Option("http-port", int, "PORT",
+               "port of the HTTP server (/metrics, /healthz, /v1/ingest); unset: no HTTP "
+               "server", key="port"))),
     Option("http-token", str, "TOKEN",
            "one bearer token for POST /v1/ingest and /v1/results, shared by every device: "
            "whoever holds it may post as any device (use --http-tokens to separate them)",
@@ -227,3 +266,4 @@ OPTIONS = (
            "GET /healthz answers 503 when frames are pending and none was answered this long "
            "(the worker is stalled)"),
 )
+bind(EdgeSettings, OPTIONS)

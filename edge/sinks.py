@@ -15,8 +15,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ddnn.edge.callback import ResultsCallback
-from ddnn.plumbing.mqtt import QOS_RESULTS
 from ddnn.result import Result
+from ddnn.topics import DELIVERY
 
 
 class ResultSink:
@@ -39,7 +39,7 @@ class MqttSink(ResultSink):
         self._publish, self.topic = publish, topic
 
     def publish(self, result: Result) -> None:
-        self._publish(self.topic, result.to_json(), QOS_RESULTS)
+        self._publish(self.topic, result.to_json(), DELIVERY["results"].qos)
 
 
 class FileSink(ResultSink):
@@ -58,7 +58,8 @@ class FileSink(ResultSink):
 
 
 class CallbackSink(ResultSink):
-    """POSTs each result to an application's URL from a bounded queue (:mod:`edge.callback`)."""
+    """POSTs each result to an application's URL from a bounded queue
+    (:mod:`ddnn.edge.callback`)."""
 
     def __init__(self, callback: ResultsCallback):
         self.callback = callback

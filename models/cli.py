@@ -42,7 +42,21 @@ def _register_synth(data_sub, formatter) -> None:
         help="partial views: each camera ZOOM times closer, aimed at a random point of the "
         "object, so it sees only part of it (1: the whole object)",
     )
+    _register_field_options(s)
     s.set_defaults(func=_synth)
+
+
+def _register_field_options(s) -> None:
+    """Field conditions: a drifted domain, and a non-IID split into one file per site."""
+    s.add_argument("--drift", default="", metavar="KINDS",
+                   help="a drifted domain, comma-separated: remount (cameras higher and "
+                   "closer), lighting (warm, dim light), rotation (cameras a quarter turn "
+                   "round), or all")
+    s.add_argument("--sites", type=int, default=0, metavar="K",
+                   help="write K files OUT-0.npz ... OUT-(K-1).npz, one per site, instead of OUT")
+    s.add_argument("--non-iid", type=float, default=1.0, metavar="ALPHA",
+                   help="with --sites: Dirichlet concentration of each class over the sites "
+                   "(small: each site sees few classes)")
 
 
 def _register_train(sub, formatter) -> None:
@@ -214,13 +228,23 @@ def _register_training_extras(t, d) -> None:
 
 
 def _synth(args) -> int:
-    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
+    from ddnn.models.synth import (
+        SceneConfig,
+        apply_drift,
+        drifted_config,
+        save_dataset,
+        synthesize,
+    )
 
     cfg = SceneConfig(
         views=args.views, classes=args.classes, size=args.size, world_seed=args.world_seed,
         zoom=args.zoom,
     )
-    data = synthesize(args.samples, cfg, seed=args.seed)
+    drifts = _drifts(args.drift)
+    cfg = drifted_config(cfg, drifts)
+    data = apply_drift(synthesize(args.samples, cfg, seed=args.seed), drifts)
+    if args.sites:
+        return _write_sites(args, data)
     save_dataset(args.out, data)
     present = (data["y"] >= 0).sum(1).mean()
     print(
@@ -228,6 +252,36 @@ def _synth(args) -> int:
         f"{args.size}, {args.classes} classes, {present:.2f} views present per sample",
         file=sys.stderr,
     )
+    return 0
+
+
+def _drifts(text: str) -> tuple[str, ...]:
+    from ddnn.errors import ConfigError
+    from ddnn.models.synth import DRIFTS
+
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    kinds = DRIFTS if kinds == ("all",) else kinds
+    if set(kinds) - set(DRIFTS):
+        raise ConfigError(f"--drift takes {', '.join(DRIFTS)} or all, got {text!r}")
+    return kinds
+
+
+def _write_sites(args, data) -> int:
+    from pathlib import Path
+
+    import numpy as np
+
+    from ddnn.errors import ConfigError
+    from ddnn.models.synth import save_dataset, split_sites
+
+    if args.sites < 1 or args.non_iid <= 0:
+        raise ConfigError("--sites must be >= 1 and --non-iid > 0")
+    out = Path(args.out)
+    for i, part in enumerate(split_sites(data, args.sites, args.non_iid, args.seed)):
+        path = out.with_name(f"{out.stem}-{i}{out.suffix or '.npz'}")
+        save_dataset(path, part)
+        counts = np.bincount(part["label"], minlength=args.classes).tolist()
+        print(f"wrote {path}: {len(part['label'])} samples, per class {counts}", file=sys.stderr)
     return 0
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import colorsys
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -297,3 +297,70 @@ def _occlude(rng: np.random.Generator, img: np.ndarray, prob: float) -> None:
     sub = img[idx]
     sub[:] = np.where(mask[:, None], fill[idx, :, None, None], sub)
     img[idx] = sub
+
+
+# --- Field conditions: a drifted domain and a split into sites (``ddnn data synth --drift``,
+# ``--sites``), for federated fine-tuning's tests and benchmark ------------------------------
+
+DRIFTS = ("remount", "lighting", "rotation")
+
+
+def drifted_config(config: SceneConfig, drifts: tuple[str, ...]) -> SceneConfig:
+    """The scene settings of the drifted domain: ``remount`` puts the cameras higher, looking
+    down on the objects, and closer (other elevations and scales than the training data)."""
+    _check_drifts(drifts)
+    if "remount" not in drifts:
+        return config
+    return replace(config, max_elevation=1.1, scale_range=(1.1, 1.5))
+
+
+def apply_drift(data: dict[str, np.ndarray], drifts: tuple[str, ...]) -> dict[str, np.ndarray]:
+    """The images as the drifted sites see them: ``lighting`` (coloured lamps: every hue turned
+    by 60 degrees, dimmer, more contrast) and ``rotation`` (cameras mounted a quarter turn
+    round). Absent views stay all zeros; present ones stay in [1/255, 1], as the dataset
+    contract wants."""
+    _check_drifts(drifts)
+    X = data["X"].copy()
+    present = data["y"] >= 0
+    if "lighting" in drifts:
+        X = np.einsum("ij,...jhw->...ihw", _hue_rotation(math.radians(60)), X)
+        X = 0.85 * np.power(np.clip(X, 0.0, 1.0), np.float32(1.3))
+    if "rotation" in drifts:
+        X = np.ascontiguousarray(np.rot90(X, k=1, axes=(-2, -1)))
+    np.clip(X, 1.0 / 255, 1.0, out=X)
+    X[~present] = 0.0
+    return {**data, "X": X.astype(np.float32)}
+
+
+def _hue_rotation(angle: float) -> np.ndarray:
+    """The RGB matrix turning every colour by ``angle`` about the grey axis (greys unchanged)."""
+    axis = np.ones(3) / math.sqrt(3)
+    cross = np.array([[0, -axis[2], axis[1]], [axis[2], 0, -axis[0]], [-axis[1], axis[0], 0]])
+    m = (math.cos(angle) * np.eye(3) + math.sin(angle) * cross
+         + (1 - math.cos(angle)) * np.outer(axis, axis))
+    return m.astype(np.float32)
+
+
+def split_sites(data: dict[str, np.ndarray], sites: int, alpha: float,
+                seed: int = 0) -> list[dict[str, np.ndarray]]:
+    """Deal the samples out to ``sites`` sites, non-IID: each class's samples are shared among
+    the sites in proportions drawn from a symmetric Dirichlet(``alpha``) (small alpha: each
+    site sees few classes; large: every site sees them all alike). Same seed, same split."""
+    if sites < 1 or alpha <= 0:
+        raise ValueError("sites must be >= 1 and alpha > 0")
+    rng = np.random.default_rng([seed, 0x517E5])
+    owner = np.empty(len(data["label"]), dtype=np.int64)
+    for c in np.unique(data["label"]):
+        idx = rng.permutation(np.flatnonzero(data["label"] == c))
+        shares = rng.dirichlet(np.full(sites, alpha))
+        cuts = np.round(np.cumsum(shares)[:-1] * len(idx)).astype(int)
+        for site, part in enumerate(np.split(idx, cuts)):
+            owner[part] = site
+    return [{k: (v[owner == s] if k != "classes" else v) for k, v in data.items()}
+            for s in range(sites)]
+
+
+def _check_drifts(drifts: tuple[str, ...]) -> None:
+    unknown = sorted(set(drifts) - set(DRIFTS))
+    if unknown:
+        raise ValueError(f"unknown drift {unknown}: choose from {DRIFTS}")

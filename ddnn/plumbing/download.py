@@ -233,22 +233,7 @@ def fetch_bundle(url: str, staging: Path, *, token: str | None = None, timeout: 
                          ssl_context=context)
     part = staging.with_name(staging.name + ".part")
     try:
-        try:
-            raw = download.fetch(f"{url}/{MANIFEST}", MAX_MANIFEST)
-        except NotServed as e:  # not loaded yet (put in the repository after the announcement)
-            raise Unreachable(f"{e}: the version is not served (yet)") from None
-        sig = download.fetch(f"{url}/{SIGNATURE}", MAX_SIGNATURE, optional=True)
-        assert raw is not None
-        if public_key is not None:
-            from ddnn.signing import verify_manifest_bytes
-
-            verify_manifest_bytes(raw, sig, public_key, url)
-        try:
-            manifest = Manifest.from_dict(json.loads(raw.decode("utf-8")))
-        except (UnicodeDecodeError, ValueError) as e:
-            if isinstance(e, BundleError):
-                raise
-            raise BundleError(f"{url}/{MANIFEST}: not a JSON manifest ({e})") from None
+        raw, sig, manifest = _verified_manifest(download, url, public_key)
         if check is not None:
             check(manifest)
         shutil.rmtree(part, ignore_errors=True)
@@ -269,6 +254,29 @@ def fetch_bundle(url: str, staging: Path, *, token: str | None = None, timeout: 
         shutil.rmtree(part, ignore_errors=True)
         shutil.rmtree(staging, ignore_errors=True)
         raise
+
+
+def _verified_manifest(download: _Download, url: str, public_key: str | Path | None
+                       ) -> tuple[bytes, bytes | None, Manifest]:
+    """The manifest's bytes, its signature's (None: unsigned) and the manifest, verified with
+    ``public_key`` when there is one, before anything it names is fetched."""
+    try:
+        raw = download.fetch(f"{url}/{MANIFEST}", MAX_MANIFEST)
+    except NotServed as e:  # not loaded yet (put in the repository after the announcement)
+        raise Unreachable(f"{e}: the version is not served (yet)") from None
+    sig = download.fetch(f"{url}/{SIGNATURE}", MAX_SIGNATURE, optional=True)
+    assert raw is not None
+    if public_key is not None:
+        from ddnn.signing import verify_manifest_bytes
+
+        verify_manifest_bytes(raw, sig, public_key, url)
+    try:
+        manifest = Manifest.from_dict(json.loads(raw.decode("utf-8")))
+    except (UnicodeDecodeError, ValueError) as e:
+        if isinstance(e, BundleError):
+            raise
+        raise BundleError(f"{url}/{MANIFEST}: not a JSON manifest ({e})") from None
+    return raw, sig, manifest
 
 
 def _fetch_file(download: _Download, url: str, dest: Path, sha256: str,

@@ -22,9 +22,24 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
+from ddnn.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 16  # of the monitoring server: Prometheus, a supervisor, an operator
+
+
+@dataclass(frozen=True, kw_only=True)
+class MonitorHttp:
+    """Where a tier's own HTTP server listens (``--http-host``, ``--http-port``): /metrics,
+    /healthz, /livez. No port, no server; port 0: any free one."""
+
+    host: str = "127.0.0.1"  # loopback by default: exposing a tier is a deliberate choice
+    port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.port is not None and not 0 <= self.port <= 65535:
+            raise ConfigError(f"http_port must be in 0..65535, got {self.port}")
 
 
 @dataclass

@@ -51,6 +51,11 @@ class Counter(_Metric):
     def inc(self, amount: float = 1.0, **labels: str) -> None:
         self._series(labels).inc(amount)
 
+    def zero(self, **labels: str) -> None:
+        """Export the series at 0 before its first count, so that Prometheus's rate() and
+        increase() count that first count too (a series first seen at N counts from N)."""
+        self._series(labels)
+
     def value(self, **labels: str) -> float:
         return self._read("_total", labels)
 

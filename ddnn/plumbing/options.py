@@ -5,6 +5,14 @@ field defaults are the defaults. :func:`add_options` turns the table into argpar
 text names the variable and the default); :func:`settings_from` resolves flag over
 ``DDNN_<TIER>_<NAME>`` over default into the settings object, which validates itself;
 :func:`markdown_table` renders the table for the docs, which a test keeps in step.
+
+**Option groups.** Options that travel together (MQTT security, over-the-air updates, the
+cloud link, the monitoring HTTP server) are a frozen dataclass of their own, validated on its
+own and handed whole to the part that uses it. A tier nests the group in one field of its
+settings; its rows (:func:`grouped`) keep their flat names, so flags, variables, help and docs
+are what they were: ``--cloud-timeout`` and ``DDNN_EDGE_CLOUD_TIMEOUT`` fill
+``EdgeSettings.cloud_link.timeout``. :func:`bind` lets code build and read settings by the
+flat names too (``EdgeSettings(cloud_timeout=5).cloud_timeout``).
 """
 
 from __future__ import annotations
@@ -53,17 +61,37 @@ class Option:
     secret: bool = False  # never shown: not in help defaults, masked in the start-up log
     choices: tuple[str, ...] | None = None
     group: str | None = None  # mutually exclusive group (e.g. the frame sources)
+    # In an option group: the settings field holding the group (set by grouped()), and the
+    # group's own field this row fills (default: the flat name).
+    within: str | None = None
+    key: str | None = None
+
+    @property
+    def dest(self) -> str:
+        """The flat name: argparse's attribute, the variable's suffix, the start-up log's key."""
+        return self.name.replace("-", "_")
 
     @property
     def field(self) -> str:
-        return self.name.replace("-", "_")
+        """The settings field this row fills (the group's field, for a row of a group)."""
+        return self.within or self.dest
+
+    @property
+    def attr(self) -> str:
+        """The field of its group this row fills (its own field, outside a group)."""
+        return self.key or self.dest
 
     def env(self, prefix: str) -> str:
-        return prefix + self.field.upper()
+        return prefix + self.dest.upper()
 
 
-def _default(settings_cls: type, option: Option) -> Any:
-    f = settings_cls.__dataclass_fields__[option.field]
+def grouped(field: str, rows: Iterable[Option]) -> tuple[Option, ...]:
+    """The rows of an option group whose dataclass a tier holds in its settings ``field``."""
+    return tuple(dataclasses.replace(o, within=field) for o in rows)
+
+
+def _field_default(cls: type, name: str) -> Any:
+    f = cls.__dataclass_fields__[name]
     if f.default is not dataclasses.MISSING:
         return f.default
     if f.default_factory is not dataclasses.MISSING:
@@ -71,9 +99,57 @@ def _default(settings_cls: type, option: Option) -> Any:
     return None  # required: no default
 
 
+def _default(settings_cls: type, option: Option) -> Any:
+    value = _field_default(settings_cls, option.field)
+    return getattr(value, option.attr) if option.within else value
+
+
 def _required(settings_cls: type, option: Option) -> bool:
+    if option.within:
+        return False  # a group has a default, and so has each of its fields
     f = settings_cls.__dataclass_fields__[option.field]
     return f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+
+
+def nest(settings_cls: type, options: Iterable[Option], values: Mapping[str, Any]
+         ) -> dict[str, Any]:
+    """``values`` by field, the flat names of grouped rows gathered into their groups (each
+    validated as it is made, over the group the settings have by default or were given)."""
+    rows = {o.dest: o for o in options if o.within}
+    out, groups = {}, {}
+    for name, value in values.items():
+        row = rows.get(name)
+        if row is None:
+            out[name] = value
+        else:
+            groups.setdefault(row.within, {})[row.attr] = value
+    for field, changes in groups.items():
+        base = out.get(field)
+        if base is None:
+            base = _field_default(settings_cls, field)
+        out[field] = dataclasses.replace(base, **changes)
+    return out
+
+
+def bind(settings_cls: type, options: Iterable[Option]) -> None:
+    """Let ``settings_cls`` be built with, and read by, the flat names of its grouped options
+    too, as code built and read it before its options were grouped."""
+    options = tuple(options)
+    rows = {o.dest: o for o in options if o.within}
+    init = settings_cls.__init__
+
+    def __init__(self, **values: Any) -> None:
+        init(self, **nest(settings_cls, options, values))
+
+    def __getattr__(self, name: str) -> Any:
+        row = rows.get(name)
+        if row is None:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        return getattr(getattr(self, row.within), row.attr)
+
+    __init__.__doc__ = init.__doc__
+    settings_cls.__init__ = __init__
+    settings_cls.__getattr__ = __getattr__
 
 
 def _shown(value: Any) -> str:
@@ -102,8 +178,8 @@ def add_options(parser: argparse.ArgumentParser, options: Iterable[Option], sett
         text = f"{o.help} (env {o.env(prefix)}; {need}default: {default})".replace("%", "%%")
         # A boolean flag given alone means true: `--follow` is `--follow true`.
         alone = {"nargs": "?", "const": "true"} if o.parse is boolean else {}
-        target.add_argument(f"--{o.name}", default=argparse.SUPPRESS, metavar=o.metavar,
-                            choices=o.choices, help=text, **alone)
+        target.add_argument(f"--{o.name}", dest=o.dest, default=argparse.SUPPRESS,
+                            metavar=o.metavar, choices=o.choices, help=text, **alone)
 
 
 def settings_from(args: argparse.Namespace | None, options: Iterable[Option], settings_cls: type,
@@ -114,12 +190,12 @@ def settings_from(args: argparse.Namespace | None, options: Iterable[Option], se
     """
     environ = os.environ if environ is None else environ
     options = tuple(options)
-    given = {o.field: getattr(args, o.field, None) if args is not None else None for o in options}
+    given = {o.dest: getattr(args, o.dest, None) if args is not None else None for o in options}
     # A flag of a mutually exclusive group overrides the variables of the whole group.
-    flagged = {o.group for o in options if o.group and given[o.field] is not None}
+    flagged = {o.group for o in options if o.group and given[o.dest] is not None}
     values: dict[str, Any] = {}
     for o in options:
-        raw, source = given[o.field], f"--{o.name}"
+        raw, source = given[o.dest], f"--{o.name}"
         if raw is None and o.group in flagged:
             continue
         if raw is None:
@@ -129,32 +205,45 @@ def settings_from(args: argparse.Namespace | None, options: Iterable[Option], se
         if o.choices and raw not in o.choices:
             raise ConfigError(f"{source}: {raw!r} is not one of {', '.join(o.choices)}")
         try:
-            values[o.field] = o.parse(raw)
+            values[o.dest] = o.parse(raw)
         except (ValueError, TypeError, ConfigError) as e:
             shown = "***" if o.secret else repr(raw)
             raise ConfigError(f"{source}: invalid value {shown} ({e})") from None
     values.update(fixed)
-    missing = [o for o in options if _required(settings_cls, o) and o.field not in values]
+    missing = [o for o in options if _required(settings_cls, o) and o.dest not in values]
     if missing:
         o = missing[0]
         raise ConfigError(f"--{o.name} (or {o.env(prefix)}) is required")
-    return settings_cls(**values)
+    return settings_cls(**nest(settings_cls, options, values))
 
 
 def describe(settings: Any, options: Iterable[Option]) -> dict[str, Any]:
-    """The resolved settings for the start-up log: secrets masked, paths as text."""
-    secret = {o.field for o in options if o.secret}
+    """The resolved settings for the start-up log, by flat name: secrets masked, paths as
+    text, credentials left out of URLs."""
+    options = tuple(options)
+    rows_of: dict[str, list[Option]] = {}
+    for o in options:
+        if o.within:
+            rows_of.setdefault(o.within, []).append(o)
     out = {}
     for f in dataclasses.fields(settings):
         v = getattr(settings, f.name)
-        if f.name in secret and v is not None:
-            v = "***"
-        elif isinstance(v, Path):
-            v = str(v)
-        elif isinstance(v, str) and "@" in v:
-            v = _without_credentials(v)
-        out[f.name] = v
+        if f.name not in rows_of:
+            out[f.name] = _shown_in_log(v, f.name in {o.dest for o in options if o.secret})
+            continue
+        for o in rows_of[f.name]:
+            out[o.dest] = _shown_in_log(getattr(v, o.attr), o.secret)
     return out
+
+
+def _shown_in_log(v: Any, secret: bool) -> Any:
+    if secret and v is not None:
+        return "***"
+    if isinstance(v, Path):
+        return str(v)
+    if isinstance(v, str) and "@" in v:
+        return _without_credentials(v)
+    return v
 
 
 def _without_credentials(url: str) -> str:

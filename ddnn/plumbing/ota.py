@@ -32,82 +32,29 @@ if it fails its health check (:mod:`ddnn.plumbing.probation`).
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
-from ddnn.bundle import Bundle, Manifest, check_name
+from ddnn.bundle import Bundle, Manifest
 from ddnn.errors import BundleError, ConfigError, DdnnError
+from ddnn.plumbing.announcement import Announcement, TargetFile, bundle_url
 from ddnn.plumbing.download import Origin, Unreachable, fetch_bundle
-from ddnn.plumbing.options import Option, boolean, path
-from ddnn.plumbing.probation import UpdateGuard, VersionProbe, write_json
+from ddnn.plumbing.ota_settings import (
+    ANNOUNCED_URL,
+    NO_PROBATION,
+    UpdateHooks,
+    UpdatePolicy,
+    UpdateSource,
+)
+from ddnn.plumbing.probation import UpdateGuard, VersionProbe
 from ddnn.plumbing.retry import RetryPolicy
+from ddnn.plumbing.throttle import LogThrottle
 from ddnn.versions import is_newer, parse_version
 
 log = logging.getLogger(__name__)
-
-# Fetching an announced version again while the cloud cannot serve it: 1 s doubling to 60 s.
-OTA_RETRY = RetryPolicy(initial=1.0, maximum=60.0)
-
-
-# The over-the-air rows of the device's and the edge's options tables; their settings classes
-# have fields of these names.
-UPDATE_OPTIONS = (
-    Option("bundle-key", path, "PUBKEY",
-           "Ed25519 public key (PEM): refuse a bundle that is unsigned or not signed by it"),
-    Option("ota-allow-unsigned", boolean, "BOOL",
-           "apply over-the-air bundles that carry no signature by --bundle-key (unsafe: anyone "
-           "who can publish on the bundle topic and serve files picks the model)"),
-    Option("ota-allow-downgrade", boolean, "BOOL",
-           "apply an over-the-air bundle whose version is not newer than the running one"),
-    Option("ota-retry-max", float, "SECONDS",
-           "longest wait in seconds between attempts to fetch an announced bundle the cloud "
-           "cannot serve yet (exponential backoff from 1 s; the target survives restarts)"),
-    Option("ota-probation", float, "SECONDS",
-           "probation of an applied over-the-air bundle: failing its health check for a quarter "
-           "of it rolls the previous bundle back in, and that version is not applied again "
-           "(0: no probation)"),
-)
-
-@dataclass(frozen=True)
-class Announcement:
-    """A bundle version announced on the bundle topic."""
-
-    name: str
-    version: str
-    url: str | None = None  # where to fetch it; None: the tier's cloud
-
-    @classmethod
-    def parse(cls, payload: bytes) -> Announcement:
-        try:
-            d = json.loads(payload.decode("utf-8"))
-            ann = cls(check_name("model name", d["name"]),
-                      check_name("model version", str(d["version"])), d.get("url"))
-        except (ValueError, KeyError, TypeError, AttributeError) as e:
-            raise BundleError(f"unreadable bundle announcement ({type(e).__name__}: {e})"
-                              ) from None
-        if ann.url is not None:
-            if not isinstance(ann.url, str):
-                raise BundleError(f"bundle URL {ann.url!r} must be a string")
-            Origin.of(ann.url)  # http(s), a host, a valid port, no credentials
-        return ann
-
-    def to_bytes(self) -> bytes:
-        body = {"name": self.name, "version": self.version}
-        if self.url:
-            body["url"] = self.url
-        return json.dumps(body).encode()
-
-
-def bundle_url(cloud: str, name: str, version: str) -> str:
-    """Where the cloud serves a bundle version's files (``cloud/bundles.py``)."""
-    return f"{cloud.rstrip('/')}/v1/bundles/{name}/{version}"
-
 
 def compatible(running: Manifest, new: Manifest) -> None:
     """Raise :class:`BundleError` unless ``new`` can replace ``running`` in a live hierarchy:
@@ -130,129 +77,108 @@ def compatible(running: Manifest, new: Manifest) -> None:
 class BundleUpdater:
     """Follows a tier's bundle topic: fetches, verifies and applies announced versions.
 
-    ``apply(bundle)`` swaps the tier's runtime (and may raise to refuse). Updates run on a
-    thread of their own, one at a time; the MQTT thread only hands the announcement over.
+    ``hooks.apply(bundle)`` swaps the tier's runtime (and may raise to refuse). Updates run on
+    a thread of their own, one at a time; the MQTT thread only hands the announcement over.
 
-    ``cloud``: the tier's cloud; with it, bundles are fetched only from its origin and the
-    ``token`` goes only there (a device: its ``--ota-origin``). Without it, the announced URL is
-    used, with no token.
+    ``source`` (:class:`~ddnn.plumbing.ota_settings.UpdateSource`): with an origin (the tier's
+    cloud, a device's ``--ota-origin``), bundles are fetched only from it and its token goes
+    only there; without one, the announced URL is used, with no token. Its ``ca_file`` is the
+    CA an https origin's certificate chains to (default: the system's CAs), its
+    ``cert_file``/``key_file`` this tier's client certificate, for a cloud that requires one.
     ``public_key``: bundles must be signed by it; without one every announced version is
-    refused unless ``allow_unsigned``. ``allow_downgrade``: accept a version that is not newer
-    than the running one. ``timeout``: seconds for one whole download. ``ca_file``: the CA an
-    https cloud's certificate chains to (default: the system's CAs); ``cert_file``/``key_file``:
-    this tier's client certificate, for a cloud that requires one (mutual TLS).
+    refused unless ``policy.allow_unsigned``. ``policy.allow_downgrade``: accept a version that
+    is not newer than the running one. ``timeout``: seconds for one whole download.
 
     **Persistent and retried**: an accepted announcement is the tier's *target*, written to
     ``{staging_root}/target[-{tag}].json`` until it is applied or refused. A fetch that fails
     because the server cannot serve it now (down, 5xx, a 404 for the manifest, too slow:
-    :class:`~ddnn.plumbing.download.Unreachable`) is retried with ``retry``'s backoff, for as
-    long as it takes; ``on_retry(announcement, why)`` is told each time. A tier that restarts
+    :class:`~ddnn.plumbing.download.Unreachable`) is retried with ``retry``'s backoff (default:
+    from 1 s up to ``policy.retry_max``), for as long as it takes; ``on_retry(announcement,
+    why)`` is told each time. A tier that restarts
     meanwhile finds its target at start, announces it again (``on_announce``: keep taking its
     messages) and keeps retrying. Anything wrong with the bundle itself refuses it for good
     (``on_result(False)``), and the running version keeps serving.
 
-    **On probation** (``probation`` seconds, :class:`~ddnn.plumbing.probation.UpdateGuard`):
+    **On probation** (``policy.probation`` seconds, :class:`~ddnn.plumbing.probation.UpdateGuard`):
     ``probe`` looks at an applied version; one that fails is rolled back (``on_rollback(ref,
     why)``) and never applied again here, after a restart either.
     """
 
-    def __init__(self, running: Bundle, apply: Callable[[Bundle], None], *,
-                 cloud: str | None = None, token: str | None = None,
-                 public_key: str | Path | None = None, staging_root: Path | None = None,
-                 timeout: float = 120.0, on_result: Callable[[bool], None] | None = None,
-                 tag: str = "", on_announce: Callable[[Announcement], None] | None = None,
-                 allow_unsigned: bool = False, allow_downgrade: bool = False,
-                 ca_file: str | Path | None = None, cert_file: str | Path | None = None,
-                 key_file: str | Path | None = None, retry: RetryPolicy = OTA_RETRY,
-                 on_retry: Callable[[Announcement, str], None] | None = None,
-                 on_refused: Callable[[Announcement], None] | None = None,
-                 probation: float = 0.0, probe: VersionProbe | None = None,
-                 on_rollback: Callable[[str, str], None] | None = None):
+    def __init__(self, running: Bundle, hooks: UpdateHooks, *,
+                 policy: UpdatePolicy = NO_PROBATION, source: UpdateSource = ANNOUNCED_URL,
+                 public_key: str | Path | None = None, tag: str = "",
+                 staging_root: Path | None = None, probe: VersionProbe | None = None,
+                 timeout: float = 120.0, retry: RetryPolicy | None = None):
         self.running = running
         self.tag = tag  # in staging names: tiers sharing a bundle directory never collide
-        self._apply = apply
-        self._on_result = on_result  # True: applied, False: refused (for metrics)
-        self._on_announce = on_announce  # a version is coming (before it is fetched)
-        self._on_retry = on_retry  # a fetch failed for now; it is tried again later
-        self._on_refused = on_refused  # this announced version is refused for good
-        self.cloud, self.token, self.public_key, self.timeout = cloud, token, public_key, timeout
-        self.allow_unsigned, self.allow_downgrade, self.ca_file = (allow_unsigned,
-                                                                   allow_downgrade, ca_file)
-        self.cert_file, self.key_file = cert_file, key_file  # for a mutual-TLS cloud
+        self.hooks, self.policy, self.source = hooks, policy, source
+        self.public_key, self.timeout = public_key, timeout
         try:
-            self.origin = Origin.of(cloud) if cloud else None
+            self.origin = Origin.of(source.origin) if source.origin else None
         except BundleError as e:
             raise ConfigError(f"cloud URL for bundle updates: {e}") from None
         self.staging_root = staging_root or running.path.parent / ".ddnn-ota"
-        self.state_path = self.staging_root / (f"target-{tag}.json" if tag else "target.json")
+        self.target = TargetFile(self.staging_root / (f"target-{tag}.json" if tag
+                                                      else "target.json"))
         self.applied = 0
         self.refused = 0
         self.failures = 0  # failed fetches in a row of the current target
         self.last_error: str | None = None
-        if public_key is None and not allow_unsigned:
+        if public_key is None and not policy.allow_unsigned:
             log.warning("no bundle key: over-the-air bundle updates will be refused (configure "
                         "--bundle-key, or allow unsigned updates explicitly)")
         self._lock = threading.Lock()
         self._pending: Announcement | None = None  # the target, until applied or refused
+        if retry is None:  # 1 s doubling up to the policy's longest wait
+            retry = RetryPolicy(min(1.0, policy.retry_max), policy.retry_max)
         self._backoff = retry.backoff()
         self._wake = threading.Event()
         self._done = threading.Event()
         # Probation of what is applied; a version left on probation by a crash is rolled back.
-        self.guard = UpdateGuard(running, apply, root=self.staging_root, tag=tag,
-                                 window=probation, probe=probe, public_key=public_key,
-                                 on_rollback=on_rollback)
+        self.guard = UpdateGuard(running, hooks.apply, root=self.staging_root, tag=tag,
+                                 window=policy.probation, probe=probe, public_key=public_key,
+                                 on_rollback=hooks.on_rollback)
+        self._skipped = LogThrottle()  # rolled-back versions announced again (logged once)
+        # Failed fetches of the target: logged at the first and at each doubling, so an outage
+        # of days stays a few lines.
+        self._fetch_failures_log = LogThrottle(doubling=True)
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> BundleUpdater:
+        """Roll back a version a crash left on probation, start the update thread, and take up
+        the target a previous process left."""
         self.guard.resume()
-        self._skipped: set[str] = set()  # rolled-back versions announced again (logged once)
         self._thread = threading.Thread(target=self._loop, name="bundle-updater", daemon=True)
         self._thread.start()
         self._resume()
+        return self
 
     # --- the persisted target -----------------------------------------------------------------
 
     def _resume(self) -> None:
         """Take up the target a previous process left (announced, not yet applied)."""
-        ann = self._saved()
+        ann = self.target.read()
         m = self.running.manifest
         if ann is None:
             # The version this tier last rolled back is likely still announced, and devices
             # may run it well: its messages are taken from the start, before MQTT connects.
             last = self.guard.rolled_back.last()
             name, _, version = last[0].partition(":") if last else ("", "", "")
-            if name == m.name and is_newer(version, m.version) and self._on_announce:
-                self._on_announce(Announcement(name, version))
+            if name == m.name and is_newer(version, m.version):
+                self.hooks.on_announce(Announcement(name, version))
             return
         if (ann.name, ann.version) == (m.name, m.version) or self._rolled_back(ann):
-            self._forget_target(ann)  # applied, rolled back, or the tier was redeployed with it
+            self.target.forget(ann)  # applied, rolled back, or the tier was redeployed with it
             return
         try:
             self._precheck(ann)
         except DdnnError as e:
             log.warning("dropping the saved update target %s:%s: %s", ann.name, ann.version, e)
-            self._forget_target(ann)
+            self.target.forget(ann)
             return
         log.info("resuming the update to %s:%s (announced before this process started); "
                  "running %s meanwhile", ann.name, ann.version, self.running.ref)
         self._take(ann)
-
-    def _saved(self) -> Announcement | None:
-        try:
-            return Announcement.parse(self.state_path.read_bytes())
-        except FileNotFoundError:
-            return None
-        except (OSError, BundleError) as e:
-            log.warning("ignoring the unreadable update target %s: %s", self.state_path, e)
-            return None
-
-    def _save_target(self, ann: Announcement) -> None:
-        try:
-            write_json(self.state_path, json.loads(ann.to_bytes()))
-        except OSError as e:  # a read-only disk: the update still runs, it is just not saved
-            log.warning("cannot save the update target %s: %s", self.state_path, e)
-
-    def _forget_target(self, ann: Announcement) -> None:
-        saved = self._saved()
-        if saved is not None and (saved.name, saved.version) == (ann.name, ann.version):
-            self.state_path.unlink(missing_ok=True)
 
     # --- announcements --------------------------------------------------------------------------
 
@@ -278,7 +204,7 @@ class BundleUpdater:
         except DdnnError as e:  # refused before anything is fetched or announced to the tier
             self._refuse(ann, str(e))
             return
-        self._save_target(ann)
+        self.target.save(ann)
         self._take(ann)
 
     def _rolled_back(self, ann: Announcement) -> bool:
@@ -288,21 +214,19 @@ class BundleUpdater:
         why = self.guard.rolled_back.why(ref)
         if why is None:
             return False
-        if ref not in self._skipped:
-            self._skipped.add(ref)
+        if self._skipped(ref):
             log.info("not applying %s: rolled back here before (%s); still running %s", ref,
                      why, self.running.ref)
-        if self._on_announce:
-            self._on_announce(ann)
+        self.hooks.on_announce(ann)
         return True
 
     def _take(self, ann: Announcement) -> None:
-        if self._on_announce:
-            self._on_announce(ann)
+        self.hooks.on_announce(ann)
         with self._lock:
             self._pending = ann
             self._backoff.succeeded()  # a new target is tried at once
             self.failures = 0
+            self._fetch_failures_log.forget()
         self._wake.set()
 
     def _loop(self) -> None:
@@ -331,9 +255,9 @@ class BundleUpdater:
     def _url(self, ann: Announcement) -> str:
         if ann.url is not None:
             return ann.url
-        if self.cloud is None:
+        if self.source.origin is None:
             raise ConfigError("the announcement has no url and this tier knows no cloud")
-        return bundle_url(self.cloud, ann.name, ann.version)
+        return bundle_url(self.source.origin, ann.name, ann.version)
 
     def _precheck(self, ann: Announcement) -> str:
         """What can be refused from the announcement alone; returns the URL to fetch."""
@@ -341,7 +265,7 @@ class BundleUpdater:
         if self.origin is not None and Origin.of(url) != self.origin:
             raise BundleError(f"the announced URL {url!r:.200} is not on the cloud's origin "
                               f"{self.origin}; bundles are fetched from the cloud only")
-        if self.public_key is None and not self.allow_unsigned:
+        if self.public_key is None and not self.policy.allow_unsigned:
             raise BundleError("over-the-air bundles must be signed and no bundle key is "
                               "configured (--bundle-key); unsigned updates are refused unless "
                               "allowed explicitly")
@@ -350,7 +274,7 @@ class BundleUpdater:
 
     def _check_version(self, name: str, version: str) -> None:
         running = self.running.manifest
-        if self.allow_downgrade or name != running.name:
+        if self.policy.allow_downgrade or name != running.name:
             return  # another model is refused by compatible()
         if not is_newer(version, running.version):
             ordered = parse_version(version) is not None and \
@@ -387,10 +311,10 @@ class BundleUpdater:
         self.running = bundle
         self.applied += 1
         self.failures = 0
+        self._fetch_failures_log.forget()
         self.last_error = None
-        self._forget_target(ann)
-        if self._on_result:
-            self._on_result(True)
+        self.target.forget(ann)
+        self.hooks.on_result(True)
         return "applied"
 
     def _fetch_and_apply(self, ann: Announcement) -> Bundle:
@@ -408,14 +332,16 @@ class BundleUpdater:
 
         if staging.resolve() == self.running.path.resolve():
             raise BundleError(f"{staging} holds the running bundle")
-        bundle = fetch_bundle(url, staging, token=self.token, timeout=self.timeout,
-                              public_key=self.public_key, allow_unsigned=self.allow_unsigned,
-                              token_origin=self.cloud, ca_file=self.ca_file,
-                              cert_file=self.cert_file, key_file=self.key_file, check=check)
+        src = self.source
+        bundle = fetch_bundle(url, staging, token=src.token, timeout=self.timeout,
+                              public_key=self.public_key,
+                              allow_unsigned=self.policy.allow_unsigned, token_origin=src.origin,
+                              ca_file=src.ca_file, cert_file=src.cert_file,
+                              key_file=src.key_file, check=check)
         try:
             check(bundle.manifest)  # what was loaded from disk, once more
             self.guard.arm(bundle)  # a crash from here on condemns it (probation)
-            self._apply(bundle)
+            self.hooks.apply(bundle)
         except BaseException:
             self.guard.disarm()
             shutil.rmtree(staging, ignore_errors=True)
@@ -425,14 +351,11 @@ class BundleUpdater:
     def _retry_later(self, ann: Announcement, why: str) -> None:
         self.failures += 1
         self.last_error = why
-        # Logged at the first failures and then at each doubling: an outage of days stays
-        # a few lines.
-        if self.failures & (self.failures - 1) == 0:
+        if self._fetch_failures_log():
             log.warning("cannot fetch bundle %s:%s now (%s; %d failed tries); retrying with "
                         "backoff, still running %s", ann.name, ann.version, why, self.failures,
                         self.running.ref)
-        if self._on_retry:
-            self._on_retry(ann, why)
+        self.hooks.on_retry(ann, why)
 
     def _refuse(self, ann: Announcement | None, why: str) -> None:
         self.refused += 1
@@ -440,11 +363,9 @@ class BundleUpdater:
         what = f"{ann.name}:{ann.version}" if ann else "an announcement"
         log.error("refused bundle update %s: %s; still running %s", what, why, self.running.ref)
         if ann is not None:
-            self._forget_target(ann)
-            if self._on_refused:
-                self._on_refused(ann)
-        if self._on_result:
-            self._on_result(False)
+            self.target.forget(ann)
+            self.hooks.on_refused(ann)
+        self.hooks.on_result(False)
 
     # --- state ----------------------------------------------------------------------------------
 
@@ -458,12 +379,13 @@ class BundleUpdater:
                 "applied": self.applied, "refused": self.refused, **self.guard.status()}
 
     def alive(self) -> bool:
-        return self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self, clean: bool = True) -> None:
         """Stop the updater; ``clean=False`` (the tier is failing) leaves a version on
         probation to be rolled back at the next start."""
         self._done.set()
         self._wake.set()
-        self._thread.join(timeout=5)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
         self.guard.stop(clean)

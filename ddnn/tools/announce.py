@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ddnn.bundle import check_name
 from ddnn.errors import ConfigError, DdnnError
-from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity, security_of
-from ddnn.plumbing.options import Option, add_options, describe, settings_from
+from ddnn.plumbing.mqtt import SECURITY_OPTIONS, BrokerUrl, MqttSecurity
+from ddnn.plumbing.options import Option, add_options, bind, describe, grouped, settings_from
 from ddnn.plumbing.ota import Announcement, bundle_url
-from ddnn.topics import Topics
+from ddnn.topics import DELIVERY, Topics, subscription
 
 log = logging.getLogger(__name__)
 
@@ -37,12 +37,7 @@ class AnnounceSettings:
     """Everything ``ddnn announce`` can be told; every field is a flag and a variable."""
 
     broker: str
-    # MQTT TLS and credentials (ddnn.plumbing.mqtt.SECURITY_OPTIONS)
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
+    security: MqttSecurity = MqttSecurity()  # MQTT TLS and credentials (an option group)
     deployment: str = "default"
     topic_prefix: str = "ddnn"
     name: str
@@ -61,10 +56,6 @@ class AnnounceSettings:
         if not self.timeout > 0:
             raise ConfigError(f"timeout must be positive, got {self.timeout}")
 
-    @property
-    def security(self) -> MqttSecurity:
-        return security_of(self)
-
     def announcement(self) -> Announcement:
         url = self.url or (bundle_url(self.cloud, self.name, self.version) if self.cloud
                            else None)
@@ -80,7 +71,7 @@ class AnnounceSettings:
 OPTIONS = (
     Option("broker", str, "URL", "MQTT broker URL mqtt://[user:pass@]host:port (mqtts:// for "
                                  "TLS); a password in it is never logged"),
-    *SECURITY_OPTIONS,
+    *grouped("security", SECURITY_OPTIONS),
     Option("deployment", str, "NAME", "deployment name (topic level)"),
     Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
     Option("name", str, "NAME", "model name of the bundle"),
@@ -93,6 +84,7 @@ OPTIONS = (
            "how long to wait for the broker to connect, acknowledge and hand the retained "
            "announcement back"),
 )
+bind(AnnounceSettings, OPTIONS)
 
 
 def announce(broker: str, deployment: str, ann: Announcement, prefix: str = "ddnn",
@@ -115,14 +107,15 @@ def announce(broker: str, deployment: str, ann: Announcement, prefix: str = "ddn
         if t == topic and p == payload:
             stored.set()
 
-    options = MqttOptions(subscriptions=[(topic, 1)], reconnect_max=5,
+    wire = DELIVERY["bundle"]
+    options = MqttOptions(subscriptions=[subscription(topic, "bundle")], reconnect_max=5,
                           security=security or MqttSecurity())
     client = MqttClient(broker, f"ddnn-announce-{deployment}-{os.getpid()}", options,
                         on_message=on_message).start()
     try:
         if not client.wait_connected(timeout):
             raise MqttError(f"broker {client.url} not reachable in {timeout:g} s")
-        info = client.publish(topic, payload, 1, retain=True)
+        info = client.publish(topic, payload, wire.qos, retain=wire.retain)
         info.wait_for_publish(timeout)
         if not info.is_published():
             raise MqttError(f"broker {client.url} did not acknowledge the announcement in "

@@ -23,7 +23,7 @@ from ddnn.result import json_schema
 DOCS = Path(__file__).resolve().parents[2] / "docs"
 # command -> (module, settings class); the module also holds OPTIONS and ENV_PREFIX
 TIERS = {"device": ("ddnn.device.settings", "DeviceSettings"),
-         "gateway": ("ddnn.device.gateway", "GatewaySettings"),
+         "gateway": ("ddnn.device.gateway.settings", "GatewaySettings"),
          "edge": ("ddnn.edge.settings", "EdgeSettings"),
          "cloud": ("ddnn.cloud.settings", "CloudSettings")}
 

@@ -21,9 +21,8 @@ from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.hierarchy import hierarchy_predictions
 from ddnn.runtime import BundleRuntime
-from tests.e2e.conftest import STREAM
-from tests.e2e.test_faults import Deployment, frames_of
-from tests.e2e.thresholds import mixed_thresholds
+from tests.support.data import STREAM, mixed_thresholds
+from tests.support.processes import Deployment, frames_of
 
 FPS = 20
 

@@ -18,7 +18,8 @@ from ddnn.envelope import DecodeError
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import start_broker
 from ddnn.topics import Topics
-from tests.e2e.conftest import ddnn_process, stop_process, wait_until
+from tests.support.polling import wait_for
+from tests.support.processes import ddnn_process, stop_process
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
@@ -58,7 +59,7 @@ class Frames:
         before = self.probes
         try:
             self.client.publish(self.topic, b"probe", 1).wait_for_publish(2)
-            wait_until(lambda: self.probes > before, 2, "the probe")
+            wait_for(lambda: self.probes > before, 2, "the probe")
         except (AssertionError, RuntimeError):
             return False
         return True
@@ -67,7 +68,7 @@ class Frames:
 def test_a_device_killed_while_the_broker_is_down_loses_no_frame(mosquitto, tiny_bundle,
                                                                  tiny_data, tmp_path):
     listener = Frames(mosquitto.url)
-    wait_until(listener.subscribed, 20, "the listener subscribed")
+    wait_for(listener.subscribed, 20, "the listener subscribed")
     spool = tmp_path / "spool"
     args = ["device", "--bundle", str(tiny_bundle), "--broker", mosquitto.url, "--view", "0",
             "--data", str(tiny_data.test), "--deployment", DEPLOYMENT, "--wait-peers", "0",
@@ -75,12 +76,12 @@ def test_a_device_killed_while_the_broker_is_down_loses_no_frame(mosquitto, tiny
     first = ddnn_process([*args, "--fps", "40"], tmp_path / "device0.log")
     restarted = None
     try:
-        wait_until(lambda: len(listener.frames()) >= 20, 60, "20 frames through", [first])
+        wait_for(lambda: len(listener.frames()) >= 20, 60, "20 frames through", [first])
         # The broker hangs: it takes what the device sends and acknowledges nothing. The
         # device's MQTT client holds those messages in memory only; the spool must keep them.
         os.kill(mosquitto.proc.pid, signal.SIGSTOP)
         log = tmp_path / "device0.log"
-        wait_until(lambda: f"replayed {N} frames" in log.read_text(), 60, "the replay's end",
+        wait_for(lambda: f"replayed {N} frames" in log.read_text(), 60, "the replay's end",
                    [first])
         first.kill()  # SIGKILL: no goodbye, nothing flushed
         first.wait()
@@ -89,12 +90,12 @@ def test_a_device_killed_while_the_broker_is_down_loses_no_frame(mosquitto, tiny
         mosquitto.proc.wait()
         fresh = start_broker(mosquitto.host, mosquitto.port, prefer="mosquitto")
         mosquitto.proc, mosquitto.workdir = fresh.proc, fresh.workdir
-        wait_until(listener.subscribed, 30, "the listener back on the new broker")
+        wait_for(listener.subscribed, 30, "the listener back on the new broker")
         # Started again with the same spool, and no frame of its own to replay.
         restarted = ddnn_process([*args, "--fps", "0", "--start", str(N)],
                                  tmp_path / "device1.log")
         assert restarted.wait(60) == 0, (tmp_path / "device1.log").read_text()
-        wait_until(lambda: listener.frames() >= set(range(N)), 20, "every frame")
+        wait_for(lambda: listener.frames() >= set(range(N)), 20, "every frame")
     finally:
         listener.client.stop()
         stop_process(first)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import collections
 import subprocess
-import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -20,94 +19,26 @@ import pytest
 from ddnn.dataset import load_dataset
 from ddnn.tools.broker import free_port
 from ddnn.tools.evaluate import evaluate
-from tests.e2e.conftest import STREAM, ddnn_process, http_ok, read_results, stop_process, wait_until
-from tests.e2e.test_hierarchy import metric
-from tests.e2e.thresholds import mixed_thresholds
+from tests.support.data import STREAM, mixed_thresholds
+from tests.support.polling import wait_for
+from tests.support.processes import (
+    Deployment,
+    ddnn_process,
+    frames_of,
+    http_ok,
+    metric,
+    stop_process,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
-DEPLOYMENT = "faults"
-
-
-class Deployment:
-    """An edge (restartable) and device processes on one broker; results in one JSON-lines file
-    that every edge process of the test appends to."""
-
-    def __init__(self, tmp: Path, bundle: Path, broker: str, cloud: str, *,
-                 thresholds: dict[str, float], deadline_ms: int = 1000,
-                 feature_deadline_ms: int = 2000, deployment: str = DEPLOYMENT):
-        self.tmp, self.bundle, self.broker = tmp, bundle, broker
-        self.deployment = deployment
-        self.results_path = tmp / "results.jsonl"
-        self.edge_args = [
-            "edge", "--bundle", str(bundle), "--broker", broker, "--cloud", cloud,
-            "--deployment", deployment, "--deadline-ms", str(deadline_ms),
-            "--feature-deadline-ms", str(feature_deadline_ms), "--results-out",
-            str(self.results_path), "--keepalive", "2", "--reconnect-max", "1",
-            "--local-threshold", repr(thresholds["local"]),
-            "--edge-threshold", repr(thresholds["edge"])]
-        self.edges: list[subprocess.Popen] = []
-        self.devices: list[subprocess.Popen] = []
-        self.http = ""
-
-    @property
-    def edge(self) -> subprocess.Popen:
-        return self.edges[-1]
-
-    def start_edge(self) -> subprocess.Popen:
-        self.http = f"http://127.0.0.1:{free_port()}"
-        n = len(self.edges)
-        proc = ddnn_process([*self.edge_args, "--http-port", self.http.rsplit(":", 1)[1]],
-                            self.tmp / f"edge{n}.log")
-        self.edges.append(proc)
-        wait_until(lambda: http_ok(f"{self.http}/healthz"), 60, "edge ready", [proc])
-        return proc
-
-    def start_device(self, view: int, data: Path, fps: float, *extra: str) -> subprocess.Popen:
-        proc = ddnn_process(["device", "--bundle", str(self.bundle), "--broker", self.broker,
-                             "--view", str(view), "--data", str(data), "--fps", str(fps),
-                             "--deployment", self.deployment, "--grace", "3", "--keepalive", "1",
-                             "--reconnect-max", "1", *extra], self.tmp / f"device{view}.log")
-        self.devices.append(proc)
-        return proc
-
-    @property
-    def procs(self) -> list[subprocess.Popen]:
-        return [self.edge, *self.devices]
-
-    def results(self) -> list[dict]:
-        return read_results(self.results_path)
-
-    def wait(self, condition, what: str, timeout: float = 120) -> None:
-        wait_until(lambda: condition(self.results()), timeout, what, self.procs)
-
-    def wait_devices(self, timeout: float = 60) -> None:
-        for d in self.devices:
-            assert d.wait(timeout) == 0, self.log(f"device{self.devices.index(d)}")
-
-    def metrics(self) -> str:
-        with urllib.request.urlopen(f"{self.http}/metrics", timeout=5) as r:
-            return r.read().decode()
-
-    def stop(self) -> None:
-        for p in [*self.devices, *self.edges]:
-            stop_process(p)
-
-    def log(self, name: str) -> str:
-        return (self.tmp / f"{name}.log").read_text(errors="replace")
-
-
 def start_cloud(bundle: Path, port: int, log: Path) -> subprocess.Popen:
     proc = ddnn_process(["cloud", "--bundle", str(bundle), "--host", "127.0.0.1", "--port",
                          str(port), "--ort-threads", "1", "--poll-interval", "0"], log)
-    wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/v2/health/ready"), 60,
+    wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/v2/health/ready"), 60,
                "cloud ready", [proc])
     return proc
-
-
-def frames_of(results: list[dict]) -> list[int]:
-    return sorted(r["frame"] for r in results)
 
 
 def test_cloud_stop_and_restart_degrades_then_recovers(mosquitto, tiny_bundle, stream_data,

@@ -6,7 +6,6 @@ equal its accounting; a killed device or a broker outage loses no frame.
 
 from __future__ import annotations
 
-import re
 import subprocess
 import time
 import urllib.request
@@ -19,8 +18,9 @@ from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.tools.broker import free_port, start_broker
 from ddnn.tools.evaluate import evaluate
-from tests.e2e.conftest import ddnn_process, http_ok, read_results, stop_process, wait_until
-from tests.e2e.thresholds import mixed_thresholds
+from tests.support.data import mixed_thresholds
+from tests.support.polling import wait_for
+from tests.support.processes import ddnn_process, http_ok, metric, read_results, stop_process
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
@@ -51,7 +51,7 @@ class Hierarchy:
         if expect:
             edge_args += ["--expect-frames", str(N)]
         self.edge = ddnn_process(edge_args, tmp / "edge.log")
-        wait_until(lambda: http_ok(f"{self.http}/healthz"), 60, "edge ready", [self.edge])
+        wait_for(lambda: http_ok(f"{self.http}/healthz"), 60, "edge ready", [self.edge])
         self.devices = [
             ddnn_process(["device", "--bundle", str(bundle), "--broker", broker, "--view",
                           str(v), "--data", str(data), "--fps", str(fps), "--deployment",
@@ -68,7 +68,7 @@ class Hierarchy:
         return read_results(self.results_path)
 
     def wait_results(self, n: int, timeout: float = 120) -> None:
-        wait_until(lambda: len(self.results()) >= n, timeout, f"{n} results", self.procs)
+        wait_for(lambda: len(self.results()) >= n, timeout, f"{n} results", self.procs)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"{self.http}/metrics", timeout=5) as r:
@@ -79,19 +79,6 @@ class Hierarchy:
 
     def log(self, name: str) -> str:
         return (self.tmp / f"{name}.log").read_text(errors="replace")
-
-
-def metric(text: str, series: str) -> float:
-    """The value of ``series`` (``name{a="x",b="y"}``, labels in any order); 0 if absent."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    name, _, rest = series.partition("{")
-    labels = dict(re.findall(r'(\w+)="([^"]*)"', rest))
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            if sample.name == name and sample.labels == labels:
-                return float(sample.value)
-    return 0.0
 
 
 def assert_each_frame_once(results: list[dict]) -> None:

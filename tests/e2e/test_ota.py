@@ -8,65 +8,24 @@ key made for the test, and every tier runs with ``--bundle-key``.
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
-import threading
-from pathlib import Path
-
 import pytest
 
-from ddnn.plumbing.mqtt import MqttClient, MqttOptions, status_fields
-from ddnn.signing import generate_keypair, sign_bundle
+from ddnn.signing import generate_keypair
 from ddnn.tools.broker import free_port
-from ddnn.topics import Topics
-from tests.e2e.conftest import ENV, STREAM, stop_process, wait_until
-from tests.e2e.test_faults import DEPLOYMENT, Deployment, frames_of
-from tests.e2e.test_hierarchy import metric
-from tests.e2e.thresholds import mixed_thresholds
+from tests.support.data import STREAM, mixed_thresholds, version_copy
+from tests.support.polling import wait_for
+from tests.support.processes import (
+    Deployment,
+    Statuses,
+    announce,
+    frames_of,
+    metric,
+    start_cloud_repository,
+    stop_process,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
-
-def version_copy(src: Path, dst: Path, version: str, key: Path | None = None) -> Path:
-    """A copy of ``src`` at another version, signed with ``key`` (last: signing seals it)."""
-    shutil.copytree(src, dst)
-    mf = dst / "manifest.json"
-    d = json.loads(mf.read_text())
-    d["model"]["version"] = version
-    mf.write_text(json.dumps(d, indent=2))
-    if key is not None:
-        sign_bundle(dst, key)
-    return dst
-
-
-class Statuses:
-    """The retained status of every device of the deployment."""
-
-    def __init__(self, broker: str):
-        self.seen: dict[str, dict] = {}
-        self._lock = threading.Lock()
-        topics = Topics(DEPLOYMENT)
-        self.client = MqttClient(broker, "ota-status-listener",
-                                 MqttOptions(subscriptions=[(topics.all_devices("status"), 1)]),
-                                 on_message=self._on)
-        self.client.start()
-
-    def _on(self, topic: str, payload: bytes) -> None:
-        with self._lock:
-            self.seen[topic.split("/")[-2]] = status_fields(payload)
-
-    def models(self) -> set[str]:
-        with self._lock:
-            return {s.get("model") for s in self.seen.values() if s.get("state") == "online"}
-
-
-def announce(broker: str, version: str, cloud: str) -> None:
-    subprocess.run([sys.executable, "-m", "ddnn", "announce", "--broker", broker,
-                    "--deployment", DEPLOYMENT, "--name", "tiny", "--version", version,
-                    "--cloud", cloud], check=True, env=ENV, timeout=60)
-
 
 def test_update_over_the_air_while_running(mosquitto, tiny_bundle, stream_data, tmp_path):
     key, pub = generate_keypair(tmp_path / "keys")
@@ -92,13 +51,13 @@ def test_update_over_the_air_while_running(mosquitto, tiny_bundle, stream_data, 
             d.start_device(v, stream_data, 25, "--wait-peers", "60", "--bundle-key", str(pub))
         d.wait(lambda r: len(r) >= 30, "30 results")
         announce(mosquitto.url, "2", cloud_url)
-        wait_until(lambda: metric(d.metrics(), 'ddnn_edge_bundle_info{model="tiny",version="2"}')
+        wait_for(lambda: metric(d.metrics(), 'ddnn_edge_bundle_info{model="tiny",version="2"}')
                    == 1, 60, "the edge on version 2", d.procs)
-        wait_until(lambda: statuses.models() == {"tiny:2"}, 60, "every device on version 2",
+        wait_for(lambda: statuses.models() == {"tiny:2"}, 60, "every device on version 2",
                    d.procs)
         answered_at_update = len(d.results())
         announce(mosquitto.url, "3", cloud_url)
-        wait_until(lambda: metric(d.metrics(), 'ddnn_edge_bundle_updates_total{result="refused"}')
+        wait_for(lambda: metric(d.metrics(), 'ddnn_edge_bundle_updates_total{result="refused"}')
                    >= 1, 60, "the edge refusing version 3", d.procs)
         d.wait(lambda r: len(r) >= STREAM, f"{STREAM} results")
         d.wait_devices()
@@ -121,11 +80,3 @@ def test_update_over_the_air_while_running(mosquitto, tiny_bundle, stream_data, 
     assert statuses.models() <= {"tiny:2"}
 
 
-def start_cloud_repository(repo: Path, port: int, log: Path, *extra: str) -> subprocess.Popen:
-    from tests.e2e.conftest import ddnn_process, http_ok
-
-    proc = ddnn_process(["cloud", "--repository", str(repo), "--host", "127.0.0.1", "--port",
-                         str(port), "--ort-threads", "1", "--poll-interval", "0", *extra], log)
-    wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/v2/models/tiny-cloud/versions/3/ready"),
-               60, "cloud ready", [proc])
-    return proc

@@ -13,23 +13,29 @@ import pytest
 
 from ddnn.signing import generate_keypair
 from ddnn.tools.broker import free_port
-from tests.e2e.conftest import STREAM, stop_process, wait_until
-from tests.e2e.test_faults import Deployment, frames_of
-from tests.e2e.test_hierarchy import metric
-from tests.e2e.test_ota import Statuses, announce, version_copy
-from tests.e2e.thresholds import mixed_thresholds
+from tests.support.data import STREAM, mixed_thresholds, version_copy
+from tests.support.polling import wait_for
+from tests.support.processes import (
+    Deployment,
+    Statuses,
+    announce,
+    ddnn_process,
+    frames_of,
+    http_ok,
+    metric,
+    stop_process,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
 
 def start_cloud(repo, port, log, pub):
-    from tests.e2e.conftest import ddnn_process, http_ok
 
     proc = ddnn_process(["cloud", "--repository", str(repo), "--host", "127.0.0.1", "--port",
                          str(port), "--ort-threads", "1", "--poll-interval", "0",
                          "--bundle-key", str(pub)], log)
-    wait_until(lambda: http_ok(f"http://127.0.0.1:{port}/v2/models/tiny-cloud/versions/2/ready"),
+    wait_for(lambda: http_ok(f"http://127.0.0.1:{port}/v2/models/tiny-cloud/versions/2/ready"),
                60, "cloud ready", [proc])
     return proc
 
@@ -58,21 +64,21 @@ def test_an_update_announced_while_the_cloud_is_down_survives_an_edge_restart(
         d.wait(lambda r: len(r) >= 20, "20 results")
         assert stop_process(cloud) == 0
         announce(mosquitto.url, "2", cloud_url)
-        wait_until(lambda: "cannot fetch bundle tiny:2 now" in d.log("edge0"), 60,
+        wait_for(lambda: "cannot fetch bundle tiny:2 now" in d.log("edge0"), 60,
                    "the edge failing to fetch", d.procs)
         assert target.exists(), "the target is on disk"
         # The edge restarts while the cloud is still down.
         assert stop_process(d.edge) == 0
         restarted_at = len(d.results())
         d.start_edge()
-        wait_until(lambda: "cannot fetch bundle tiny:2 now" in d.log("edge1"), 60,
+        wait_for(lambda: "cannot fetch bundle tiny:2 now" in d.log("edge1"), 60,
                    "the restarted edge retrying", d.procs)
         assert "resuming the update to tiny:2" in d.log("edge1")
         retries = metric(d.metrics(), 'ddnn_edge_bundle_updates_total{result="retry"}')
         cloud = start_cloud(repo, port, tmp_path / "cloud1.log", pub)
-        wait_until(lambda: metric(d.metrics(), 'ddnn_edge_bundle_info{model="tiny",version="2"}')
+        wait_for(lambda: metric(d.metrics(), 'ddnn_edge_bundle_info{model="tiny",version="2"}')
                    == 1, 60, "the edge on version 2", d.procs)
-        wait_until(lambda: statuses.models() == {"tiny:2"}, 60, "every device on version 2",
+        wait_for(lambda: statuses.models() == {"tiny:2"}, 60, "every device on version 2",
                    d.procs)
         updated_at = len(d.results())
         d.wait(lambda r: len(r) >= STREAM, f"{STREAM} results")

@@ -23,10 +23,16 @@ import pytest
 from ddnn.bundle import sha256_file
 from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.tools.broker import free_port
-from tests.e2e.conftest import stop_process, wait_until
-from tests.e2e.test_faults import Deployment
-from tests.e2e.test_hierarchy import metric
-from tests.e2e.test_ota import Statuses, announce, start_cloud_repository, version_copy
+from tests.support.data import version_copy
+from tests.support.polling import wait_for
+from tests.support.processes import (
+    Deployment,
+    Statuses,
+    announce,
+    metric,
+    start_cloud_repository,
+    stop_process,
+)
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
@@ -94,31 +100,31 @@ def test_an_update_failing_its_health_check_is_rolled_back(mosquitto, tiny_bundl
         d.wait(lambda r: len(r) >= 20, "20 results")
 
         announce(mosquitto.url, "2", cloud_url)
-        wait_until(lambda: "rolled back tiny:2" in d.log("edge0"), 60, "the edge rolling back",
+        wait_for(lambda: "rolled back tiny:2" in d.log("edge0"), 60, "the edge rolling back",
                    d.procs)
         text, health = d.metrics(), healthz(d.http)
         after = len(d.results())
         d.wait(lambda r: len(r) >= after + 20, "answers on version 1 again")
-        wait_until(lambda: statuses.models() == {"tiny:2"}, 60, "the devices on version 2",
+        wait_for(lambda: statuses.models() == {"tiny:2"}, 60, "the devices on version 2",
                    d.procs)
 
         assert stop_process(d.edge) == 0
         d.start_edge()
         restarted = len(d.results())
         d.wait(lambda r: len(r) >= restarted + 20, "answers from the restarted edge")
-        wait_until(lambda: "not applying tiny:2: rolled back here before" in d.log("edge1"), 30,
+        wait_for(lambda: "not applying tiny:2: rolled back here before" in d.log("edge1"), 30,
                    "the retained version 2 skipped", d.procs)
         text_restarted = d.metrics()
 
         announce(mosquitto.url, "3", cloud_url)
-        wait_until(lambda: "tiny:3 passed its probation" in d.log("edge1"), 60,
+        wait_for(lambda: "tiny:3 passed its probation" in d.log("edge1"), 60,
                    "version 3 applied by the edge and passed", d.procs[:1])
         crashed = d.devices.pop(0)  # its segment raises: the process ends
-        wait_until(lambda: crashed.poll() is not None, 60, "device 0 failing on version 3")
+        wait_for(lambda: crashed.poll() is not None, 60, "device 0 failing on version 3")
         crash_log = d.log("device0")
         d.start_device(0, stream_data, 10, "--wait-peers", "0", "--limit", "20", *device_args)
         # Its retained status says what it runs and what it rolled back.
-        wait_until(lambda: statuses.seen.get("cam0", {}).get("rolled_back_from") == "tiny:3",
+        wait_for(lambda: statuses.seen.get("cam0", {}).get("rolled_back_from") == "tiny:3",
                    30, "device 0's status naming the rollback")
         status = dict(statuses.seen["cam0"])
         assert d.devices[-1].wait(60) == 0, d.log("device0")

@@ -20,7 +20,7 @@ from ddnn.plumbing.options import markdown_table
 from ddnn.tools.announce import ENV_PREFIX, OPTIONS, AnnounceSettings
 from ddnn.tools.broker import mosquitto_path
 from ddnn.topics import Topics
-from tests.integration.test_security import mosquitto_tls
+from tests.support.brokers import mosquitto_tls
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = "plant1"

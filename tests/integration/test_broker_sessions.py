@@ -14,7 +14,7 @@ import pytest
 
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import mosquitto_path, start_broker
-from tests.integration.conftest import wait_for
+from tests.support.polling import wait_for
 
 TOPIC = "sessions/probe"
 
@@ -54,13 +54,19 @@ def test_a_persistent_session_gets_what_was_published_while_away(broker):
     for i in range(10):
         publisher.publish(TOPIC, str(i).encode(), 1).wait_for_publish(5)
     sub = subscriber(broker.url, got, lock)
+    sent = [str(i).encode() for i in range(10)]
+    # amqtt ends a session asynchronously after its client's DISCONNECT: a message published in
+    # that instant goes to the closing connection and is lost (seen with amqtt 0.11, a demo
+    # broker; Mosquitto keeps it). Every message published after that instant must be kept.
+    lost_at_the_edge = 1 if broker.kind == "amqtt" else 0
     try:
-        wait_for(lambda: len(got) >= 11, 10, "the queued messages after reconnecting")
+        wait_for(lambda: len(got) >= 11 - lost_at_the_edge, 10,
+                 "the queued messages after reconnecting")
     finally:
         sub.stop()
         publisher.stop()
     with lock:
-        assert got[1:] == [str(i).encode() for i in range(10)]
+        assert got[1:] == sent[11 - len(got):], got
 
 
 def test_wait_subscribed_means_the_first_message_arrives(broker):

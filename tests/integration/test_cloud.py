@@ -15,22 +15,9 @@ from ddnn import oip
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.exits import entropy_of_logits
-from ddnn.runtime import BundleRuntime, transmit
+from ddnn.runtime import BundleRuntime
 from ddnn.tools.evaluate import evaluate
-
-
-def cloud_inputs(rt: BundleRuntime, X: np.ndarray, present: np.ndarray) -> np.ndarray:
-    """Edge features as the edge aggregator forwards them (the steps of ``all_exits``)."""
-    b, v = X.shape[:2]
-    feat_shape = rt.manifest.devices[0].output("features").sample_shape
-    feats = np.zeros((b, v, *feat_shape), np.float32)
-    for i in range(v):
-        rows = np.flatnonzero(present[:, i])
-        if rows.size:
-            _, f = rt.device(i, X[rows, i])
-            feats[rows, i] = transmit(f, rt.device_codec)
-    _, edge = rt.edge(feats, present)
-    return transmit(edge, rt.edge_codec)
+from tests.support.cloud import cloud_inputs, post
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +32,6 @@ def reference(tiny_bundle, tiny_data):
         "edge_features": cloud_inputs(rt, X, present),
         "evaluate": evaluate(tiny_bundle, tiny_data.test),
     }
-
-
-def post(url: str, model: str, inputs: dict, *, version: str | None = None, **kw) -> httpx.Response:
-    body, headers = oip.encode_request(inputs, **kw)
-    path = f"/v2/models/{model}" + (f"/versions/{version}" if version else "") + "/infer"
-    return httpx.post(url + path, content=body, headers=headers, timeout=30)
 
 
 def infer(url: str, model: str, inputs: dict, **kw) -> dict[str, np.ndarray]:
@@ -69,14 +50,18 @@ def test_server_health_and_metadata(cloud_tiny_url, tiny_bundle):
     cloud = get("/v2/models/tiny-cloud").json()
     assert cloud["versions"] == ["1"] and cloud["platform"] == "onnxruntime_onnx"
     sample = list(m.cloud.inputs[0].sample_shape)
-    assert cloud["inputs"] == [  # FP32, or packed in the bundle's (binary) edge codec
-        {"name": "edge_features", "datatype": "FP32", "shape": [-1, *sample]},
+    assert cloud["inputs"] == [{"name": "edge_features", "datatype": "FP32",
+                                "shape": [-1, *sample]}]
+    outputs = [{"name": "scores", "datatype": "FP32", "shape": [-1, 3]},
+               {"name": "entropy", "datatype": "FP32", "shape": [-1]}]
+    assert cloud["outputs"] == outputs
+    packed = get("/v2/models/tiny-cloud-packed").json()  # the same, in the bundle's edge codec
+    assert packed["inputs"] == [
         {"name": "edge_features_packed", "datatype": "UINT8",
          "shape": [-1, (int(np.prod(sample)) + 7) // 8],
          "parameters": {"codec": "binary", "unpacked_name": "edge_features",
                         "unpacked_datatype": "FP32", "unpacked_shape": [-1, *sample]}}]
-    assert cloud["outputs"] == [{"name": "scores", "datatype": "FP32", "shape": [-1, 3]},
-                                {"name": "entropy", "datatype": "FP32", "shape": [-1]}]
+    assert packed["outputs"] == outputs
     full = get("/v2/models/tiny-full/versions/1").json()
     assert full["inputs"] == [{"name": "views", "datatype": "FP32", "shape": [-1, 3, 3, 16, 16]},
                               {"name": "present", "datatype": "BOOL", "shape": [-1, 3]}]

@@ -21,7 +21,7 @@ from ddnn.cloud.server import uvicorn_config
 from ddnn.cloud.settings import CloudSettings
 from ddnn.errors import ConfigError
 from ddnn.plumbing.http import KeepAliveConnection
-from tests.integration.conftest import cloud_wait_ready
+from tests.support.cloud import cloud_wait_ready
 
 ROOT = Path(__file__).resolve().parents[2]
 

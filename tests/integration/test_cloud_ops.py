@@ -21,7 +21,7 @@ from ddnn.bundle import sha256_file
 from ddnn.cloud.cli import settings_from
 from ddnn.errors import ConfigError
 from ddnn.tools.broker import free_port
-from tests.integration.conftest import cloud_wait_ready
+from tests.support.cloud import cloud_wait_ready
 
 FEATURES = {"edge_features": np.zeros((1, 16, 4, 4), np.float32)}
 

@@ -15,9 +15,9 @@ from ddnn import oip
 from ddnn.bundle import load_bundle
 from ddnn.codec import FeatureCodec
 from ddnn.dataset import load_dataset
-from ddnn.edge.cloud_client import CloudClient
+from ddnn.edge.cloud_client import CloudClient, UnknownVersion
 from ddnn.runtime import BundleRuntime
-from tests.integration.test_cloud import cloud_inputs, post
+from tests.support.cloud import cloud_inputs, post
 
 
 @pytest.fixture(scope="module")
@@ -31,8 +31,9 @@ def features(tiny_bundle, tiny_data) -> np.ndarray:
     return x
 
 
-def _answer(url: str, inputs: dict, **kw) -> dict[str, np.ndarray]:
-    r = post(url, "tiny-cloud", inputs, version="1", **kw)
+def _answer(url: str, inputs: dict, model: str = "tiny-cloud-packed", **kw
+            ) -> dict[str, np.ndarray]:
+    r = post(url, model, inputs, version="1", **kw)
     assert r.status_code == 200, r.text
     return oip.decode_response(r.content, r.headers)
 
@@ -44,56 +45,75 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
 def test_packed_and_fp32_requests_give_bit_identical_answers(cloud_tiny_url, features):
     rows = FeatureCodec("binary").encode_rows(features)
     assert rows.shape == (24, features[0].size // 8)
-    fp32 = _answer(cloud_tiny_url, {"edge_features": features})
-    for inputs, binary in (({"edge_features_packed": rows}, True),
-                           ({"edge_features_packed": rows}, False),  # JSON numbers work too
-                           ({"edge_features": features}, False)):
-        out = _answer(cloud_tiny_url, inputs, binary=binary)
+    fp32 = _answer(cloud_tiny_url, {"edge_features": features}, model="tiny-cloud")
+    for binary in (True, False):  # JSON numbers work too
+        out = _answer(cloud_tiny_url, {"edge_features_packed": rows}, binary=binary)
         assert _same(out["scores"], fp32["scores"]) and _same(out["entropy"], fp32["entropy"])
-    one = _answer(cloud_tiny_url, {"edge_features_packed": rows[3:4]})  # and batched with others
+    one = _answer(cloud_tiny_url, {"edge_features_packed": rows[3:4]})
     assert _same(one["scores"], fp32["scores"][3:4])
 
 
-@pytest.mark.parametrize(("inputs", "message"), [
-    (lambda x, r: {"edge_features_packed": r[:, :-1]},
+@pytest.mark.parametrize(("model", "inputs", "message"), [
+    ("tiny-cloud-packed", lambda x, r: {"edge_features_packed": r[:, :-1]},
      "input 'edge_features_packed' must have shape [-1, 32] (-1: any batch size), got [2, 31]"),
-    (lambda x, r: {"edge_features_packed": r.view(np.int8)},
+    ("tiny-cloud-packed", lambda x, r: {"edge_features_packed": r.view(np.int8)},
      "input 'edge_features_packed' must be UINT8, got INT8"),
-    (lambda x, r: {"edge_features_packed": r[None]}, "must have shape [-1, 32]"),
-    (lambda x, r: {"edge_features_packed": r, "edge_features": x},
-     "model tiny-cloud takes exactly one of 'edge_features' (FP32 [-1, 16, 4, 4]) or "
-     "'edge_features_packed' (UINT8 [-1, 32], the binary codec), not both"),
-    (lambda x, r: {"packed": r}, "model tiny-cloud has no input 'packed'"),
+    ("tiny-cloud-packed", lambda x, r: {"edge_features_packed": r[None]},
+     "must have shape [-1, 32]"),
+    ("tiny-cloud-packed", lambda x, r: {"edge_features_packed": r, "edge_features": x},
+     "model tiny-cloud-packed has no input 'edge_features'"),
+    ("tiny-cloud", lambda x, r: {"edge_features_packed": r},
+     "model tiny-cloud has no input 'edge_features_packed'; its inputs are ['edge_features']"),
 ])
-def test_bad_packed_inputs_get_a_400_that_says_why(cloud_tiny_url, features, inputs, message):
+def test_bad_packed_inputs_get_a_400_that_says_why(cloud_tiny_url, features, model, inputs,
+                                                  message):
     x = features[:2]
-    r = post(cloud_tiny_url, "tiny-cloud", inputs(x, FeatureCodec("binary").encode_rows(x)))
+    r = post(cloud_tiny_url, model, inputs(x, FeatureCodec("binary").encode_rows(x)))
     assert r.status_code == 400
     assert message in r.json()["error"]
 
 
 def test_a_standard_v2_client_sends_fp32_or_packed(cloud_tiny_url, features):
-    """Triton's HTTP client, unchanged: FP32 as always, and the packed input it reads about."""
+    """Triton's HTTP client, unchanged: FP32 to one model, packed rows to the other."""
     import tritonclient.http as httpclient
 
     client = httpclient.InferenceServerClient(cloud_tiny_url.removeprefix("http://"))
     try:
-        meta = client.get_model_metadata("tiny-cloud", "1")
-        packed_meta = meta["inputs"][1]
+        (packed_meta,) = client.get_model_metadata("tiny-cloud-packed", "1")["inputs"]
         assert packed_meta["parameters"]["unpacked_shape"] == [-1, *features.shape[1:]]
-        config = client.get_model_config("tiny-cloud")
-        assert [(t["data_type"], t.get("optional")) for t in config["input"]] == [
-            ("TYPE_FP32", True), ("TYPE_UINT8", True)]
+        config = client.get_model_config("tiny-cloud-packed")
+        assert [(t["data_type"], t["dims"]) for t in config["input"]] == [("TYPE_UINT8", [32])]
         x = httpclient.InferInput("edge_features", list(features.shape), "FP32")
         x.set_data_from_numpy(features, binary_data=True)
         fp32 = client.infer("tiny-cloud", [x]).as_numpy("scores")
         rows = FeatureCodec(packed_meta["parameters"]["codec"]).encode_rows(features)
         p = httpclient.InferInput(packed_meta["name"], list(rows.shape), "UINT8")
         p.set_data_from_numpy(rows, binary_data=True)
-        packed = client.infer("tiny-cloud", [p], model_version="1").as_numpy("scores")
+        packed = client.infer("tiny-cloud-packed", [p], model_version="1").as_numpy("scores")
         assert _same(packed, fp32)
     finally:
         client.close()
+
+
+def test_a_raw_binary_request_goes_to_a_model_with_one_input(cloud_tiny_url, features):
+    """Triton's raw binary request: no JSON, the body is the one input's bytes, every output
+    comes back binary."""
+    rows = FeatureCodec("binary").encode_rows(features[:3])
+    fp32 = _answer(cloud_tiny_url, {"edge_features": features[:3]}, model="tiny-cloud")
+    for model, x in (("tiny-cloud-packed", rows), ("tiny-cloud", features[:3])):
+        body, headers = oip.encode_raw_request(x)
+        r = httpx.post(f"{cloud_tiny_url}/v2/models/{model}/versions/1/infer", content=body,
+                       headers=headers)
+        assert r.status_code == 200, r.text
+        out = oip.decode_response(r.content, r.headers)
+        assert list(out) == ["scores", "entropy"] and _same(out["scores"], fp32["scores"])
+    body, headers = oip.encode_raw_request(rows[:1, :-1])
+    r = httpx.post(f"{cloud_tiny_url}/v2/models/tiny-cloud-packed/infer", content=body,
+                   headers=headers)
+    assert r.status_code == 400 and "a whole number of samples of 32 bytes" in r.text
+    r = httpx.post(f"{cloud_tiny_url}/v2/models/tiny-full/infer", content=b"\0" * 64,
+                   headers=headers)
+    assert r.status_code == 400 and "needs a model with exactly one input" in r.text
 
 
 # --- the edge's client --------------------------------------------------------------------------
@@ -111,6 +131,16 @@ def test_the_edge_negotiates_packing_per_version(cloud_tiny_url, features):
         assert _same(scores, want) and _same(entropy, want_entropy)
         scores_only, none = packed.infer(features[:5], "1", entropy=False)
         assert none is None and _same(scores_only, want[:5])
+        # A lone frame travels as a raw binary request: its packed row and nothing else.
+        sent = []
+        request = packed._cloud.request
+        packed._cloud.request = lambda *a: sent.append(a) or request(*a)  # a spy on the wire
+        one, none = packed.infer(features[7:8], "1", entropy=False)
+        assert none is None and _same(one, want[7:8])
+        ((method, path, body, headers),) = sent
+        assert method == "POST" and path.endswith("/v2/models/tiny-cloud-packed/versions/1/infer")
+        assert body == FeatureCodec("binary").encode_rows(features[7:8]).tobytes()
+        assert headers[oip.HEADER_LENGTH] == "0" and "Content-Type" not in headers
         # Features that did not come through the binary codec travel as FP32, not as signs.
         zeros = np.zeros_like(features[:2])
         assert _same(packed.infer(zeros, "1")[0], plain.infer(zeros, "1")[0])
@@ -132,18 +162,22 @@ def test_the_edge_sends_fp32_to_a_cloud_that_does_not_advertise_packing(
         cloud_server, tiny_bundle, features, tmp_path):
     bundle = _copy_with_codec(tiny_bundle, tmp_path / "tiny", "float32")
     url = cloud_server(bundle=bundle, poll_interval=0)
-    meta = httpx.get(f"{url}/v2/models/tiny-cloud/versions/1").json()
-    assert [t["name"] for t in meta["inputs"]] == ["edge_features"]
+    assert httpx.get(f"{url}/v2/models/tiny-cloud-packed/versions/1").status_code == 404
     client = CloudClient(url, "tiny-cloud", codec="binary")
     try:
+        assert client.packed("1") is None
+        with pytest.raises(UnknownVersion):  # a 404 for the version itself is not "FP32"
+            client.infer(features, "2")
+        assert client.packed("2") is None and client.up
         scores, _ = client.infer(features, "1")
-        assert client.packed("1") is False and client.up
-        assert _same(scores, _answer(url, {"edge_features": features})["scores"])
+        assert client.packed("1") is False and client.up  # settled once FP32 was answered
+        want = _answer(url, {"edge_features": features}, model="tiny-cloud")["scores"]
+        assert _same(scores, want)
     finally:
         client.close()
 
 
-def test_a_400_on_the_packed_path_falls_back_to_fp32_once_and_is_remembered(
+def test_a_refusal_on_the_packed_path_falls_back_to_fp32_once_and_is_remembered(
         cloud_server, tiny_bundle, features, tmp_path, caplog):
     repo = tmp_path / "repo"
     repo.mkdir()
@@ -153,11 +187,12 @@ def test_a_400_on_the_packed_path_falls_back_to_fp32_once_and_is_remembered(
     try:
         before, _ = client.infer(features, "1")
         assert client.packed("1") is True
-        # The same version reloaded without a packing codec: its packed input is gone (400).
+        # The same version reloaded without a packing codec: its packed model is gone (404).
         manifest = json.loads((bundle / "manifest.json").read_text())
         manifest["codec"]["edge_features"] = "float32"
         (bundle / "manifest.json").write_text(json.dumps(manifest))
         assert httpx.post(f"{url}/v2/repository/models/tiny-cloud/load").status_code == 200
+        assert httpx.get(f"{url}/v2/models/tiny-cloud-packed").status_code == 404
         with caplog.at_level(logging.WARNING, logger="ddnn.edge.cloud_client"):
             after, _ = client.infer(features, "1")
             again, _ = client.infer(features, "1")
@@ -166,7 +201,7 @@ def test_a_400_on_the_packed_path_falls_back_to_fp32_once_and_is_remembered(
         refused = [r for r in caplog.records if "refused packed features" in r.getMessage()]
         assert len(refused) == 1
         metrics = httpx.get(f"{url}/metrics").text
-        assert 'code="400",encoding="binary",model="tiny-cloud",version="1"} 1' in metrics
+        assert 'code="200",encoding="binary",model="tiny-cloud",version="1"} 2' in metrics
     finally:
         client.close()
 

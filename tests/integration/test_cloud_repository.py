@@ -14,7 +14,7 @@ from ddnn import oip
 from ddnn.bundle import sha256_file
 from ddnn.cloud.repository import latest_key
 from ddnn.errors import ConfigError
-from tests.integration.conftest import wait_for
+from tests.support.polling import wait_for
 
 
 def copy_bundle(src: Path, dst: Path, version: str) -> Path:

@@ -20,6 +20,8 @@ import pytest
 import yaml
 
 from ddnn.tools.broker import free_port, mosquitto_path, wait_for_port
+from tests.support.brokers import mosquitto_tls
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -273,6 +275,9 @@ def test_dockerfile_builds_slim_and_cloud_images_without_torch():
 
 # --- compose -------------------------------------------------------------------------------------
 
+MONITORING = {"prometheus": "prom/prometheus", "grafana": "grafana/grafana"}
+
+
 def compose() -> dict:
     return yaml.safe_load((DEPLOY / "compose.yaml").read_text())
 
@@ -285,6 +290,11 @@ def test_compose_uses_only_the_dockerfiles_images_and_installs_nothing():
     assert {"broker", "cloud", "edge"} <= set(services) and devices
     images = {}
     for name, s in services.items():
+        if name in MONITORING:  # upstream images, pinned, configured by mounted files only
+            assert re.fullmatch(MONITORING[name] + r":v?\d+\.\d+\.\d+", s["image"]), name
+            assert "build" not in s and all(v.endswith(":ro") or v.split(":")[0] in c["volumes"]
+                                            for v in s["volumes"]), name
+            continue
         build = s["build"]
         assert build["dockerfile"] == "deploy/Dockerfile"
         assert (DEPLOY / build["context"]).resolve() == ROOT
@@ -423,7 +433,6 @@ def test_healthcheck_under_mutual_tls(cloud_server, tiny_bundle, pki):
     assert _healthcheck("cloud", env).returncode == 1  # no client certificate: refused
     env |= {"DDNN_HEALTHCHECK_CERT_FILE": str(pki / "clients/edge0.crt"),
             "DDNN_HEALTHCHECK_KEY_FILE": str(pki / "clients/edge0.key")}
-    from tests.integration.conftest import wait_for
 
     wait_for(lambda: _healthcheck("cloud", env).returncode == 0, 30, "the cloud to be ready")
 
@@ -446,8 +455,6 @@ def test_the_sample_bridge_carries_results_up_and_bundles_down(pki, tmp_path):
     from ddnn.plumbing.mqtt import MqttClient, MqttOptions, MqttSecurity
     from ddnn.plumbing.ota import Announcement
     from ddnn.tools.announce import announce
-    from tests.integration.conftest import wait_for
-    from tests.integration.test_security import mosquitto_tls
 
     sample = (DEPLOY / "mosquitto" / "bridge.conf").read_text()
     # The central ACL: the generated one, with the bridge's block as bridge.conf says, and an

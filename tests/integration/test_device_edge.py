@@ -12,28 +12,20 @@ import json
 import shutil
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
 
 from ddnn import envelope as env
-from ddnn.bundle import load_bundle
-from ddnn.dataset import load_dataset
-from ddnn.device.service import DeviceService
-from ddnn.device.settings import DeviceSettings
-from ddnn.edge.service import EdgeService
-from ddnn.edge.settings import EdgeSettings
 from ddnn.envelope import MessageType
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
-from ddnn.plumbing.retry import RetryPolicy
-from ddnn.runtime import BundleRuntime
 from ddnn.tools.broker import free_port
-from ddnn.tools.evaluate import evaluate
 from ddnn.topics import Topics
-from tests.e2e.thresholds import mixed_thresholds
-from tests.integration.conftest import wait_for
+from tests.support.cloud import real_cloud
+from tests.support.data import mixed, mixed_thresholds
+from tests.support.hierarchy import REPLAY_WAIT, Edge, check_against_evaluate, run_devices
+from tests.support.polling import wait_for
 
 # ddnn.tools.broker leaves the broker's log file open for the garbage collector (reported upstream).
 pytestmark = pytest.mark.filterwarnings(
@@ -41,45 +33,7 @@ pytestmark = pytest.mark.filterwarnings(
 
 
 # Whole replays through a broker: a longer wait than the other integration tests'.
-wait_for = functools.partial(wait_for, timeout=60.0)
-
-
-class Edge:
-    """An edge aggregator in this process."""
-
-    def __init__(self, bundle: Path, broker: str | None, cloud: str | None, *, deployment="it",
-                 http_port: int | None = None, **settings):
-        self.runtime = BundleRuntime(load_bundle(bundle), threads=1)
-        s = EdgeSettings(bundle=bundle, broker=broker, cloud=cloud, deployment=deployment,
-                         http_port=http_port, keepalive=5, reconnect_max=1,
-                         **{"deadline_ms": 2000.0, "feature_deadline_ms": 2000.0, **settings})
-        self.service = EdgeService.from_settings(
-            s, runtime=self.runtime, cloud_retry=RetryPolicy(initial=0.05, maximum=0.2)).start()
-        self.agg = self.service.aggregator
-        if broker:
-            assert self.service.mqtt.wait_subscribed(10)  # SUBACKs: no message lost
-
-    def stop(self) -> None:
-        self.service.stop()
-
-
-def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", deployment="it",
-                edge_url: str | None = None, start=0, limit=None, views=None
-                ) -> list[DeviceService]:
-    """Replay every view of ``data`` from threads; returns when every device is done."""
-    views = range(load_bundle(bundle).manifest.views) if views is None else views
-    with contextlib.ExitStack() as stack:
-        services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
-            bundle=bundle, view=v, broker=broker, edge_url=edge_url, deployment=deployment,
-            mode=mode, data=data, start=start, limit=limit, fps=0, grace=0.5, drain_timeout=30,
-            keepalive=5, reconnect_max=1, peers=tuple(f"cam{i}" for i in views),
-            wait_peers=20 if broker else 0))) for v in views]
-        threads = [threading.Thread(target=s.run) for s in services]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-    return services
+wait_for = functools.partial(wait_for, timeout=REPLAY_WAIT)
 
 
 class ResultsListener:
@@ -110,47 +64,9 @@ class ResultsListener:
         self.client.stop()
 
 
-def check_against_evaluate(results: list[dict], bundle: Path, data: Path,
-                           thresholds: dict[str, float]) -> dict:
-    """Every frame once; accuracy and exit fractions equal to ``ddnn evaluate``."""
-    ds = load_dataset(data)
-    frames = sorted(r["frame"] for r in results)
-    assert frames == list(range(len(ds.label))), "every frame exactly once"
-    expected = evaluate(bundle, data, thresholds["local"], thresholds["edge"])
-    assert all(f > 0 for f in expected["exit_fraction"].values()), "every tier is exercised"
-    by_frame = {r["frame"]: r for r in results}
-    pred = np.array([by_frame[i]["class"] for i in range(len(frames))])
-    tiers = [by_frame[i]["exit"] for i in range(len(frames))]
-    assert not any(r["degraded"] for r in results)
-    assert float((pred == ds.label).mean()) == pytest.approx(expected["accuracy"]["overall"],
-                                                             abs=1e-12)
-    for tier in ("local", "edge", "cloud"):
-        assert tiers.count(tier) / len(tiers) == pytest.approx(expected["exit_fraction"][tier],
-                                                               abs=1e-12)
-    for r in results:
-        assert r["label"] == load_bundle(bundle).manifest.classes[r["class"]]
-        present = [f"cam{v}" for v in np.flatnonzero(ds.present[r["frame"]])]
-        assert r["views"] == present
-    return expected
-
-
 @pytest.fixture(scope="module")
 def thresholds(tiny_bundle, tiny_data) -> dict[str, float]:
     return mixed_thresholds(tiny_bundle, tiny_data.test)
-
-
-def mixed(thresholds: dict[str, float]) -> dict[str, float]:
-    return {"local_threshold": thresholds["local"], "edge_threshold": thresholds["edge"]}
-
-
-@contextlib.contextmanager
-def real_cloud(bundle, port: int = 0):
-    """The real cloud service (uvicorn, ONNX Runtime) in this process, on a loopback port."""
-    from ddnn.cloud.server import run_server
-    from ddnn.cloud.settings import CloudSettings
-
-    with run_server(CloudSettings(bundle=bundle, port=port)) as server:
-        yield server
 
 
 @pytest.fixture

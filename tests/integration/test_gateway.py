@@ -2,30 +2,29 @@
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 
 from ddnn import envelope as env
 from ddnn.batch import pack_batch
-from ddnn.device.gateway import GatewayService, GatewaySettings
+from ddnn.device.gateway.service import GatewayService
+from ddnn.device.gateway.settings import GatewaySettings
 from ddnn.envelope import MessageType
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import start_broker
 from ddnn.topics import Topics
-from tests.e2e.thresholds import mixed_thresholds
-from tests.integration.test_device_edge import (
-    Edge,
-    check_against_evaluate,
-    mixed,
-    real_cloud,
-    run_devices,
-    wait_for,
-)
+from tests.support.cloud import real_cloud
+from tests.support.data import mixed, mixed_thresholds
+from tests.support.hierarchy import REPLAY_WAIT, Edge, check_against_evaluate, run_devices
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
 DEVICES = ("cam0", "cam1", "cam2")
+wait_for = functools.partial(wait_for, timeout=REPLAY_WAIT)  # whole replays through brokers
 
 
 @pytest.fixture(scope="module")
@@ -90,3 +89,31 @@ def test_a_gateway_speaks_only_for_its_devices(mosquitto, tiny_bundle, cloud):
     finally:
         pub.stop()
         edge.stop()
+
+
+def test_the_gateway_serves_metrics_and_health_like_the_other_processes(site_broker):
+    import json
+    import urllib.error
+    import urllib.request
+
+    def get(url: str) -> tuple[int, bytes]:
+        try:
+            with urllib.request.urlopen(url, timeout=5) as r:
+                return r.status, r.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    # The edge's broker is unreachable (nothing listens on port 1), the site's is up.
+    settings = GatewaySettings(local=site_broker.url, broker="mqtt://127.0.0.1:1", http_port=0,
+                               health_grace=0.2, reconnect_max=1)
+    with GatewayService.from_settings(settings) as gateway:
+        url = gateway.http.url
+        wait_for(gateway.local.connected.is_set, what="the site's broker")
+        assert get(f"{url}/livez")[0] == 200
+        status, body = wait_for(lambda: (r := get(f"{url}/healthz"))[0] == 503 and r,
+                                what="/healthz to report the unreachable uplink")
+        assert "the edge's broker mqtt://127.0.0.1:1 unreachable" in json.loads(body)["reasons"][0]
+        status, text = get(f"{url}/metrics")
+        assert status == 200
+        assert b'ddnn_gateway_broker_connected{broker="local"} 1.0' in text
+        assert b'ddnn_gateway_broker_connected{broker="up"} 0.0' in text

@@ -19,7 +19,7 @@ from ddnn.edge.settings import EdgeSettings
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import BrokerProcess, start_broker
 from ddnn.topics import Topics
-from tests.integration.conftest import wait_for
+from tests.support.polling import wait_for
 
 DEPLOYMENT = "health"
 

@@ -19,7 +19,7 @@ import pytest
 
 from ddnn.envelope import MAX_MESSAGE
 from ddnn.tools.broker import MAX_PACKET, free_port, mosquitto_path, wait_for_port
-from tests.integration.conftest import wait_for
+from tests.support.polling import wait_for
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
 

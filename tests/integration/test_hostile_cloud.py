@@ -164,8 +164,12 @@ def test_a_json_array_bomb_is_refused_before_parsing(cloud_server, tiny_bundle):
     while worker.is_alive():  # the event loop keeps answering while the bomb is handled
         assert live(url, timeout=3.0)
         time.sleep(0.05)
-    assert answers[0].status_code == 400
-    assert "arrays" in answers[0].json()["error"], answers[0].text
+    assert answers[0].status_code == 413  # past the JSON part's bounds: never parsed
+    assert "send large tensors binary" in answers[0].json()["error"], answers[0].text
+    # Under those bounds, more arrays than the model's tensors can need: a 400, unparsed too.
+    r = httpx.post(f"{url}/v2/models/tiny-cloud/infer", content=head + b"[]," * 100_000
+                   + b"[]]}]}", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "arrays" in r.json()["error"], r.text
 
     # The same tensor, nested as its shape says or flat, is served.
     x = np.ones((2, 16, 4, 4), np.float32)
@@ -268,3 +272,24 @@ def test_an_unsigned_bundle_has_no_signature_to_hand_out(cloud_server, tiny_bund
     os.remove(repo / "tiny-1" / "manifest.json")  # gone from disk: still the verified bytes
     assert httpx.get(f"{files}/manifest.json").status_code == 200
 
+
+
+def test_a_segment_edited_in_place_is_never_handed_out(served):
+    """Same size, same modification time, same inode: only its bytes changed (an editor that
+    restores the mtime, or a write within the file system's timestamp granularity)."""
+    _, bundle, files = served
+    device = bundle / "device-0.onnx"
+    verified = device.read_bytes()
+    assert get(f"{files}/device-0.onnx").content == verified
+    st = device.stat()
+    with open(device, "r+b") as f:  # in place: the inode stays
+        f.seek(len(verified) // 2)
+        f.write(bytes(b ^ 0xFF for b in verified[len(verified) // 2:][:16]))
+    os.utime(device, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert device.stat().st_size == st.st_size and device.stat().st_ino == st.st_ino
+    r = get(f"{files}/device-0.onnx")
+    assert r.status_code == 404, "the edited bytes were handed out"
+    assert "changed since it was verified" in r.json()["error"]
+    device.write_bytes(verified)  # put back as verified: handed out again
+    os.utime(device, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert get(f"{files}/device-0.onnx").content == verified

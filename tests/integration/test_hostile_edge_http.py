@@ -25,8 +25,8 @@ from ddnn.edge.service import EdgeService
 from ddnn.edge.settings import EdgeSettings
 from ddnn.envelope import MessageType
 from ddnn.errors import ConfigError
-from tests.conftest import one_epoch_bundle
-from tests.integration.conftest import wait_for
+from tests.support.data import one_epoch_bundle
+from tests.support.polling import wait_for
 
 TOKENS = {"cam0": "cam0-token-0123456789", "cam1": "cam1-token-0123456789",
           "cam2": "cam2-token-0123456789"}

@@ -24,7 +24,8 @@ from ddnn.errors import BundleError
 from ddnn.plumbing import download
 from ddnn.plumbing.ota import Announcement, BundleUpdater
 from ddnn.signing import generate_keypair, sign_bundle
-from tests.integration.conftest import wait_for
+from tests.support.ota import bundle_updater
+from tests.support.polling import wait_for
 
 PREFIX = "/v1/bundles/tiny"
 TOKEN = "s3cret-token"
@@ -146,7 +147,7 @@ class World:
 
     def updater(self, **kwargs) -> BundleUpdater:
         kwargs.setdefault("public_key", self.pub)
-        u = BundleUpdater(self.running, self.applied.append, **kwargs)
+        u = bundle_updater(self.running, self.applied.append, **kwargs)
         self.updaters.append(u)
         return u
 
@@ -381,7 +382,7 @@ def test_a_refused_apply_leaves_nothing_on_disk(world, servers):
     def refuse(bundle) -> None:
         raise BundleError("the tier refuses it")
 
-    updater = BundleUpdater(world.running, refuse, cloud=cloud.url, public_key=world.pub)
+    updater = bundle_updater(world.running, refuse, cloud=cloud.url, public_key=world.pub)
     world.updaters.append(updater)
     assert not updater.update(Announcement("tiny", "2"))
     assert "the tier refuses it" in updater.last_error

@@ -5,53 +5,19 @@ the tier cannot load, is refused for good while the running one keeps serving.""
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
-import shutil
 import threading
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from http.server import ThreadingHTTPServer
 
 import pytest
 
 from ddnn.bundle import load_bundle
 from ddnn.plumbing.ota import Announcement, BundleUpdater
-from ddnn.plumbing.retry import RetryPolicy
-from ddnn.signing import generate_keypair, sign_bundle
+from ddnn.signing import generate_keypair
 from ddnn.tools.broker import free_port
-from tests.integration.conftest import wait_for
-
-FAST = RetryPolicy(initial=0.05, maximum=0.2)
-
-
-class Quiet(SimpleHTTPRequestHandler):
-    def log_message(self, *args):
-        pass
-
-
-@contextlib.contextmanager
-def serving(root: Path, port: int):
-    """Files under ``root`` on ``http://127.0.0.1:port`` until the block ends."""
-    server = ThreadingHTTPServer(("127.0.0.1", port),
-                                 functools.partial(Quiet, directory=str(root)))
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def version_copy(src: Path, dst: Path, version: str, key: Path) -> Path:
-    shutil.copytree(src, dst)
-    mf = dst / "manifest.json"
-    d = json.loads(mf.read_text())
-    d["model"]["version"] = version
-    mf.write_text(json.dumps(d, indent=2))
-    sign_bundle(dst, key)
-    return dst
+from tests.support.data import version_copy
+from tests.support.ota import FAST, Quiet, bundle_updater, serving
+from tests.support.polling import wait_for
 
 
 @pytest.fixture
@@ -63,7 +29,7 @@ def setup(tiny_bundle, tmp_path):
     updaters: list[BundleUpdater] = []
 
     def updater(apply, **kw) -> BundleUpdater:
-        u = BundleUpdater(running, apply, public_key=pub, retry=FAST, tag="edge0", **kw)
+        u = bundle_updater(running, apply, public_key=pub, retry=FAST, tag="edge0", **kw)
         updaters.append(u)
         return u
 

@@ -13,7 +13,8 @@ from ddnn.edge.callback import ResultsCallback
 from ddnn.plumbing.metrics import Registry
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.tools.broker import free_port
-from tests.integration.conftest import wait_for
+from tests.support.hierarchy import Edge, run_devices
+from tests.support.polling import wait_for
 
 
 class Receiver:
@@ -99,7 +100,6 @@ def test_a_full_queue_drops_the_oldest_counted(outcomes):
 
 
 def test_the_edge_posts_every_frames_result(mosquitto, tiny_bundle, tiny_data):
-    from tests.integration.test_device_edge import Edge, run_devices
 
     port = free_port()
     receiver = Receiver(port)

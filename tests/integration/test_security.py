@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-import getpass
 import json
 import logging
 import os
@@ -16,7 +15,6 @@ import ssl
 import subprocess
 import sys
 import threading
-from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
@@ -26,9 +24,11 @@ from ddnn.bundle import load_bundle
 from ddnn.errors import BundleError, ConfigError, DdnnError
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions, MqttSecurity
 from ddnn.signing import generate_keypair, sign_bundle
-from ddnn.tools.broker import free_port, mosquitto_path, wait_for_port
+from ddnn.tools.broker import mosquitto_path
 from ddnn.topics import Topics, default_device_ids
-from tests.integration.conftest import cloud_wait_ready, wait_for
+from tests.support.brokers import Pki, mosquitto_tls
+from tests.support.cloud import cloud_wait_ready
+from tests.support.polling import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOYMENT = "sec"
@@ -41,26 +41,6 @@ pytestmark = [
 
 
 # --- certificates -------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class Pki:
-    dir: Path
-    passwords: dict[str, str]
-
-    @property
-    def ca(self) -> Path:
-        return self.dir / "ca.crt"
-
-    def client(self, cid: str) -> tuple[Path, Path]:
-        return self.dir / "clients" / f"{cid}.crt", self.dir / "clients" / f"{cid}.key"
-
-    def security(self, cid: str, password: str | None = None, cert: str | None = None,
-                 ca: Path | None = None) -> MqttSecurity:
-        crt, key = self.client(cert or cid)
-        return MqttSecurity(ca_file=str(ca or self.ca), cert_file=str(crt), key_file=str(key),
-                            username=cid, password=self.passwords[cid] if password is None
-                            else password)
-
 
 def _write_cert(path: Path, key_path: Path, cn: str, *, issuer_cert=None, issuer_key=None,
                 days: tuple[int, int] = (-1, 30), server: bool = False) -> None:
@@ -128,50 +108,6 @@ def pki(tmp_path_factory) -> Pki:
 
 
 # --- brokers ------------------------------------------------------------------------------------
-
-@dataclass
-class SecureBroker:
-    url: str
-    proc: subprocess.Popen
-    log: Path
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-@contextlib.contextmanager
-def mosquitto_tls(workdir: Path, ca: Path, cert: Path, key: Path, *, pki: Pki | None = None):
-    """Mosquitto on a free loopback port: TLS, and with ``pki`` client certificates, the password
-    file and the ACL required (what deploy/mosquitto/secure.conf sets up)."""
-    workdir.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    conf = [f"listener {port} 127.0.0.1", f"cafile {ca}", f"certfile {cert}", f"keyfile {key}",
-            "tls_version tlsv1.2", "persistence false", "set_tcp_nodelay true",
-            f"log_dest file {workdir / 'broker.log'}", "log_type all",
-            # As root Mosquitto drops to user "mosquitto", who could not read the tmp files.
-            f"user {getpass.getuser()}"]
-    if pki is not None:
-        conf += ["require_certificate true", "allow_anonymous false",
-                 f"password_file {pki.dir / 'passwd'}", f"acl_file {pki.dir / 'acl'}"]
-    else:
-        conf += ["allow_anonymous true"]
-    (workdir / "mosquitto.conf").write_text("\n".join(conf) + "\n")
-    proc = subprocess.Popen([mosquitto_path(), "-c", str(workdir / "mosquitto.conf")],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
-    broker = SecureBroker(f"mqtts://127.0.0.1:{port}", proc, workdir / "broker.log")
-    try:
-        wait_for_port("127.0.0.1", port, 10, proc)
-        yield broker
-    finally:
-        broker.stop()
-
 
 @pytest.fixture(scope="module")
 def broker(pki, tmp_path_factory):

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import importlib.util
 import threading
-import time
 
 import pytest
 
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import start_broker
-from tests.integration.conftest import wait_for
+from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
@@ -57,11 +56,9 @@ def test_messages_sent_again_after_a_reconnection_get_their_topic_back(mosquitto
             wait_for(lambda: pub.connects >= 2 and pub.pending() == 0, timeout=30,
                      what="the stored messages acknowledged by the new broker")
 
-            def later_arrives() -> bool:  # (until the new subscription is live at the broker)
-                pub.publish("alias/a", b"later", 1)
-                time.sleep(0.05)
-                return ("alias/a", b"later") in got
-            wait_for(later_arrives, what="a message after it")
+            assert sub.wait_subscribed(10)  # the broker acknowledged the new subscription
+            pub.publish("alias/a", b"later", 1)
+            wait_for(lambda: ("alias/a", b"later") in got, what="a message after it")
             assert pub.connects == 2, "the broker never closed the connection for a bad alias"
     finally:
         pub.stop()

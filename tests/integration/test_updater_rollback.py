@@ -13,8 +13,9 @@ from ddnn.plumbing.ota import Announcement, BundleUpdater
 from ddnn.plumbing.probation import CRASHED, Look
 from ddnn.signing import generate_keypair
 from ddnn.tools.broker import free_port
-from tests.integration.conftest import wait_for
-from tests.integration.test_ota_retry import FAST, serving, version_copy
+from tests.support.data import version_copy
+from tests.support.ota import FAST, bundle_updater, serving
+from tests.support.polling import wait_for
 
 WINDOW = 0.8  # seconds of probation: failing for 0.2 s rolls back
 
@@ -48,7 +49,7 @@ def fleet(tiny_bundle, tmp_path):
             applied.append(bundle.ref)
             probe.running = bundle.ref
 
-        u = BundleUpdater(running, apply, public_key=pub, retry=FAST, tag="dev0",
+        u = bundle_updater(running, apply, public_key=pub, retry=FAST, tag="dev0",
                           probation=WINDOW, probe=probe, **kw)
         made.append(u)
         return u

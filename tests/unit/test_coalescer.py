@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from ddnn.device.coalescer import Coalescer
+from ddnn.device.gateway.coalescer import Coalescer
 
 
 def _collect():

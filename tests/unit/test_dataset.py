@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from ddnn.dataset import load_dataset
+from ddnn.dataset import load_dataset, load_view, write_directory_meta
 from ddnn.errors import DatasetError
 
 
@@ -99,3 +99,60 @@ def test_pickled_arrays_are_refused(tmp_path):
     )
     with pytest.raises(DatasetError):
         load_dataset(path)
+
+
+def _view_of(ds, view):
+    return np.where(ds.present[:, view, None, None, None], ds.X[:, view], 0.0), ds.present[:, view]
+
+
+@pytest.mark.parametrize("order", ["C", "F"])
+def test_one_view_is_the_view_of_the_whole_file(tmp_path, order):
+    X, y, label = _sample(n=7)
+    y[1, 2] = -1  # absent by label, yet not blank: a replay sends it as absent (all zero)
+    X[3, 0] = 0.0  # blank: absent whatever its label
+    path = _write(tmp_path / "d.npz", X=np.asarray(X, order=order), y=y, label=label)
+    whole = load_dataset(path)
+    for view in range(3):
+        images, present = load_view(path, view)
+        expected, seen = _view_of(whole, view)
+        assert images.dtype == np.float32 and images.flags.c_contiguous
+        np.testing.assert_array_equal(images, expected)
+        np.testing.assert_array_equal(present, seen)
+    assert not load_view(path, 2)[1][1] and not load_view(path, 0)[1][3]
+    images, present = load_view(path, 1, start=2, limit=3)  # a replay's --start and --limit
+    expected, seen = _view_of(whole, 1)
+    np.testing.assert_array_equal(images, expected[2:5])
+    np.testing.assert_array_equal(present, seen[2:5])
+    assert len(load_view(path, 1, start=5)[0]) == 2 and len(load_view(path, 1, start=9)[0]) == 0
+
+
+def test_one_view_of_a_directory_is_read_from_its_mapped_images(tmp_path):
+    X, y, label = _sample(n=5)
+    pixels = (X * 255).astype(np.uint8)
+    pixels[2, 1] = 0
+    for name, a in (("X", pixels), ("y", y), ("label", label)):
+        np.save(tmp_path / f"{name}.npy", a)
+    write_directory_meta(tmp_path, ("a", "b", "c"), ("v0", "v1", "v2"))
+    images, present = load_view(tmp_path, 1)
+    expected, seen = _view_of(load_dataset(tmp_path), 1)
+    np.testing.assert_array_equal(images, expected)
+    np.testing.assert_array_equal(present, seen)
+    assert not present[2]
+    images, present = load_view(tmp_path, 1, start=1, limit=2)
+    np.testing.assert_array_equal(images, expected[1:3])
+    np.testing.assert_array_equal(present, seen[1:3])
+
+
+def test_one_view_of_a_bad_file_names_the_problem(tmp_path):
+    X, y, label = _sample()
+    path = _write(tmp_path / "d.npz", X=X, y=y, label=label)
+    with pytest.raises(DatasetError, match=r"has views 0..2, not 3"):
+        load_view(path, 3)
+    with pytest.raises(DatasetError, match=r"\[0, 1\]"):
+        load_view(_write(tmp_path / "bad.npz", X=X * 2, y=y, label=label), 0)
+    with pytest.raises(DatasetError, match="label out of range"):
+        load_view(_write(tmp_path / "bad.npz", X=X, y=y, label=label + 5), 0, num_classes=3)
+    with open(tmp_path / "one.npz", "wb") as f:
+        np.save(f, X)  # one array, under a .npz name
+    with pytest.raises(DatasetError, match="not a .npz file"):
+        load_view(tmp_path / "one.npz", 0)

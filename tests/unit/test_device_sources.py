@@ -15,8 +15,9 @@ import types
 import numpy as np
 import pytest
 
-from ddnn.device.sources import Camera, ImageFolder, SourceError
+from ddnn.device.sources import Camera, ImageFolder, NpzReplay, SourceError
 from ddnn.plumbing.retry import RetryPolicy
+from tests.support.polling import wait_for
 
 FAST = RetryPolicy(initial=0.01, maximum=0.02)
 
@@ -166,7 +167,7 @@ def test_a_followed_folder_skips_unreadable_and_older_names(tmp_path):
     result = {}
     t = threading.Thread(target=lambda: result.setdefault("first", next(it)))
     t.start()
-    time.sleep(POLL_WAIT)
+    wait_for(lambda: images.skipped == 1, what="the unreadable b.png taken")
     write_png(folder / "a.png", 1)  # named before what was taken: skipped
     write_png(folder / "c.png", 2)
     t.join(30)
@@ -174,7 +175,6 @@ def test_a_followed_folder_skips_unreadable_and_older_names(tmp_path):
     assert images.skipped == 1
 
 
-POLL_WAIT = 0.6  # a bit over two polls of a followed folder
 
 
 def test_a_decompression_bomb_is_refused_like_an_unreadable_image(tmp_path):
@@ -194,3 +194,16 @@ def test_a_decompression_bomb_is_refused_like_an_unreadable_image(tmp_path):
     bomb.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IEND", b""))
     with pytest.raises(ConfigError, match="not a readable image"):
         read_image(bomb)
+
+
+def test_a_replay_numbers_frames_by_their_index_in_the_file(tmp_path):
+    rng = np.random.default_rng(0)
+    X = rng.random((6, 2, 3, 16, 16), dtype=np.float32)
+    y = np.ones((6, 2), dtype=np.int64)
+    y[3, 1] = -1  # absent by label, though its image is not blank: replayed as all zero
+    np.savez(tmp_path / "d.npz", X=X, y=y)
+    frames = list(NpzReplay(tmp_path / "d.npz", 1, start=2, limit=3))
+    assert [i for i, _ in frames] == [2, 3, 4]
+    np.testing.assert_array_equal(frames[0][1], X[2, 1])
+    assert not frames[1][1].any()
+    assert len(NpzReplay(tmp_path / "d.npz", 0, start=4)) == 2

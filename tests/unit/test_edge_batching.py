@@ -4,12 +4,10 @@ same either way, and every message and stage of the latency breakdown is counted
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
-import ddnn.edge.aggregator as aggregator
+import ddnn.edge.scheduler as scheduler
 from ddnn import envelope as env
 from ddnn.bundle import load_bundle
 from ddnn.edge.aggregator import EdgeAggregator
@@ -17,6 +15,7 @@ from ddnn.edge.settings import EdgeSettings
 from ddnn.envelope import MessageType
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics
+from tests.support.polling import wait_for
 
 FRAMES = 12
 
@@ -49,21 +48,13 @@ def messages(agg: EdgeAggregator, frames: int) -> list[tuple[str, bytes]]:
         for n in range(frames) for d in agg.devices]
 
 
-def wait_for(condition, timeout: float = 5.0) -> None:
-    """Poll: the worker answers on its own thread."""
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.005)
-
-
 def answers(kept: Kept) -> list[tuple]:
     # (entropies to 9 places: plain floats and numpy may differ in the last bits)
     return sorted((r.frame, r.cls, r.exit, round(r.entropy, 9), r.views) for r in kept.results)
 
 
 def test_a_frame_is_answered_on_the_thread_of_its_last_view(tiny_bundle, monkeypatch):
-    monkeypatch.setattr(aggregator, "INLINE_GAP", 1e9)  # however close together they come
+    monkeypatch.setattr(scheduler, "INLINE_GAP", 1e9)  # however close together they come
     agg, kept = edge(tiny_bundle)
     agg.start()
     try:
@@ -82,7 +73,7 @@ def test_frames_close_together_run_in_one_batch_with_the_same_answers(tiny_bundl
     for topic, payload in messages(inline, FRAMES):
         inline.ingest.on_message(topic, payload)
     batched, kept = edge(tiny_bundle, threshold, plain=False)
-    monkeypatch.setattr(aggregator, "INLINE_GAP", 1e9)  # all but the first frame batched
+    monkeypatch.setattr(scheduler, "INLINE_GAP", 1e9)  # all but the first frame batched
     for topic, payload in messages(batched, FRAMES):
         batched.ingest.on_message(topic, payload)
     assert len(kept.results) == (1 if threshold else 0)  # the rest wait for the worker

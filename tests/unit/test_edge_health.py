@@ -10,25 +10,16 @@ import time
 import types
 
 from ddnn.edge.health import EdgeHealth
-from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.settings import EdgeSettings
-
-
-class Agg:
-    def __init__(self):
-        self.answered = 0
-        self.assembler: list = []
-        self.devices = ["cam0", "cam1"]
-        self.metrics = EdgeMetrics()
-        self.cloud = None
-        self._threads: list[threading.Thread] = []
+from tests.support.polling import wait_for
+from tests.support.stubs import Agg
 
 
 def health(tmp_path, mqtt=None, **settings) -> tuple[EdgeHealth, Agg]:
     (tmp_path / "b").mkdir(exist_ok=True)
     s = EdgeSettings(bundle=tmp_path / "b", http_port=0, **settings)
     agg = Agg()
-    return EdgeHealth(agg, s, mqtt), agg  # type: ignore[arg-type]
+    return EdgeHealth(agg, s, mqtt, liveness=agg.parts.liveness), agg  # type: ignore[arg-type]
 
 
 def test_pending_frames_without_answers_are_a_stall(tmp_path):
@@ -75,9 +66,22 @@ def test_devices_never_seen_count_as_offline_after_the_grace(tmp_path):
 def test_a_dead_thread_fails_liveness(tmp_path):
     h, agg = health(tmp_path)
     assert h.liveness().ok
-    agg._threads = [threading.Thread(name="edge-worker")]  # never ran, or ended
+    agg.parts.add("edge-worker", alive=lambda: False).start()  # a started thread that ended
     reasons = h.liveness().reasons
     assert "the edge-worker thread is not running" in reasons
+
+
+def closed_by_peer(s: socket.socket) -> bool:
+    """The other end closed ``s`` (a read would return end-of-file at once)."""
+    s.setblocking(False)
+    try:
+        return s.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    finally:
+        s.setblocking(True)
 
 
 def test_the_monitoring_server_caps_its_connections():
@@ -89,7 +93,8 @@ def test_the_monitoring_server_caps_its_connections():
     idle = [socket.create_connection((server.host, server.port)) for _ in range(40)]
     try:
         # Each idle client holds a thread until its timeout; the ones past the cap are closed.
-        time.sleep(0.5)  # let the server accept the flood (what is measured is its result)
+        wait_for(lambda: sum(map(closed_by_peer, idle)) >= len(idle) - MAX_CONNECTIONS,
+                 what="the server to close the connections past its cap")
         assert threading.active_count() - before <= MAX_CONNECTIONS + 2
     finally:
         for s in idle:

@@ -1,4 +1,4 @@
-"""The edge's hot path reads a compact scores message in place (``edge.ingest.ScoresReader``);
+"""The edge's hot path reads a compact scores message in place (``ddnn.edge.ingest.ScoresReader``);
 whatever it takes, the full decoder takes with the same frame, time and values, and (float16,
 the bundles' scores codec) it takes everything the full decoder takes for that version."""
 

@@ -163,3 +163,13 @@ def test_decode_error_is_a_codec_error():
     assert issubclass(DecodeError, CodecError)
     with pytest.raises(CodecError):
         env.decode(b"")
+
+
+@pytest.mark.parametrize("frame", [0, 1, 127, 128, 300, 2**40, 2**64 - 1])
+def test_the_frame_header_is_read_in_place(frame):
+    data = env.encode(env.pack(MessageType.ABSENT, version="1", frame=frame, timestamp=1234.5))
+    got, at = env.frame_header(data)
+    assert got == frame
+    assert int.from_bytes(data[at : at + 4], "little") == round(1234.5 / env.TICK) % 2**32
+    with pytest.raises(DecodeError):
+        env.frame_header(data[:2])

@@ -7,8 +7,9 @@ import json
 import numpy as np
 
 from ddnn import envelope as env
-from ddnn.batch import MAX_ENTRIES, MAX_ENTRY, pack_batch, unpack_batch
-from ddnn.device.gateway import MAX_DEVICES, GatewayService, GatewaySettings, batches
+from ddnn.batch import MAX_ENTRIES, MAX_ENTRY, batches, pack_batch, unpack_batch
+from ddnn.device.gateway.service import GatewayService
+from ddnn.device.gateway.settings import MAX_DEVICES, GatewaySettings
 from ddnn.envelope import MAX_MESSAGE, MessageType
 
 

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from ddnn import oip
+from ddnn import oip, oip_body
 from ddnn.oip import HEADER_LENGTH, OipError, decode_request, decode_response, encode_request
 
 
@@ -155,7 +155,8 @@ def _binary_request(size_claim: int, payload: bytes, header: str | None = None):
     (4, b"\0" * 4, None, "binary_data_size is 4 bytes but shape"),
     (8, b"\0" * 12, None, "4 bytes after the last binary tensor"),
     (8, b"\0" * 8, "abc", "must be an integer"),
-    (8, b"\0" * 8, "0", "must be 1..body length"),
+    (8, b"\0" * 8, "-1", "must be 1..body length"),
+    (8, b"\0" * 8, "0", "raw binary request .* needs a model with exactly one input"),
     (8, b"\0" * 8, "100000", "must be 1..body length"),
     (-8, b"\0" * 8, None, "non-negative integer"),
 ])
@@ -179,10 +180,57 @@ def test_empty_oversized_and_deeply_nested_bodies_are_refused(monkeypatch):
         decode_request(b"", {})
     with pytest.raises(OipError, match="nested too deeply"):
         decode_request(b'{"inputs": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", {})
-    monkeypatch.setattr(oip, "MAX_BODY", 10)
+    monkeypatch.setattr(oip_body, "MAX_BODY", 10)
     with pytest.raises(oip.PayloadTooLargeError, match="exceeds the limit") as e:
         decode_request(b"{" + b" " * 20 + b"}", {})
     assert e.value.status == 413
+
+
+def test_a_json_part_is_bounded_before_it_is_parsed(monkeypatch):
+    def refused(body: bytes, headers=None, **kw) -> OipError:
+        with pytest.raises(OipError) as e:
+            decode_request(body, headers or {}, **kw)
+        return e.value
+
+    monkeypatch.setattr(oip_body, "json", None)  # whatever is refused here is never parsed
+    n = oip.MAX_JSON_ELEMENTS
+    for bomb in (b"[]," * n, b"0," * n, b"{}," * n, b'"' + b"a" * oip.MAX_JSON_BYTES + b'"'):
+        e = refused(b'{"inputs": [' + bomb + b"]}")
+        assert e.status == 413 and "send large tensors binary" in str(e)
+    head = b'{"inputs": [' + b"[]," * 1000 + b"]}"
+    sizes = []
+    e = refused(head, max_json_arrays=lambda size: sizes.append(size) or 10)
+    assert e.status == 400 and "holds 1001 arrays" in str(e) and sizes == [len(head)]
+    e = refused(head + b"\0" * 8, {HEADER_LENGTH: str(len(head))},  # a binary body's header
+                max_json_arrays=lambda size: sizes.append(size) or 10)
+    assert e.status == 400 and "holds 1001 arrays" in str(e) and sizes[-1] == len(head)
+
+
+def test_an_integer_past_pythons_digit_limit_is_a_400():
+    with pytest.raises(OipError, match="not valid JSON: Exceeds the limit") as e:
+        decode_request(b'{"inputs": [{"name": "x", "datatype": "INT64", "shape": [1], "data": ['
+                       + b"1" * 5000 + b"]}]}", {})
+    assert e.value.status == 400
+
+
+def test_a_raw_binary_request_is_the_one_inputs_bytes():
+    x = np.arange(12, dtype=np.uint8).reshape(3, 4)
+    body, headers = oip.encode_raw_request(x)
+    assert body == x.tobytes() and headers == {HEADER_LENGTH: "0"}
+    req = decode_request(body, headers, raw_input=("rows", "UINT8", (4,)))
+    assert list(req.inputs) == ["rows"] and req.inputs["rows"].tobytes() == x.tobytes()
+    assert req.inputs["rows"].shape == (3, 4)  # the batch from the body's size
+    assert req.outputs is None and req.binary_outputs is True and req.id is None
+    f = decode_request(np.ones((1, 2), "<f4").tobytes(), {HEADER_LENGTH: " 0 "},
+                       raw_input=("x", "FP32", (2,)))
+    np.testing.assert_array_equal(f.inputs["x"], np.ones((1, 2), np.float32))
+    with pytest.raises(OipError, match="needs a model with exactly one input"):
+        decode_request(body, headers)
+    for bad in (b"", body[:-1]):
+        with pytest.raises(OipError, match="a whole number of samples of 4 bytes"):
+            decode_request(bad, headers, raw_input=("rows", "UINT8", (4,)))
+    with pytest.raises(OipError, match="BOOL bytes must be 0 or 1"):
+        decode_request(b"\x02", headers, raw_input=("p", "BOOL", (1,)))
 
 
 def test_too_many_tensors_are_refused():

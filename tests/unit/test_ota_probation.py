@@ -27,7 +27,7 @@ from ddnn.plumbing.probation import (
     RolledBack,
     UpdateGuard,
 )
-from tests.unit.test_edge_health import Agg
+from tests.support.stubs import Agg
 
 BAD = Look(problems=("3 frames failed",))
 GOOD = Look(worked=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from ddnn.errors import ConfigError
@@ -21,7 +23,7 @@ def test_trailing_zeros_name_the_same_version():
     assert not is_newer("1.0", "1") and not is_newer("1", "1.0")
 
 
-@pytest.mark.parametrize(("a", "b"), list(zip(ORDERED[3:], ORDERED[4:])))
+@pytest.mark.parametrize(("a", "b"), list(itertools.pairwise(ORDERED[3:])))
 def test_newer_agrees_with_the_sort_key_on_numeric_versions(a, b):
     assert is_newer(b, a) and not is_newer(a, b)
     assert version_key(b) > version_key(a)

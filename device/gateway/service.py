@@ -1,11 +1,5 @@
-"""``ddnn gateway``: devices behind one uplink, their messages of a frame sent as one.
-
-Devices on a site (one board with several cameras, or boards on one LAN) publish to a local
-broker as usual. The gateway forwards their messages to the edge's broker over the constrained
-uplink in batches (:mod:`ddnn.batch`): the scores of a frame go as one message once every
-online device sent its own (or after ``--coalesce-ms``), pulled features likewise. Their
-statuses go up as one retained gateway status. Down, it repeats the edge's pulls, its status
-and bundle announcements on the local broker, so the devices run unchanged.
+"""The gateway at work: two MQTT clients (the site's broker, the edge's over the uplink) and
+the coalescer between them.
 
 Nothing is lost on the way: a device message is acknowledged on the local broker (a persistent
 session) only once the batch that carries it was acknowledged upstream.
@@ -13,96 +7,25 @@ session) only once the batch that carries it was acknowledged upstream.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import queue
 import threading
 import time
-from collections.abc import Mapping
-from dataclasses import dataclass
 
 from ddnn import envelope as env
-from ddnn.batch import MAX_ENTRIES, MAX_ENTRY, pack_batch
-from ddnn.device.coalescer import Coalescer, Group, Key
-from ddnn.envelope import MAX_MESSAGE, DecodeError, MessageType, varint_bytes
-from ddnn.errors import ConfigError
-from ddnn.names import check_name
-from ddnn.plumbing import options
-from ddnn.plumbing.mqtt import (
-    QOS_FEATURES,
-    QOS_RESULTS,
-    QOS_SCORES,
-    QOS_STATUS,
-    SECURITY_OPTIONS,
-    BrokerUrl,
-    MqttClient,
-    MqttOptions,
-    security_of,
-    status_fields,
-)
-from ddnn.plumbing.options import Option, boolean, id_list
-from ddnn.plumbing.signals import stop_on_signals
-from ddnn.topics import Topics
+from ddnn.batch import MAX_ENTRY, batches, pack_batch
+from ddnn.device.gateway.coalescer import Coalescer, Group, Key
+from ddnn.device.gateway.health import GatewayMetrics, monitor
+from ddnn.device.gateway.settings import MAX_DEVICES, GatewaySettings
+from ddnn.envelope import DecodeError, MessageType
+from ddnn.plumbing.health import MonitorServer
+from ddnn.plumbing.lifecycle import Lifecycle, Worker
+from ddnn.plumbing.mqtt import MqttClient, MqttOptions
+from ddnn.plumbing.throttle import LogThrottle
+from ddnn.status import status_fields
+from ddnn.topics import DELIVERY, DEVICE_KINDS, Topics, subscription
 
 log = logging.getLogger(__name__)
-
-ENV_PREFIX = "DDNN_GATEWAY_"
-MAX_DEVICES = 256  # devices a gateway without --devices forwards at most
-
-
-@dataclass(frozen=True, kw_only=True)
-class GatewaySettings:
-    """Everything ``ddnn gateway`` can be told (flags or ``DDNN_GATEWAY_*``)."""
-
-    local: str  # the devices' broker
-    broker: str  # the edge's broker, over the uplink
-    ca_file: str | None = None  # TLS and credentials for the edge's broker
-    cert_file: str | None = None
-    key_file: str | None = None
-    username: str | None = None
-    password: str | None = None
-    gateway_id: str = "gw0"
-    devices: tuple[str, ...] = ()  # the devices it forwards; empty: any, up to MAX_DEVICES
-    deployment: str = "default"
-    edge_id: str = "edge0"
-    topic_prefix: str = "ddnn"
-    coalesce_ms: float = 20.0  # longest a message waits for the other devices of its frame
-    forward_results: bool = False  # one-view bundles: devices publish their own results
-    keepalive: int = 10
-    reconnect_max: int = 30
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "devices", tuple(self.devices))
-        BrokerUrl.parse(self.local)
-        BrokerUrl.parse(self.broker)
-        check_name("gateway id", self.gateway_id)
-        check_name("edge id", self.edge_id)
-        for d in self.devices:
-            check_name("device id", d)
-        Topics(self.deployment, self.topic_prefix)
-        if not 0 <= self.coalesce_ms <= 1000:
-            raise ConfigError("--coalesce-ms must be between 0 and 1000")
-
-
-OPTIONS = (
-    Option("local", str, "URL", "the devices' MQTT broker (local to the site)"),
-    Option("broker", str, "URL", "the edge's MQTT broker, over the uplink (mqtts:// for TLS)"),
-    *SECURITY_OPTIONS,
-    Option("gateway-id", str, "ID", "this gateway's id: its topics, and what the edge lets it "
-                                    "speak for (edge --gateways)"),
-    Option("devices", id_list, "IDS", "comma-separated devices to forward (unset: any device "
-                                      f"on the site broker, {MAX_DEVICES} at most)"),
-    Option("deployment", str, "NAME", "deployment whose devices to forward"),
-    Option("edge-id", str, "ID", "the edge whose pulls, status and announcements to repeat"),
-    Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
-    Option("coalesce-ms", float, "MS", "longest a device message waits for the other devices' "
-                                       "messages of its frame before its batch goes"),
-    Option("forward-results", boolean, "BOOL", "forward the devices' own results (one-view "
-                                               "bundles decide on the device)"),
-    Option("keepalive", int, "S", "MQTT keepalive, seconds"),
-    Option("reconnect-max", int, "S", "cap of the reconnection backoff, seconds"),
-)
 
 # What of a device's status goes up (the edge reads these; the rest stays on the site).
 _STATUS_FIELDS = ("state", "view", "model", "mode", "since")
@@ -111,7 +34,9 @@ STOP_WAIT = 5.0  # seconds a stopping gateway waits for its last batches' acknow
 
 
 class GatewayService:
-    """The two MQTT clients and the coalescer between them; a context manager."""
+    """The two MQTT clients and the coalescer between them; a context manager over its
+    :attr:`lifecycle` (the HTTP server with ``--http-port``, the edge's broker, the site's
+    broker, the acknowledging and the flushing threads: stopped in reverse)."""
 
     def __init__(self, settings: GatewaySettings):
         s = self.settings = settings
@@ -128,27 +53,28 @@ class GatewayService:
         # messages dropped (bad, or too large to go up) and refused by the edge's broker
         self.forwarded = dict.fromkeys(("batches", "messages", "complete", "timed_out",
                                         "dropped", "refused"), 0)
+        self._drops_log = LogThrottle(every=1000)  # the first, then one in a thousand
         self.coalescer = Coalescer(s.coalesce_ms / 1000, self._expected, self._send)
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
-                        security=security_of(s),
-                        subscriptions=[(t.requests(s.edge_id), 0),
-                                       (t.edge_status(s.edge_id), QOS_STATUS), (t.bundle, 1)]),
+                        security=s.security,
+                        subscriptions=[subscription(t.requests(s.edge_id), "requests"),
+                                       subscription(t.edge_status(s.edge_id), "status"),
+                                       subscription(t.bundle, "bundle")]),
             status_topic=t.gateway(s.gateway_id, "status"),
             status_info={"gateway": s.gateway_id, "devices": {}},
             on_message=self._from_edge, on_published=lambda mid: self._acks.put((mid, True)),
             on_publish_refused=lambda mid: self._acks.put((mid, False)))
-        kinds = ["scores", "features", "status"]
         self.local = MqttClient(
             s.local, f"ddnn-{s.deployment}-{s.gateway_id}-local",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max, persistent=True,
-                        subscriptions=[(t.all_devices(k), 1) for k in kinds]
-                        + ([(t.results, 1)] if s.forward_results else [])),
+                        subscriptions=[subscription(t.all_devices(k), k) for k in DEVICE_KINDS]
+                        + ([subscription(t.results, "results")] if s.forward_results else [])),
             on_message=self._from_device)
-        self._threads = [
-            threading.Thread(target=self.coalescer.run, name="gateway-flush", daemon=True),
-            threading.Thread(target=self._acknowledge, name="gateway-acks", daemon=True)]
+        self.metrics = GatewayMetrics()
+        self.http: MonitorServer | None = None  # /metrics, /healthz, /livez (--http-port)
+        self.lifecycle = self._lifecycle()
 
     @classmethod
     def from_settings(cls, settings: GatewaySettings) -> GatewayService:
@@ -163,7 +89,7 @@ class GatewayService:
             return False
         delivery = self.local.delivering
         if topic == self.topics.results:  # a one-view device's own answer: up as it is
-            self._publish(topic, payload, QOS_RESULTS, [delivery])
+            self._publish(topic, payload, DELIVERY["results"].qos, [delivery])
             return False
         parsed = self.topics.parse_device(topic)
         if parsed is None or not self._forwards(parsed[0]):
@@ -178,7 +104,7 @@ class GatewayService:
             frame = env.decode(payload).frame
         except DecodeError as e:
             self._count("dropped")  # the edge would drop it too: the uplink is dear
-            if self.forwarded["dropped"] % 1000 == 1:  # the first, then one in a thousand
+            if self._drops_log():
                 log.warning("dropping a message of %s (%d so far): %s", device,
                             self.forwarded["dropped"], e)
             return None
@@ -216,7 +142,7 @@ class GatewayService:
         for chunk in batches(entries):
             data = pack_batch((device, payload) for device, payload, _ in chunk)
             self._publish(self.topics.gateway(self.settings.gateway_id, "messages"), data,
-                          max(QOS_SCORES, QOS_FEATURES), [tag for _, _, tag in chunk])
+                          DELIVERY["messages"].qos, [tag for _, _, tag in chunk])
             with self._lock:
                 self.forwarded["batches"] += 1
                 self.forwarded["messages"] += len(chunk)
@@ -265,9 +191,10 @@ class GatewayService:
         t, s = self.topics, self.settings
         if topic == t.requests(s.edge_id):
             self._remember_pull(payload)
-            self.local.publish(topic, payload, 0)
+            self.local.publish(topic, payload, DELIVERY["requests"].qos)
         elif topic in (t.edge_status(s.edge_id), t.bundle):
-            self.local.publish(topic, payload, 1, retain=True)
+            wire = DELIVERY["status" if topic != t.bundle else "bundle"]
+            self.local.publish(topic, payload, wire.qos, retain=wire.retain)
 
     def _remember_pull(self, payload: bytes) -> None:
         """Which views the edge pulled for a frame: its features' group waits for them."""
@@ -284,22 +211,35 @@ class GatewayService:
 
     # --- lifecycle ----------------------------------------------------------------------------
 
-    def __enter__(self) -> GatewayService:
-        for t in self._threads:
-            t.start()
-        self.up.start()
-        self.local.start()
-        return self
+    def _lifecycle(self) -> Lifecycle:
+        """Started in this order, stopped in reverse: no more device messages are taken, what
+        is held is sent, what the edge's broker took is acknowledged, then both disconnect
+        (the site's broker first: the acknowledgements go out before its DISCONNECT)."""
+        parts = Lifecycle()
+        if self.settings.http.port is not None:  # first: a port in use fails before the rest
+            parts.add("http", start=self._start_http, stop=lambda: self.http.stop(),
+                      alive=lambda: self.http.alive())
+        for name, client in (("mqtt-up", self.up), ("mqtt-local", self.local)):
+            parts.add(name, client,
+                      alive=lambda c=client: c.refused is not None or c.alive())
+        parts.add("gateway-acks", Worker("gateway-acks", self._acknowledge,
+                                         stop=self._last_acknowledgements, join=STOP_WAIT))
+        parts.add("gateway-flush", Worker("gateway-flush", self.coalescer.run,
+                                          stop=self._stop_taking, join=STOP_WAIT))
+        return parts
 
-    def __exit__(self, *exc) -> None:
-        self.stop()
+    def _start_http(self) -> None:
+        s = self.settings
+        self.http = monitor(self, s.http.host, s.http.port).start()
 
-    def stop(self) -> None:
-        """Take no more device messages, send what is held, acknowledge what the edge's broker
-        took, then disconnect: what is left comes again to the next run."""
+    def _stop_taking(self) -> None:
+        """Take no more device messages; the coalescer sends what it holds and ends."""
         self._stopping = True
         self.coalescer.stop()
-        self._threads[0].join(STOP_WAIT)
+
+    def _last_acknowledgements(self) -> None:
+        """Wait (a while) for the edge's broker to take the last batches, then end the
+        acknowledging thread: what is left comes again to the next run."""
         deadline = time.monotonic() + STOP_WAIT
         while self.up.connected.is_set() and time.monotonic() < deadline:
             with self._lock:
@@ -307,23 +247,17 @@ class GatewayService:
                     break
             time.sleep(0.02)  # the last PUBACKs, over the uplink
         self._acks.put(None)
-        self._threads[1].join(STOP_WAIT)
-        self.local.stop()  # (the acknowledgements above go out before its DISCONNECT)
-        self.up.stop()
 
+    def __enter__(self) -> GatewayService:
+        self.lifecycle.start()
+        return self
 
-def batches(entries: list) -> list[list]:
-    """``entries`` (device, envelope, tag) cut into batches within the format's bounds."""
-    out: list[list] = []
-    size = 1
-    for e in entries:
-        n = len(e[0]) + 1 + len(varint_bytes(len(e[1]))) + len(e[1])
-        if not out or len(out[-1]) == MAX_ENTRIES or size + n > MAX_MESSAGE:
-            out.append([])
-            size = 1
-        out[-1].append(e)
-        size += n
-    return out
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        """Stop every part, in reverse order (see :meth:`_lifecycle`)."""
+        self.lifecycle.stop()
 
 
 def _pulled(mask: bytes, view) -> bool:
@@ -331,37 +265,3 @@ def _pulled(mask: bytes, view) -> bool:
     if not isinstance(view, int) or isinstance(view, bool) or not 0 <= view < 8 * len(mask):
         return False
     return bool(mask[view // 8] >> (7 - view % 8) & 1)
-
-
-# --- command line ---------------------------------------------------------------------------
-
-DESCRIPTION = f"""\
-Forward the messages of the devices on a local broker to the edge's broker in batches: one
-message per frame up the constrained uplink instead of one per device (the devices run
-unchanged, with --broker set to the local broker). Start the edge with --gateways
-GATEWAY=DEVICE+DEVICE... so it lets this gateway speak for its devices. Every option also reads
-the environment variable {ENV_PREFIX}<OPTION>; a flag wins."""
-
-
-def register(sub, data_sub, formatter) -> None:
-    """Add ``ddnn gateway`` to the subcommands."""
-    p = sub.add_parser("gateway", help="batch a site's device messages up one uplink",
-                       description=DESCRIPTION, formatter_class=formatter)
-    options.add_options(p, OPTIONS, GatewaySettings, ENV_PREFIX)
-    p.set_defaults(func=run)
-
-
-def settings_from(args: argparse.Namespace, environ: Mapping[str, str] | None = None
-                  ) -> GatewaySettings:
-    return options.settings_from(args, OPTIONS, GatewaySettings, ENV_PREFIX, environ)
-
-
-def run(args: argparse.Namespace) -> int:
-    settings = settings_from(args)
-    log.info("gateway config: %s", options.describe(settings, OPTIONS))
-    stop = threading.Event()
-    stop_on_signals(stop)
-    with GatewayService.from_settings(settings) as service:
-        stop.wait()
-        log.info("stopping: %s", json.dumps(service.forwarded))
-    return 0

@@ -1,0 +1,192 @@
+"""Experience: what an edge records of the frames it forwarded, for the cloud to teach from.
+
+For each frame the edge sent up, the device features it fused and the cloud's answer as a soft
+label (class probabilities). Federated fine-tuning (``ddnn federate client --experience DIR``)
+trains the layers above the device stem on it by distillation: no human labels, and no image
+ever leaves a device through this path (features only). The format (docs/federated.md):
+
+A directory of chunks ``experience-<unix ms>-<seq>.npz`` (written to a temporary name and
+renamed, so a reader never sees half a chunk), each an ``.npz`` without pickles holding
+
+- ``features`` float16 ``(N, V, F, h, w)``: each view's device features as the edge decoded
+  them (the codec's levels), zeros for a view that was not fused;
+- ``present`` bool ``(N, V)``: the views whose features were fused;
+- ``soft_label`` float32 ``(N, C)``: the cloud's class probabilities (softmax of its scores);
+- optional ``device_scores`` float16 ``(N, V, C)``: the devices' scores as sent (for the
+  local exit, when it has weights);
+- ``meta``: a 0-d string, JSON: ``{"format": "ddnn-experience", "format_version": 1,
+  "model": {"name", "version"}, "classes": [...], "feature_shape": [F, h, w],
+  "device_codec": ..., "created": ISO 8601}``.
+
+The oldest chunks are deleted first when the directory grows past its budget
+(:func:`prune`). Numpy only: the edge writes it without torch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import logging
+import os
+import time
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ddnn.errors import DatasetError
+
+FORMAT = "ddnn-experience"
+FORMAT_VERSION = 1
+PREFIX = "experience-"
+log = logging.getLogger("ddnn.experience")
+_seq = itertools.count()
+
+
+@dataclass(frozen=True)
+class Experience:
+    """Recorded frames: features (float32), which views were fused, the cloud's soft labels."""
+
+    features: np.ndarray  # float32 (N, V, F, h, w)
+    present: np.ndarray  # bool (N, V)
+    soft_label: np.ndarray  # float32 (N, C)
+    device_scores: np.ndarray | None  # float32 (N, V, C), or None when not recorded
+    classes: tuple[str, ...]
+
+    @property
+    def num_samples(self) -> int:
+        return int(self.features.shape[0])
+
+    def subset(self, index: np.ndarray) -> Experience:
+        scores = None if self.device_scores is None else self.device_scores[index]
+        return Experience(self.features[index], self.present[index], self.soft_label[index],
+                          scores, self.classes)
+
+
+def write_chunk(directory: str | Path, features: np.ndarray, present: np.ndarray,
+                soft_label: np.ndarray, *, model: tuple[str, str], classes: list[str],
+                device_codec: str, device_scores: np.ndarray | None = None) -> Path:
+    """Write one chunk of experience into ``directory`` (atomically); returns its path."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION,
+        "model": {"name": model[0], "version": model[1]}, "classes": list(classes),
+        "feature_shape": list(features.shape[2:]), "device_codec": device_codec,
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+    }
+    arrays = {
+        "features": np.asarray(features, dtype=np.float16),
+        "present": np.asarray(present, dtype=bool),
+        "soft_label": np.asarray(soft_label, dtype=np.float32),
+        "meta": np.array(json.dumps(meta)),
+    }
+    if device_scores is not None:
+        arrays["device_scores"] = np.asarray(device_scores, dtype=np.float16)
+    name = f"{PREFIX}{int(time.time() * 1000)}-{os.getpid()}-{next(_seq)}.npz"
+    tmp = directory / f".{name}.tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, directory / name)
+    return directory / name
+
+
+def chunks(directory: str | Path) -> list[Path]:
+    """The directory's finished chunks, oldest first."""
+    return sorted(Path(directory).glob(f"{PREFIX}*.npz"), key=lambda p: (p.stat().st_mtime, p.name))
+
+
+def prune(directory: str | Path, max_bytes: int) -> int:
+    """Delete the oldest chunks until the rest fit in ``max_bytes``; returns how many went."""
+    files = chunks(directory)
+    sizes = [p.stat().st_size for p in files]
+    total, removed = sum(sizes), 0
+    for path, size in zip(files, sizes, strict=True):
+        if total <= max_bytes:
+            break
+        path.unlink(missing_ok=True)
+        total, removed = total - size, removed + 1
+    return removed
+
+
+def _read_chunk(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+        meta = json.loads(str(arrays.pop("meta")))
+    except (OSError, ValueError, KeyError, zipfile.BadZipFile, json.JSONDecodeError) as e:
+        raise DatasetError(f"{path.name}: not an experience chunk ({e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise DatasetError(f"{path.name}: meta does not name the {FORMAT} format")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise DatasetError(f"{path.name}: format version {meta.get('format_version')!r} is not "
+                           f"{FORMAT_VERSION}")
+    return meta, arrays
+
+
+def _check_chunk(path: Path, meta: dict, a: dict[str, np.ndarray]) -> None:
+    f, p, s = a.get("features"), a.get("present"), a.get("soft_label")
+    if f is None or p is None or s is None:
+        raise DatasetError(f"{path.name}: needs features, present and soft_label")
+    n = f.shape[0]
+    if f.ndim != 5 or p.shape != f.shape[:2] or p.dtype != bool or s.ndim != 2 or len(s) != n:
+        raise DatasetError(f"{path.name}: shapes disagree: features {f.shape}, present "
+                           f"{p.shape} {p.dtype}, soft_label {s.shape}")
+    if s.shape[1] != len(meta.get("classes", ())):
+        raise DatasetError(f"{path.name}: soft_label has {s.shape[1]} classes, meta names "
+                           f"{len(meta.get('classes', ()))}")
+    if not (np.isfinite(f).all() and np.isfinite(s).all()) or (s < 0).any():
+        raise DatasetError(f"{path.name}: holds NaN, infinite or negative probabilities")
+    if n and np.abs(s.sum(1) - 1).max() > 1e-3:
+        raise DatasetError(f"{path.name}: soft_label rows must sum to 1")
+    d = a.get("device_scores")
+    if d is not None and d.shape != (*p.shape, s.shape[1]):
+        raise DatasetError(f"{path.name}: device_scores {d.shape} should be "
+                           f"{(*p.shape, s.shape[1])}")
+
+
+def read_experience(directory: str | Path, classes: tuple[str, ...] | None = None,
+                    feature_shape: tuple[int, ...] | None = None,
+                    views: int | None = None) -> Experience:
+    """Every valid chunk of ``directory`` that fits the model, concatenated.
+
+    A chunk that is unreadable or recorded for other classes, views or features is skipped
+    with a warning naming it (one bad file must not stop a site from learning); no usable
+    chunk at all is a :class:`DatasetError`.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise DatasetError(f"{directory}: no such experience directory")
+    parts: list[dict[str, np.ndarray]] = []
+    names: tuple[str, ...] | None = classes
+    for path in chunks(directory):
+        try:
+            meta, a = _read_chunk(path)
+            _check_chunk(path, meta, a)
+            got = tuple(meta["classes"])
+            if names is not None and got != names:
+                raise DatasetError(f"{path.name}: classes {got} differ from {names}")
+            if feature_shape is not None and a["features"].shape[2:] != tuple(feature_shape):
+                raise DatasetError(f"{path.name}: features {a['features'].shape[2:]} differ "
+                                   f"from the model's {tuple(feature_shape)}")
+            if views is not None and a["features"].shape[1] != views:
+                raise DatasetError(f"{path.name}: {a['features'].shape[1]} views, the model "
+                                   f"has {views}")
+        except DatasetError as e:
+            log.warning("skipping experience chunk: %s", e)
+            continue
+        names = got
+        parts.append(a)
+    if not parts or names is None:
+        raise DatasetError(f"{directory}: no usable experience chunk")
+    with_scores = all("device_scores" in a for a in parts)
+    return Experience(
+        features=np.concatenate([a["features"] for a in parts]).astype(np.float32),
+        present=np.concatenate([a["present"] for a in parts]),
+        soft_label=np.concatenate([a["soft_label"] for a in parts]).astype(np.float32),
+        device_scores=(np.concatenate([a["device_scores"] for a in parts]).astype(np.float32)
+                       if with_scores else None),
+        classes=names,
+    )

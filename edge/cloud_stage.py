@@ -1,0 +1,118 @@
+"""The cloud stage: the frames the edge exit could not answer, sent to the cloud in batches.
+
+A thread of its own takes the frames waiting (at most ``batch``), calls the cloud once per
+bundle version among them (during an update frames finish on their own version) over the
+Open Inference Protocol (:class:`~ddnn.edge.cloud_client.CloudClient`), and answers each frame
+from the cloud's scores. When the cloud cannot answer (none configured, unreachable, broken
+scores, a version it does not serve), each frame is answered from the edge's own exit,
+flagged ``degraded``: a frame is never lost to the cloud.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ddnn.edge.assembler import DONE, Frame
+from ddnn.edge.cloud_client import CloudClient, CloudError, UnknownVersion
+from ddnn.edge.metrics import EdgeMetrics
+from ddnn.edge.pipeline import ExitPipeline, ToCloud
+from ddnn.plumbing.lifecycle import Worker
+from ddnn.plumbing.throttle import LogThrottle
+
+log = logging.getLogger(__name__)
+
+
+class CloudStage:
+    """Frames for the cloud in, answers out through ``answer(frame, exit, degraded, step=)``.
+
+    ``cloud`` None: every frame is answered from the edge exit, degraded.
+    """
+
+    def __init__(self, cloud: CloudClient | None, metrics: EdgeMetrics, *, batch: int,
+                 answer: Callable[..., None]):
+        self.cloud, self.metrics, self.batch = cloud, metrics, batch
+        self._answer = answer
+        self._queue: queue.SimpleQueue[tuple[Frame, ToCloud]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._unknown = LogThrottle()  # a version the cloud does not serve: one line each
+        self.worker = Worker("edge-cloud", self._loop, stop=self._stop.set)
+
+    @property
+    def up(self) -> bool:
+        """Whether the cloud answered the last call (False without a cloud)."""
+        return bool(self.cloud and self.cloud.up)
+
+    def put(self, f: Frame, sent: ToCloud) -> None:
+        """Hand a frame over (it runs from here on the stage's thread)."""
+        self._queue.put((f, sent))
+
+    def close(self) -> None:
+        """After the thread stopped: the cloud client's connection."""
+        if self.cloud is not None:
+            self.cloud.close()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                batch = [self._queue.get(timeout=0.05)]
+            except queue.Empty:
+                continue
+            while len(batch) < self.batch:
+                try:
+                    batch.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            # One call per bundle version: during an update, frames finish on their own.
+            by_version: dict[str, list[tuple[Frame, ToCloud]]] = {}
+            for f, sent in batch:
+                by_version.setdefault(sent.version, []).append((f, sent))
+            for version, items in by_version.items():
+                try:
+                    self._send(items, version)
+                except Exception:  # a bug must not lose the frames: the edge's answer stands
+                    log.exception("cloud stage failed; answering from the edge exit")
+                    for f, sent in items:
+                        if f.stage != DONE:
+                            self._answer(f, sent.fallback, degraded=True, step="cloud")
+
+    def _send(self, items: list[tuple[Frame, ToCloud]], version: str) -> None:
+        sent = [s for _, s in items]
+        scores = self._call(sent, version)
+        if scores is None:  # no cloud: the best answer this edge has is its own, degraded
+            for f, s in items:
+                self._answer(f, s.fallback, degraded=True, step="cloud")
+            return
+        for (f, _), answer in zip(items, ExitPipeline.cloud(scores, sent), strict=True):
+            self._answer(f, answer, step="cloud")
+
+    def _call(self, sent: list[ToCloud], version: str) -> np.ndarray | None:
+        """The cloud's scores for ``sent``, or None when it cannot give them (counted)."""
+        if self.cloud is None or not self.cloud.available():
+            return None
+        t0 = time.perf_counter()
+        try:
+            scores, _ = self.cloud.infer(np.concatenate([s.features for s in sent]), version,
+                                         entropy=False)  # computed here from the scores
+            classes = len(sent[0].fallback.scores)
+            if scores.shape != (len(sent), classes) or not np.isfinite(scores).all():
+                raise CloudError(f"cloud answered scores of shape {scores.shape} (expected "
+                                 f"{(len(sent), classes)}) or not finite")
+        except UnknownVersion as e:
+            self.metrics.cloud.inc(outcome="unknown_version")
+            if self._unknown(version):  # once per version, not per batch
+                log.error("%s; its frames are answered from the edge exit, degraded", e)
+            return None
+        except CloudError:
+            self.metrics.cloud.inc(outcome="error")
+            self.metrics.cloud_up.set(0)
+            return None
+        self.metrics.cloud.inc(outcome="ok")
+        self.metrics.cloud_up.set(1)
+        self.metrics.segment.observe(time.perf_counter() - t0, step="cloud_call")
+        return scores

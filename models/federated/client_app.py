@@ -1,0 +1,112 @@
+"""The site's Flower ClientApp: one handler per message kind, the work done by ``trainer``.
+
+The SuperNode (``ddnn federate client``) names the site's data in its node config: ``data``
+(a dataset file or directory) and/or ``experience`` (a directory of recorded experience).
+Under dynamic averaging the site's own model and the last shared reference live in the run's
+``context.state`` between rounds; under FedAvg every round starts from the shared model.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import numpy as np
+from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ddnn.models.federated.records import ARRAYS, CONFIG, COUNTS, METRICS, from_record, to_record
+
+log = logging.getLogger("ddnn.federate")
+app = ClientApp()
+MODEL, REFERENCE = "ddnn-model", "ddnn-reference"  # context.state keys (dynamic averaging)
+
+
+def _site(context: Context, arch: dict, config):
+    from ddnn.models.federated.trainer import load_site
+
+    data = context.node_config.get("data") or None
+    experience = context.node_config.get("experience") or None
+    return load_site(arch, data, experience, holdout=float(config["holdout"]),
+                     seed=int(config["seed"]))
+
+
+def _divergence(weights: dict, reference: dict) -> float:
+    num = sum(float(np.square(weights[k] - reference[k], dtype=np.float64).sum()) for k in weights)
+    den = sum(float(np.square(v, dtype=np.float64).sum()) for v in reference.values())
+    return num / max(den, 1e-12)
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """Train from the weights sent (or, under DMA, from the site's own model) and answer."""
+    from ddnn.models.federated.trainer import LocalTraining, evaluate, fit
+
+    config = msg.content[CONFIG]
+    arch = json.loads(str(config["arch"]))
+    site = _site(context, arch, config)
+    dma = config["strategy"] == "dma"
+    if ARRAYS in msg.content:
+        start = from_record(msg.content[ARRAYS])
+        if dma and bool(config["reference"]):
+            context.state[REFERENCE] = msg.content[ARRAYS]
+    elif dma and MODEL in context.state:
+        start = from_record(context.state[MODEL])
+    else:
+        raise ValueError("no weights sent and none kept from an earlier round")
+    metrics: dict[str, float] = {}
+    if site.holdout is not None:  # how good the model this round starts from is, held out
+        correct, _ = evaluate(arch, start, site.holdout, threads=int(config["threads"]))
+        metrics.update({f"holdout-{k}": v for k, v in correct.items()})
+    settings = LocalTraining(epochs=float(config["epochs"]), lr=float(config["lr"]),
+                             batch_size=int(config["batch-size"]), seed=int(config["seed"]),
+                             threads=int(config["threads"]))
+    rnd = int(config["round"])
+    if dma:
+        reference = from_record(context.state[REFERENCE])
+        threshold = float(config["threshold"])
+        result = fit(arch, start, site, settings, rnd,
+                     stop_when=lambda w: _divergence(w, reference) > threshold,
+                     check_steps=int(config["check-steps"]))
+        divergence = _divergence(result.weights, reference)
+        context.state[MODEL] = to_record(result.weights)
+        send = divergence > threshold
+        metrics.update({"divergence": divergence, "violated": float(send)})
+    else:
+        result = fit(arch, start, site, settings, rnd)
+        send = True
+    metrics.update({"examples": float(result.examples), "steps": float(result.steps),
+                    "loss": result.loss})
+    content = RecordDict({METRICS: MetricRecord(metrics)})
+    if send:
+        content[ARRAYS] = to_record(result.weights)
+    return Message(content, reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Dynamic averaging's full synchronization: send the site's current model."""
+    config = msg.content[CONFIG]
+    arch = json.loads(str(config["arch"]))
+    site = _site(context, arch, config)
+    content = RecordDict({METRICS: MetricRecord({"examples": float(site.examples)})})
+    if MODEL in context.state:
+        content[ARRAYS] = context.state[MODEL]
+    return Message(content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """Federated evaluation of the final model: held-out results and calibration tables."""
+    from ddnn.models.federated.trainer import evaluate as measure
+
+    config = msg.content[CONFIG]
+    arch = json.loads(str(config["arch"]))
+    site = _site(context, arch, config)
+    content = RecordDict({METRICS: MetricRecord({"samples": 0.0})})
+    if site.holdout is not None:
+        correct, counts = measure(arch, from_record(msg.content[ARRAYS]), site.holdout,
+                                  int(config["grid"]), int(config["threads"]))
+        content[METRICS] = MetricRecord(correct)
+        content[COUNTS] = to_record(counts)
+    return Message(content, reply_to=msg)

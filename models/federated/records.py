@@ -1,0 +1,30 @@
+"""What travels in a federation's Flower messages, in one place: the record names and the
+conversions between a model's named numpy arrays and Flower's ``ArrayRecord``.
+
+Server to site: ``config`` (a ``ConfigRecord``: the round, the local-training settings, the
+network's architecture as JSON) and, when the site is to start from them, ``arrays`` (the
+shared model). Site to server: ``metrics`` (a ``MetricRecord``: examples, steps, loss,
+held-out results) and, when it has something to send, ``arrays``; after evaluation,
+``counts`` (the calibration tables). Only these arrays and numbers leave a site.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from flwr.app import Array, ArrayRecord
+
+CONFIG, ARRAYS, METRICS, COUNTS = "config", "arrays", "metrics", "counts"
+
+
+def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
+    return ArrayRecord({k: Array(np.ascontiguousarray(v)) for k, v in arrays.items()})
+
+
+def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: a.numpy() for k, a in record.items()}
+
+
+def model_bytes(content) -> int:
+    """Bytes of the model arrays in a message's content (what ``communicated_bytes`` adds up;
+    Flower's own count: each array's serialized data and its name)."""
+    return content[ARRAYS].count_bytes() if ARRAYS in content.array_records else 0

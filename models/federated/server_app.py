@@ -1,0 +1,212 @@
+"""The federation's Flower ServerApp: the round driver over Flower's transport (the ``Grid``).
+
+Each round: the strategy says what every connected site gets (``configure``); the messages go
+out and the replies come back within ``round_timeout`` (a silent or failing site is dropped
+from the round and logged); the strategy averages the good updates (``aggregate``) and, for
+dynamic averaging's full synchronization, asks the quiet sites for their models (``complete``).
+After the last round the model is evaluated on every site's held-out split (federated
+evaluation, which also calibrates the thresholds) and written as the next bundle version.
+Progress goes to ``WORK/progress.jsonl``, the summary to ``WORK/result.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import traceback
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
+from flwr.serverapp import Grid, ServerApp
+
+from ddnn.errors import DdnnError
+from ddnn.models.federated.records import (
+    ARRAYS,
+    CONFIG,
+    COUNTS,
+    METRICS,
+    from_record,
+    model_bytes,
+    to_record,
+)
+from ddnn.models.federated.settings import FederationSettings
+from ddnn.models.federated.strategy import Outcome, Reply, make_strategy
+
+log = logging.getLogger("ddnn.federate")
+app = ServerApp()
+PROGRESS, RESULT = "progress.jsonl", "result.json"
+
+
+class Exchange:
+    """Messages out and replies in over the Grid, counting the model bytes both ways."""
+
+    def __init__(self, grid: Grid, settings: FederationSettings, base_config: dict):
+        self.grid, self.settings, self.base = grid, settings, base_config
+        self.bytes_down = self.bytes_up = 0
+
+    def send(self, kind: str, rnd: int, payloads: dict[int, tuple[dict | None, dict]]
+             ) -> dict[int, RecordDict]:
+        """``payloads``: node -> (weights or None, extra config); returns node -> reply content."""
+        messages = []
+        for node, (weights, extra) in payloads.items():
+            content = RecordDict({CONFIG: ConfigRecord({**self.base, "round": rnd, **extra})})
+            if weights is not None:
+                content[ARRAYS] = to_record(weights)
+            self.bytes_down += model_bytes(content)
+            messages.append(Message(content, dst_node_id=node, message_type=kind,
+                                    group_id=str(rnd)))
+        replies = {}
+        for reply in self.grid.send_and_receive(messages, timeout=self.settings.round_timeout):
+            node = reply.metadata.src_node_id
+            if reply.has_error():
+                log.warning("round %d: site %s failed: %s", rnd, node, reply.error.reason)
+                continue
+            self.bytes_up += model_bytes(reply.content)
+            replies[node] = reply.content
+        for node in set(payloads) - set(replies):
+            log.warning("round %d: no answer from site %s; it is left out of the round",
+                        rnd, node)
+        return replies
+
+    @property
+    def communicated(self) -> int:
+        return self.bytes_down + self.bytes_up
+
+
+def _reply(node: int, content: RecordDict) -> Reply:
+    metrics = dict(content[METRICS]) if METRICS in content.metric_records else {}
+    weights = from_record(content[ARRAYS]) if ARRAYS in content.array_records else None
+    examples = metrics.get("examples", 0)
+    return Reply(node, weights, int(examples) if float(examples).is_integer() else -1, metrics)
+
+
+def wait_for_sites(grid: Grid, count: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= count:
+            return nodes
+        if time.monotonic() > deadline:
+            raise DdnnError(f"{len(nodes)} site(s) connected within {timeout:.0f} s; "
+                            f"the federation needs {count}")
+        time.sleep(0.5)
+
+
+def _held_out(replies: list[Reply]) -> float | None:
+    """Held-out cloud-exit accuracy of the models the round started from, over all sites."""
+    n = sum(r.metrics.get("holdout-samples", 0.0) for r in replies)
+    right = sum(r.metrics.get("holdout-cloud", 0.0) for r in replies)
+    return right / n if n else None
+
+
+def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, progress):
+    from ddnn.models.federated.trainer import round_lr
+
+    strategy = make_strategy(s.strategy, initial, threshold=s.threshold,
+                             check_steps=s.check_steps, min_sites=s.min_sites)
+    history = []
+    for rnd in range(1, s.rounds + 1):
+        start = time.perf_counter()
+        nodes = sorted(grid.get_node_ids())
+        plan = strategy.configure(rnd, nodes)
+        lr = round_lr(s.lr, rnd, s.rounds)
+        payloads = {n: (i.weights, {"reference": i.reference, "lr": lr}) for n, i in plan.items()}
+        answers = exchange.send(MessageType.TRAIN, rnd, payloads)
+        replies = [_reply(n, c) for n, c in answers.items()]
+        outcome = strategy.aggregate(rnd, replies)
+        if outcome.requests:
+            more = exchange.send(MessageType.QUERY, rnd, {n: (None, {}) for n in outcome.requests})
+            late = strategy.complete(rnd, [_reply(n, c) for n, c in more.items()])
+            outcome = Outcome(outcome.accepted + late.accepted,
+                              {**outcome.refused, **late.refused}, late.synchronized)
+        entry = {"round": rnd, "sites": len(nodes), "replied": len(replies),
+                 "sent_models": sum(r.weights is not None for r in replies),
+                 "accepted": len(outcome.accepted), "refused": outcome.refused,
+                 "sync": outcome.synchronized, "holdout_accuracy": _held_out(replies),
+                 "communicated_bytes": exchange.communicated,
+                 "seconds": round(time.perf_counter() - start, 2)}
+        history.append(entry)
+        progress(entry)
+    return strategy, history
+
+
+def final_model(grid: Grid, strategy, exchange: Exchange, rounds: int, history: list):
+    """Dynamic averaging ends with one full synchronization: the final model averages every
+    site's own model, not just the last reference."""
+    if strategy.name != "dma" or (history and history[-1]["sync"] == "full"):
+        return strategy.model  # FedAvg's, or every site's model went into the last average
+    nodes = sorted(grid.get_node_ids())
+    more = exchange.send(MessageType.QUERY, rounds + 1, {n: (None, {}) for n in nodes})
+    strategy.complete(rounds + 1, [_reply(n, c) for n, c in more.items()])
+    return strategy.model
+
+
+def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSettings,
+                        rounds: int):
+    """Federated evaluation: the sites' held-out results and summed calibration tables."""
+    from ddnn.models.federated.calibration import add_counts, calibrate_counts
+
+    nodes = sorted(grid.get_node_ids())
+    answers = exchange.send(MessageType.EVALUATE, rounds + 1,
+                            {n: (weights, {"grid": s.grid}) for n in nodes})
+    tables = [from_record(c[COUNTS]) for c in answers.values() if COUNTS in c.array_records]
+    samples = sum(float(c[METRICS]["samples"]) for c in answers.values())
+    accuracy = {k: sum(float(c[METRICS].get(k, 0.0)) for c in answers.values()) / samples
+                for k in ("local", "edge", "cloud")} if samples else {}
+    cal = calibrate_counts(add_counts(tables), s.tolerance) if tables else None
+    if cal is not None:
+        accuracy["overall"] = cal.accuracy
+    return cal, {"sites": len(answers), "samples": int(samples), "accuracy": accuracy}
+
+
+def federate(grid: Grid, s: FederationSettings, progress) -> dict:
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated.publish import write_federated_bundle
+    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+    from ddnn.versions import next_version
+
+    started = time.perf_counter()
+    start = load_bundle(s.bundle)
+    arch = architecture(start)
+    initial = model_weights(model_from_bundle(s.bundle))
+    version = s.version or next_version(start.manifest.version)
+    base = {"arch": json.dumps(arch), "strategy": s.strategy, "epochs": s.epochs,
+            "batch-size": s.batch_size, "holdout": s.holdout, "seed": s.seed,
+            "threshold": s.threshold, "check-steps": s.check_steps, "threads": s.threads}
+    exchange = Exchange(grid, s, base)
+    wait_for_sites(grid, s.wait_sites, s.join_timeout)
+    strategy, history = run_rounds(grid, s, exchange, initial, progress)
+    weights = final_model(grid, strategy, exchange, s.rounds, history)
+    cal, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds)
+    summary = {"strategy": s.strategy, "rounds": s.rounds, "epochs": s.epochs, "lr": s.lr,
+               "communicated_bytes": exchange.communicated, "bytes_down": exchange.bytes_down,
+               "bytes_up": exchange.bytes_up, "evaluation": evaluation, "history": history}
+    if s.strategy == "dma":
+        summary.update({"threshold": s.threshold, "check_steps": s.check_steps})
+    bundle = write_federated_bundle(start, arch, weights, s.out, version, cal, summary)
+    return {"rounds": s.rounds, "communicated_bytes": exchange.communicated,
+            "version": bundle.manifest.version, "bundle": str(bundle.path),
+            "strategy": s.strategy, "evaluation": evaluation,
+            "thresholds": dict(bundle.manifest.thresholds),
+            "seconds": round(time.perf_counter() - started, 2)}
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    s = FederationSettings.from_run_config(context.run_config)
+    work = Path(s.work)
+    work.mkdir(parents=True, exist_ok=True)
+
+    def progress(entry: dict) -> None:
+        with open(work / PROGRESS, "a", encoding="utf-8") as f:
+            f.write(json.dumps(entry) + "\n")
+
+    try:
+        result = federate(grid, s, progress)
+    except Exception as e:
+        error = str(e) if isinstance(e, DdnnError) else f"{type(e).__name__}: {e}"
+        (work / RESULT).write_text(json.dumps({"error": error,
+                                               "traceback": traceback.format_exc()}))
+        raise
+    (work / RESULT).write_text(json.dumps(result))

@@ -1,0 +1,79 @@
+"""The settings of one federation: what ``ddnn federate`` takes and the ServerApp runs with.
+
+One frozen dataclass, validated once; it travels to the ServerApp as Flower's run config
+(flat keys, kebab-case, plain values) and back (:meth:`FederationSettings.from_run_config`).
+Light: no torch, no Flower.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from ddnn.errors import ConfigError
+from ddnn.models.federated.strategy import DMA_CHECK_STEPS, DMA_THRESHOLD
+
+STRATEGIES = ("fedavg", "dma")
+
+
+@dataclass(frozen=True)
+class FederationSettings:
+    """One federation, from the starting bundle to the new one."""
+
+    bundle: str  # the starting bundle (read on the server)
+    out: str  # where the new bundle goes
+    work: str  # progress.jsonl and result.json, read by `ddnn federate`
+    strategy: str = "fedavg"  # fedavg or dma
+    rounds: int = 10  # rounds of local training and averaging
+    epochs: float = 2.0  # local epochs per round
+    lr: float = 2e-3  # Adam learning rate of the first round (cosine decay over the rounds)
+    batch_size: int = 64  # samples per local step
+    holdout: float = 0.2  # share of each site's data held out for evaluation and calibration
+    seed: int = 0  # seeds the sites' splits, batches and augmentation
+    threshold: float = DMA_THRESHOLD  # dma: relative squared divergence that makes a site send
+    check_steps: int = DMA_CHECK_STEPS  # dma: local steps between two divergence checks
+    min_sites: int = 1  # good replies a round needs to change the model
+    wait_sites: int = 1  # sites to wait for before the first round
+    join_timeout: float = 300.0  # seconds to wait for them
+    round_timeout: float = 600.0  # seconds a round waits for replies (a silent site is dropped)
+    tolerance: float = 0.0  # calibration: accuracy the hierarchy may lose against the cloud exit
+    grid: int = 201  # calibration: thresholds tried per exit
+    threads: int = 1  # torch threads on each site
+    version: str = ""  # the new bundle's version (default: the next after the starting one)
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.rounds < 1 or self.epochs <= 0 or self.lr <= 0 or self.batch_size < 1:
+            raise ConfigError("rounds, epochs, lr and batch size must be positive")
+        if not 0.0 < self.holdout < 1.0:
+            raise ConfigError("holdout must lie strictly between 0 and 1")
+        if self.threshold <= 0 or self.check_steps < 1:
+            raise ConfigError("the dma threshold and check interval must be positive")
+        if self.min_sites < 1 or self.wait_sites < 1:
+            raise ConfigError("min_sites and wait_sites must be at least 1")
+        if self.join_timeout <= 0 or self.round_timeout <= 0:
+            raise ConfigError("timeouts must be positive")
+        if not 0.0 <= self.tolerance <= 1.0 or self.grid < 2 or self.threads < 1:
+            raise ConfigError("tolerance in [0, 1], grid >= 2, threads >= 1")
+
+    def run_config(self) -> dict:
+        """Flower's run config: kebab-case keys, plain values."""
+        return {f.name.replace("_", "-"): getattr(self, f.name)
+                for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_run_config(cls, config) -> FederationSettings:
+        kinds = {f.name: f.type for f in dataclasses.fields(cls)}
+        values = {}
+        for name, kind in kinds.items():
+            key = name.replace("_", "-")
+            if key in config:
+                raw = config[key]
+                values[name] = {"int": int, "float": float, "str": str}[str(kind)](raw)
+        return cls(**values)
+
+
+def app_defaults() -> dict:
+    """The run config's keys with placeholder values, for the Flower App's pyproject."""
+    return FederationSettings(bundle="", out="", work="").run_config()

@@ -1,0 +1,253 @@
+"""Aggregation strategies as pure policy over numpy arrays: what each site is sent in a round,
+and how the sites' replies become the next shared model. No torch, no Flower, no network: the
+round driver (``server_app``) carries these decisions over Flower's transport, and the unit
+tests drive them with plain arrays.
+
+- :class:`FedAvg` (McMahan et al., 2017): every site starts each round from the shared model;
+  the replies are averaged weighted by the sites' example counts.
+- :class:`DynamicAveraging` (Kamp et al., 2018): each site keeps training its own model and
+  checks, every few local steps, how far it has moved from the last shared *reference*; it
+  sends its model only once the divergence passes a threshold. Violators whose average lies
+  within the threshold are balanced among themselves; otherwise the server asks the quiet
+  sites for their models too, averages all of them into a new reference and re-syncs everyone.
+
+Both refuse a bad update (wrong names or shapes, NaN/inf, an outlying norm) with a logged
+reason (:class:`UpdateGuard`), and a round with fewer good replies than ``min_sites`` leaves the
+shared model as it was.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+log = logging.getLogger("ddnn.federate")
+
+Weights = dict[str, np.ndarray]  # a model's named float arrays, in one fixed order
+
+# Defaults, documented in docs/federated.md.
+DMA_THRESHOLD = 0.05  # relative squared divergence ||w - r||^2 / ||r||^2 a site may reach
+DMA_CHECK_STEPS = 4  # local steps between two divergence checks on a site
+MAX_RELATIVE_UPDATE = 1.0  # an update moving the model by more than its own norm is refused
+MAX_NORM_RATIO = 5.0  # ... or by more than this many times the round's median update norm
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What the server sends one site for a round of local training."""
+
+    weights: Weights | None  # start from these; None: continue from your own model
+    reference: bool = False  # the weights are the new shared reference (DMA)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One site's answer: its model (None when it had nothing to send) and how much it saw."""
+
+    node: int
+    weights: Weights | None
+    examples: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a round did: ``requests`` names the sites whose models the server still needs
+    (DMA's full synchronization) before :meth:`complete` can finish the round."""
+
+    accepted: tuple[int, ...] = ()  # sites whose update went into the shared model
+    refused: dict[int, str] = field(default_factory=dict)  # site -> reason
+    synchronized: str = "none"  # "none", "balanced" (among violators) or "full"
+    requests: tuple[int, ...] = ()
+
+
+def squared_norm(weights: Mapping[str, np.ndarray]) -> float:
+    return float(sum(np.square(a, dtype=np.float64).sum() for a in weights.values()))
+
+
+def distance2(a: Mapping[str, np.ndarray], b: Mapping[str, np.ndarray]) -> float:
+    """Squared Euclidean distance between two models with the same names and shapes."""
+    return float(sum(np.square(a[k].astype(np.float64) - b[k]).sum() for k in a))
+
+
+def weighted_average(models: list[Weights], weights: list[float]) -> Weights:
+    """The average of ``models`` weighted by ``weights`` (example counts), array by array."""
+    total = float(sum(weights))
+    out: Weights = {}
+    for name, first in models[0].items():
+        acc = np.zeros(first.shape, dtype=np.float64)
+        for model, w in zip(models, weights, strict=True):
+            acc += model[name] * (w / total)
+        out[name] = acc.astype(first.dtype)
+    return out
+
+
+@dataclass(frozen=True)
+class UpdateGuard:
+    """Refuses updates that would spoil the shared model; every refusal names its reason."""
+
+    max_relative_update: float = MAX_RELATIVE_UPDATE
+    max_norm_ratio: float = MAX_NORM_RATIO
+
+    def check_form(self, reference: Weights, update: Weights) -> str | None:
+        """A reason to refuse ``update`` outright (names, shapes, dtypes, finiteness), or None."""
+        if list(update) != list(reference):
+            missing = sorted(set(reference) - set(update))[:3]
+            extra = sorted(set(update) - set(reference))[:3]
+            return f"arrays differ from the model's (missing {missing}, unexpected {extra})"
+        for name, ref in reference.items():
+            a = update[name]
+            if a.shape != ref.shape or a.dtype != ref.dtype:
+                return f"{name} is {a.dtype}{list(a.shape)}, expected {ref.dtype}{list(ref.shape)}"
+            if not np.isfinite(a).all():
+                return f"{name} holds NaN or infinite values"
+        return None
+
+    def screen(self, reference: Weights, replies: list[Reply]) -> tuple[list[Reply], dict]:
+        """The replies fit to average and the refused ones with their reasons."""
+        refused: dict[int, str] = {}
+        formed: list[tuple[Reply, float]] = []
+        ref_norm = np.sqrt(squared_norm(reference))
+        for r in replies:
+            assert r.weights is not None
+            reason = self.check_form(reference, r.weights)
+            if reason is None and not (isinstance(r.examples, int) and r.examples > 0):
+                reason = f"example count {r.examples!r} is not a positive integer"
+            if reason is None:
+                step = np.sqrt(distance2(r.weights, reference))
+                if step > self.max_relative_update * ref_norm:
+                    reason = (f"update norm {step:.3g} exceeds {self.max_relative_update} x the "
+                              f"model's norm {ref_norm:.3g}")
+            if reason is None:
+                formed.append((r, step))
+            else:
+                refused[r.node] = reason
+        if len(formed) >= 3:  # a median of two is their mean: no outlier test below three
+            median = float(np.median([s for _, s in formed]))
+            for r, step in formed:
+                if median > 0 and step > self.max_norm_ratio * median:
+                    refused[r.node] = (f"update norm {step:.3g} is an outlier ({step / median:.1f}"
+                                       f" x the round's median {median:.3g})")
+        for node, reason in refused.items():
+            log.warning("refused the update of site %s: %s", node, reason)
+        return [r for r, _ in formed if r.node not in refused], refused
+
+
+class FedAvg:
+    """Federated averaging: everyone starts from the shared model; replies are averaged
+    weighted by their example counts."""
+
+    name = "fedavg"
+
+    def __init__(self, initial: Weights, min_sites: int = 1, guard: UpdateGuard | None = None):
+        self.model: Weights = {k: np.asarray(v) for k, v in initial.items()}
+        self.min_sites = max(1, min_sites)
+        self.guard = guard or UpdateGuard()
+
+    def configure(self, rnd: int, nodes: Iterable[int]) -> dict[int, Instruction]:
+        return {n: Instruction(self.model) for n in nodes}
+
+    def aggregate(self, rnd: int, replies: list[Reply]) -> Outcome:
+        sent = [r for r in replies if r.weights is not None]
+        good, refused = self.guard.screen(self.model, sent)
+        if len(good) < self.min_sites:
+            log.warning("round %d: %d good update(s), fewer than the %d required; the model "
+                        "stays as it was", rnd, len(good), self.min_sites)
+            return Outcome(refused=refused)
+        self.model = weighted_average([r.weights for r in good], [r.examples for r in good])
+        return Outcome(tuple(r.node for r in good), refused, "full")
+
+    def complete(self, rnd: int, replies: list[Reply]) -> Outcome:  # never asks for more
+        return Outcome()
+
+
+class DynamicAveraging:
+    """Dynamic model averaging (Kamp et al.): sites send only past a divergence threshold.
+
+    ``threshold`` bounds the relative squared divergence ||w - r||^2 / ||r||^2 of a site's
+    model w from the reference r; a site checks it every ``check_steps`` local steps.
+    """
+
+    name = "dma"
+
+    def __init__(self, initial: Weights, threshold: float = DMA_THRESHOLD,
+                 check_steps: int = DMA_CHECK_STEPS, min_sites: int = 1,
+                 guard: UpdateGuard | None = None):
+        self.model: Weights = {k: np.asarray(v) for k, v in initial.items()}  # the reference
+        self.threshold, self.check_steps = float(threshold), int(check_steps)
+        self.min_sites = max(1, min_sites)
+        self.guard = guard or UpdateGuard()
+        self._synced: set[int] = set()  # sites that hold the current reference
+        self._pending: dict[int, Weights] = {}  # balanced models to hand back to violators
+        self._round: dict[int, Reply] = {}  # this round's models, while a full sync gathers
+        self._asked: set[int] = set()  # the sites configured this round
+
+    def configure(self, rnd: int, nodes: Iterable[int]) -> dict[int, Instruction]:
+        out = {}
+        self._asked = set(nodes)
+        for n in self._asked:
+            if n not in self._synced:
+                out[n] = Instruction(self.model, reference=True)
+                self._synced.add(n)
+            elif n in self._pending:
+                out[n] = Instruction(self._pending.pop(n))
+            else:
+                out[n] = Instruction(None)
+        return out
+
+    def divergence(self, weights: Weights) -> float:
+        return distance2(weights, self.model) / max(squared_norm(self.model), 1e-12)
+
+    def aggregate(self, rnd: int, replies: list[Reply]) -> Outcome:
+        """Violators' models in; balance them among themselves or ask for everyone's."""
+        self._pending.clear()
+        # A site that did not answer may have missed the reference: it gets it again.
+        self._synced &= {r.node for r in replies} | (self._synced - self._asked)
+        quiet = [r.node for r in replies if r.weights is None]
+        good, refused = self.guard.screen(self.model, [r for r in replies if r.weights])
+        for node in refused:  # a refused site starts again from the reference
+            self._synced.discard(node)
+        if not good:
+            return Outcome(refused=refused)
+        average = weighted_average([r.weights for r in good], [r.examples for r in good])
+        if len(good) > 1 and self.divergence(average) <= self.threshold:
+            for r in good:
+                self._pending[r.node] = average
+            return Outcome(tuple(r.node for r in good), refused, "balanced")
+        self._round = {r.node: r for r in good}
+        if not quiet:
+            return self._full_sync(rnd, refused)
+        return Outcome(tuple(self._round), refused, "full", requests=tuple(quiet))
+
+    def complete(self, rnd: int, replies: list[Reply]) -> Outcome:
+        """The quiet sites' models have arrived (or not): average everything gathered."""
+        good, refused = self.guard.screen(self.model, [r for r in replies if r.weights])
+        for node in refused:
+            self._synced.discard(node)
+        self._round.update({r.node: r for r in good})
+        return self._full_sync(rnd, refused)
+
+    def _full_sync(self, rnd: int, refused: dict[int, str]) -> Outcome:
+        gathered, self._round = list(self._round.values()), {}
+        if len(gathered) < self.min_sites:
+            log.warning("round %d: %d model(s) gathered, fewer than the %d required; the "
+                        "reference stays as it was", rnd, len(gathered), self.min_sites)
+            return Outcome(refused=refused)
+        self.model = weighted_average([r.weights for r in gathered],
+                                      [r.examples for r in gathered])
+        self._synced.clear()  # everyone gets the new reference next round
+        return Outcome(tuple(r.node for r in gathered), refused, "full")
+
+
+def make_strategy(name: str, initial: Weights, **options) -> FedAvg | DynamicAveraging:
+    """The strategy called ``name`` (``fedavg`` or ``dma``)."""
+    if name == "fedavg":
+        options.pop("threshold", None)
+        options.pop("check_steps", None)
+        return FedAvg(initial, **options)
+    if name == "dma":
+        return DynamicAveraging(initial, **options)
+    raise ValueError(f"unknown strategy {name!r}: fedavg or dma")

@@ -1,0 +1,190 @@
+"""The trainer a site runs: fit from given weights for N local epochs, and evaluate.
+
+A role of the training extra (torch), called by the ClientApp for each message and usable on
+its own: :func:`fit` takes the shared weights, trains the network on the site's labelled data
+(the joint loss of ``ddnn train``) and on its recorded experience (the cloud's soft labels
+teach the layers above the device stem: online distillation), and returns the new weights.
+With ``stop_when`` it checks the model every ``check_steps`` steps and stops as soon as the
+check says so (dynamic averaging's divergence test). :func:`evaluate` measures a model on the
+site's held-out split and returns the calibration tables (``calibration.exit_counts``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ddnn.dataset import MultiViewDataset, load_dataset
+from ddnn.errors import DatasetError
+from ddnn.experience import Experience, read_experience
+from ddnn.models.augment import augment
+from ddnn.models.federated.calibration import exit_counts
+from ddnn.models.federated.weights import Weights, build_model, model_weights, set_weights
+from ddnn.models.network import DDNN, aggregate
+from ddnn.models.train import joint_loss, predict, split_holdout
+
+
+@dataclass(frozen=True)
+class LocalTraining:
+    """How a site trains in one round (the server sends these with every round)."""
+
+    epochs: float = 2.0  # passes over the site's training data (or its experience) per round
+    lr: float = 2e-3  # Adam learning rate of this round
+    batch_size: int = 64
+    seed: int = 0  # with the round number: the batch order and augmentation of the round
+    augment: bool = True
+    experience_weight: float = 1.0  # weight of the distillation loss on experience batches
+    threads: int = 1  # torch CPU threads on the site
+
+
+@dataclass(frozen=True)
+class SiteData:
+    """What one site learns from: labelled samples, recorded experience, a held-out split."""
+
+    train: MultiViewDataset | None
+    holdout: MultiViewDataset | None
+    experience: Experience | None
+
+    @property
+    def examples(self) -> int:
+        n = self.train.num_samples if self.train is not None else 0
+        return n + (self.experience.num_samples if self.experience is not None else 0)
+
+
+@dataclass(frozen=True)
+class FitResult:
+    weights: Weights
+    examples: int  # samples the update learned from (FedAvg's weight)
+    steps: int
+    loss: float
+    stopped: bool  # stop_when said so before the epochs were done
+
+
+def load_site(arch: dict, data: str | Path | None, experience: str | Path | None = None, *,
+              holdout: float = 0.2, seed: int = 0) -> SiteData:
+    """A site's data for the network ``arch``: ``data`` split into training and held-out parts
+    (stratified, by ``seed``), and ``experience`` (a directory of chunks), either optional."""
+    if data is None and experience is None:
+        raise DatasetError("a site needs labelled data, recorded experience, or both")
+    classes = tuple(arch["classes"])
+    train = held = None
+    if data is not None:
+        ds = load_dataset(data, num_classes=len(classes))
+        if ds.num_views != arch["views"] or list(ds.image_shape) != list(arch["input_shape"]):
+            raise DatasetError(f"{data}: {ds.num_views} views of {ds.image_shape}; the model "
+                               f"takes {arch['views']} views of {tuple(arch['input_shape'])}")
+        if ds.classes != classes:
+            raise DatasetError(f"{data}: classes {ds.classes} differ from the model's {classes}")
+        if ds.num_samples < 2:
+            raise DatasetError(f"{data}: a site needs at least two samples to train on")
+        train, held = split_holdout(ds, holdout, seed) if ds.num_samples >= 10 else (ds, None)
+    exp = None
+    if experience is not None:
+        model = build_model(arch)
+        _, feats = model.devices[0](torch.zeros(1, *arch["input_shape"]))
+        exp = read_experience(experience, classes, tuple(feats.shape[1:]), arch["views"])
+    return SiteData(train, held, exp)
+
+
+def _soft_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy against soft labels (the cloud's probabilities)."""
+    return -(target * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+
+
+def experience_loss(model: DDNN, exp: Experience, idx: np.ndarray) -> torch.Tensor:
+    """The cloud's recorded answers teach the local, edge and cloud exits from device features."""
+    feats = torch.from_numpy(exp.features[idx])
+    present = torch.from_numpy(exp.present[idx])
+    target = torch.from_numpy(exp.soft_label[idx])
+    edge_scores, edge_feats = model.edge(aggregate(feats, present, model.edge_op))
+    loss = _soft_ce(edge_scores, target) + _soft_ce(model.cloud(edge_feats), target)
+    if exp.device_scores is not None:
+        local = aggregate(torch.from_numpy(exp.device_scores[idx]), present, model.local_op)
+        loss = loss + _soft_ce(model.local(local) if model.local is not None else local, target)
+    return loss
+
+
+def _labelled_loss(model: DDNN, ds: MultiViewDataset, idx: np.ndarray, s: LocalTraining,
+                   gen: torch.Generator) -> torch.Tensor:
+    cfg = model.cfg
+    idx = np.sort(idx)
+    x, present = torch.from_numpy(ds.images(idx)), torch.from_numpy(ds.present[idx])
+    if s.augment:
+        x, present = augment(x, present, cfg.shift, cfg.brightness, cfg.view_dropout, gen)
+    y = torch.from_numpy(ds.y[idx]).masked_fill(~present, -1)
+    out = model(x, present)
+    return joint_loss(out, y, torch.from_numpy(ds.label[idx]), cfg.exit_weights, cfg.distill,
+                      cfg.distill_temperature, cfg.distill_device)
+
+
+def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
+        round_seed: int = 0, stop_when: Callable[[Weights], bool] | None = None,
+        check_steps: int = 0) -> FitResult:
+    """Train from ``weights`` for ``settings.epochs`` local epochs; return the new weights."""
+    torch.set_num_threads(settings.threads)
+    torch.manual_seed(settings.seed * 1_000_003 + round_seed)
+    model = build_model(arch)
+    set_weights(model, weights)
+    model.train()
+    opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    rng = np.random.default_rng([settings.seed, round_seed])
+    gen = torch.Generator().manual_seed(settings.seed * 7919 + round_seed)
+    n_lab = site.train.num_samples if site.train is not None else 0
+    n_exp = site.experience.num_samples if site.experience is not None else 0
+    per_epoch = math.ceil(max(n_lab, n_exp) / settings.batch_size)
+    total = max(1, round(settings.epochs * per_epoch))
+    lab_order = _cycle(rng, n_lab, settings.batch_size)
+    exp_order = _cycle(rng, n_exp, settings.batch_size)
+    losses, stopped, step = [], False, 0
+    for step in range(1, total + 1):
+        loss = torch.zeros(())
+        if n_lab:
+            loss = loss + _labelled_loss(model, site.train, next(lab_order), settings, gen)
+        if n_exp:
+            loss = loss + settings.experience_weight * experience_loss(
+                model, site.experience, next(exp_order))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+        checking = stop_when is not None and check_steps and step % check_steps == 0
+        if checking and step < total and stop_when(model_weights(model)):
+            stopped = True
+            break
+    model.eval()
+    return FitResult(model_weights(model), site.examples, step, float(np.mean(losses)), stopped)
+
+
+def _cycle(rng: np.random.Generator, n: int, batch: int):
+    """Batches of indices over ``n`` samples, reshuffled at every pass, forever. A last batch
+    of one sample is left out of its pass: batch norm cannot train on a single sample."""
+    while n:
+        order = rng.permutation(n)
+        for i in range(0, n, batch):
+            if n - i > 1 or i == 0:
+                yield order[i : i + batch]
+    while True:
+        yield np.zeros(0, dtype=np.int64)
+
+
+def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201,
+             threads: int = 1) -> tuple[dict[str, float], dict[str, np.ndarray]]:
+    """Correct answers per exit on ``ds`` and the calibration tables of the model."""
+    torch.set_num_threads(threads)
+    model = build_model(arch)
+    set_weights(model, weights)
+    logits = predict(model, ds)
+    correct = {k: float((logits[k].argmax(-1) == ds.label).sum()) for k in ("local", "edge",
+                                                                            "cloud")}
+    return {**correct, "samples": float(ds.num_samples)}, exit_counts(logits, ds.label, grid)
+
+
+def round_lr(lr: float, rnd: int, rounds: int) -> float:
+    """The learning rate of round ``rnd`` (1-based): cosine decay over the rounds."""
+    return lr * 0.5 * (1 + math.cos(math.pi * (rnd - 1) / max(rounds, 1)))
+

@@ -1,0 +1,143 @@
+"""Trainable weights from a bundle, and a model's weights as named numpy arrays.
+
+A bundle stores its weights in its ONNX files only. Each segment is exported module by module
+(``models.export``), so an ONNX initializer carries the name of the segment's parameter or
+statistic (``stem.0.conv.weight``; ``….f16`` where the device file stores it as float16, which
+is exact: export rounds the device weights to float16 first). :func:`model_from_bundle`
+rebuilds the network from the manifest's training config and reads every parameter and
+statistic back from the initializers, then checks the result against ONNX Runtime on the same
+inputs: any bundle ever exported federates, with no second copy of the weights in it, and the
+files signed and checked by every tier stay the only source.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ddnn.bundle import Bundle, load_bundle
+from ddnn.errors import BundleError
+from ddnn.models.config import DDNNConfig
+from ddnn.models.network import DDNN
+
+Weights = dict[str, np.ndarray]
+
+
+def config_of(bundle: Bundle) -> DDNNConfig:
+    """The DDNNConfig a bundle was trained with (fields this ddnn does not know are ignored)."""
+    saved = bundle.manifest.training.get("config")
+    if not isinstance(saved, dict):
+        raise BundleError(f"{bundle.path}: the manifest has no training config to rebuild the "
+                          "network from")
+    known = {f.name for f in dataclasses.fields(DDNNConfig)}
+    return DDNNConfig(**{k: v for k, v in saved.items() if k in known})
+
+
+def architecture(bundle: Bundle) -> dict:
+    """What a site needs to build the same network: config, views, classes, input shape."""
+    m = bundle.manifest
+    return {"config": config_of(bundle).to_dict(), "views": m.views, "classes": list(m.classes),
+            "input_shape": list(m.input_shape)}
+
+
+def build_model(arch: dict) -> DDNN:
+    """An untrained network of the architecture :func:`architecture` described."""
+    known = {f.name for f in dataclasses.fields(DDNNConfig)}
+    cfg = DDNNConfig(**{k: v for k, v in arch["config"].items() if k in known})
+    _, h, w = arch["input_shape"]
+    return DDNN(cfg, int(arch["views"]), len(arch["classes"]), int(h), int(w))
+
+
+def model_weights(model: torch.nn.Module) -> Weights:
+    """Every float parameter and statistic, once each (shared device weights appear once)."""
+    out: Weights = {}
+    for name, t in [*model.named_parameters(), *model.named_buffers()]:
+        if t.is_floating_point():
+            out[name] = t.detach().cpu().numpy().astype(np.float32, copy=True)
+    return out
+
+
+def set_weights(model: torch.nn.Module, weights: Weights) -> None:
+    """Copy ``weights`` into the model in place; names and shapes must match exactly."""
+    own = dict([*model.named_parameters(), *model.named_buffers()])
+    expected = {k for k, t in own.items() if t.is_floating_point()}
+    if set(weights) != expected:
+        raise BundleError(f"weights do not fit the model: missing "
+                          f"{sorted(expected - set(weights))[:3]}, unexpected "
+                          f"{sorted(set(weights) - expected)[:3]}")
+    with torch.no_grad():
+        for name, value in weights.items():
+            t = own[name]
+            if tuple(value.shape) != tuple(t.shape):
+                raise BundleError(f"{name}: shape {value.shape}, the model has {tuple(t.shape)}")
+            t.copy_(torch.from_numpy(np.array(value, dtype=np.float32)))  # a copy: may be read-only
+
+
+def _initializers(path: Path) -> dict[str, np.ndarray]:
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(path))
+    out = {}
+    for init in model.graph.initializer:
+        name = init.name.removesuffix(".f16")
+        out[name] = numpy_helper.to_array(init).astype(np.float32)
+    return out
+
+
+def _segments(model: DDNN, bundle: Bundle) -> list[tuple[str, torch.nn.Module, Path]]:
+    m = bundle.manifest
+    parts = [(f"devices.{i}.", dev, bundle.file(m.devices[i])) for i, dev in
+             enumerate(model.devices)]
+    if model.local is not None and m.local is not None:
+        parts.append(("local.", model.local, bundle.file(m.local)))
+    parts += [("edge.", model.edge, bundle.file(m.edge)),
+              ("cloud.", model.cloud, bundle.file(m.cloud))]
+    return parts
+
+
+def model_from_bundle(path: str | Path, check: bool = True) -> DDNN:
+    """The bundle's network with its weights, ready to train (see the module docstring)."""
+    bundle = load_bundle(path)
+    model = build_model(architecture(bundle))
+    with torch.no_grad():
+        for _, module, onnx_file in _segments(model, bundle):
+            inits = _initializers(onnx_file)
+            for name, t in [*module.named_parameters(), *module.named_buffers()]:
+                if not t.is_floating_point():
+                    continue
+                if name not in inits or inits[name].shape != tuple(t.shape):
+                    raise BundleError(f"{bundle.path}: {onnx_file.name} holds no weight {name} "
+                                      f"of shape {tuple(t.shape)}; this network cannot be "
+                                      "rebuilt from its ONNX files")
+                t.copy_(torch.from_numpy(inits[name]))
+    model.eval()
+    if check:
+        check_against_onnx(model, bundle)
+    return model
+
+
+def check_against_onnx(model: DDNN, bundle: Bundle, samples: int = 16) -> None:
+    """Raise :class:`BundleError` unless torch and ONNX Runtime give the same exits on random
+    inputs: the rebuilt weights are the bundle's, or federation must not start from them."""
+    from ddnn.models.export import check_parity
+    from ddnn.runtime import BundleRuntime
+
+    m = bundle.manifest
+    rng = np.random.default_rng(0)
+    x = rng.random((samples, m.views, *m.input_shape), dtype=np.float32)
+    present = rng.random((samples, m.views)) < 0.8
+    present[:, 0] = True
+    x[~present] = 0.0
+    with torch.no_grad():
+        out = model.eval()(torch.from_numpy(x), torch.from_numpy(present))
+    torch_logits = {k: v.numpy() for k, v in out.items()}
+    onnx_logits = BundleRuntime(bundle).run_dataset(x, present)
+    try:
+        check_parity(torch_logits, onnx_logits, present)
+    except BundleError as e:
+        raise BundleError(f"{bundle.path}: the weights read back from the ONNX files do not "
+                          f"reproduce the bundle ({e})") from None

@@ -1,0 +1,179 @@
+"""Federated fine-tuning with real Flower processes on loopback: a SuperLink, a SuperNode per
+site, the ServerApp and ClientApps they start. One run on one machine (FedAvg), one deployed as
+`ddnn federate server` + two `ddnn federate client` over TLS (dynamic averaging)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from ddnn.bundle import load_bundle
+from ddnn.models.federated.driver import free_port
+from ddnn.tools.evaluate import evaluate
+
+# Each federation takes about a minute on two idle cores; far longer when the machine is busy.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+ROUNDS = ["--rounds", "2", "--epochs", "6", "--lr", "0.005", "--batch-size", "32"]
+
+
+def _ddnn(*args: str, **kw) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "ddnn", *args], env=env, text=True, **kw)
+
+
+@pytest.fixture(scope="module")
+def sites(tmp_path_factory):
+    """Two sites of 180 scenes (3 cameras, 32x32: small images leave too little to learn),
+    a test file, and a bundle trained one epoch on the first site (the starting point)."""
+    from ddnn.models.build import build_bundle
+    from ddnn.models.config import DDNNConfig
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
+
+    root = tmp_path_factory.mktemp("federate")
+    cfg = SceneConfig(views=3, classes=3, size=32)
+    paths = [root / "site0.npz", root / "site1.npz"]
+    for i, path in enumerate(paths):
+        save_dataset(path, synthesize(180, cfg, seed=10 + i))
+    save_dataset(root / "test.npz", synthesize(120, cfg, seed=12))
+    start = root / "start"
+    build_bundle(paths[0], start, DDNNConfig(epochs=1, batch_size=64, seed=0),
+                 name="tiny", version="1.9", progress=False, log=lambda *_: None)
+    return root, paths, start
+
+
+@pytest.fixture(scope="module")
+def fedavg(sites):
+    """One `ddnn federate` run on one machine, FedAvg, signed."""
+    root, paths, start = sites
+    from ddnn.signing import generate_keypair
+
+    private, public = generate_keypair(root / "keys")
+    out = root / "fedavg"
+    proc = _ddnn("federate", "--bundle", str(start), "--site", str(paths[0]), "--site",
+                 str(paths[1]), "--out", str(out), "--key", str(private), "--json", *ROUNDS,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = proc.communicate(timeout=800)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+    assert proc.returncode == 0, stderr[-3000:]
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1, stdout  # --json: one line, nothing else on stdout
+    return json.loads(lines[0]), out, public
+
+
+def test_fedavg_on_one_machine_improves_the_bundle_and_signs_the_next_version(fedavg, sites):
+    result, out, public = fedavg
+    root, _, start = sites
+    assert result["rounds"] == 2 and result["version"] == "1.10"
+    assert result["communicated_bytes"] > 0
+    bundle = load_bundle(out, public_key=public)  # signed with --key, checksums hold
+    assert bundle.manifest.version == "1.10" and bundle.manifest.name == "tiny"
+    fed = bundle.manifest.training["federation"]
+    assert fed["strategy"] == "fedavg" and len(fed["history"]) == 2
+    assert bundle.manifest.calibration["federated"] is True
+    assert bundle.manifest.calibration["samples"] == 72  # the two sites' held-out 20 %
+    before = evaluate(start, root / "test.npz")["accuracy"]
+    after = evaluate(out, root / "test.npz")["accuracy"]
+    assert after["overall"] >= before["overall"] + 0.15, (before, after)
+
+
+def _certificates(root: Path) -> tuple[Path, Path, Path]:
+    """A CA and a certificate for 127.0.0.1 signed by it (what an operator would make)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def cert(subject, issuer, key, signer, ca: bool, san=None):
+        b = (x509.CertificateBuilder().subject_name(subject).issuer_name(issuer)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - dt.timedelta(minutes=5))
+             .not_valid_after(now + dt.timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if san:
+            b = b.add_extension(x509.SubjectAlternativeName(san), critical=False)
+        return b.sign(signer, hashes.SHA256())
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "ddnn test CA")])
+    ca = cert(ca_name, ca_name, ca_key, ca_key, True)
+    server = cert(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]), ca_name,
+                  key, ca_key, False, [x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                       x509.DNSName("localhost")])
+    paths = root / "ca.pem", root / "server.pem", root / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(server.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    return paths
+
+
+def _supernode_key(path: Path) -> tuple[Path, Path]:
+    """A SuperNode's key pair as `ssh-keygen -t ecdsa -b 384` writes it."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    key = ec.generate_private_key(ec.SECP384R1())
+    path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                       serialization.PrivateFormat.OpenSSH,
+                                       serialization.NoEncryption()))
+    public = path.with_suffix(".pub")
+    public.write_bytes(key.public_key().public_bytes(serialization.Encoding.OpenSSH,
+                                                     serialization.PublicFormat.OpenSSH))
+    return path, public
+
+
+def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites, fedavg,
+                                                                          tmp_path):
+    _, paths, start = sites
+    ca, cert, key = _certificates(tmp_path)
+    keys = [_supernode_key(tmp_path / f"site{i}") for i in range(3)]
+    port = free_port()
+    out = tmp_path / "dma"
+    server = _ddnn("federate", "server", "--bundle", str(start), "--out", str(out),
+                   "--host", "127.0.0.1", "--port", str(port), "--home", str(tmp_path / "srv"),
+                   "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
+                   "--ssl-keyfile", str(key), "--sites", "2", "--strategy", "dma",
+                   "--dma-threshold", "0.5", "--json", *ROUNDS,
+                   "--authorized-key", str(keys[0][1]), "--authorized-key", str(keys[1][1]),
+                   stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # The third site's key was never registered: it must not take part.
+    clients = [_ddnn("federate", "client", "--superlink", f"127.0.0.1:{port}", "--data",
+                     str(p), "--root-certificates", str(ca), "--home", str(tmp_path / f"c{i}"),
+                     "--auth-key", str(keys[i][0]),
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+               for i, p in enumerate([*paths, paths[0]])]
+    try:
+        stdout, stderr = server.communicate(timeout=600)
+    finally:
+        for p in [*clients, server]:
+            if p.poll() is None:
+                p.terminate()  # SIGTERM: each stops the Flower processes it started
+        for p in [*clients, server]:
+            p.wait(60)
+    assert server.returncode == 0, stderr[-3000:]
+    result = json.loads(stdout.strip().splitlines()[-1])
+    assert result["rounds"] == 2 and result["version"] == "1.10"
+    federation = load_bundle(out).manifest.training["federation"]
+    assert federation["strategy"] == "dma"
+    assert [h["sites"] for h in federation["history"]] == [2, 2]  # not the unregistered one
+    # Within the threshold no site sends a model between the syncs: the reference goes down
+    # once, every model comes up once at the end, and the evaluation sends the final model.
+    assert result["communicated_bytes"] < fedavg[0]["communicated_bytes"]
+    server_log = (tmp_path / "srv" / "superlink.log").read_text()
+    assert "Starting insecure" not in server_log

@@ -1,0 +1,87 @@
+"""An edge and devices in this process (threads), on a real broker, and the check that the live
+hierarchy answers every frame as ``ddnn evaluate`` does offline."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ddnn.bundle import load_bundle
+from ddnn.dataset import load_dataset
+from ddnn.device.service import DeviceService
+from ddnn.device.settings import DeviceSettings
+from ddnn.edge.service import EdgeService
+from ddnn.edge.settings import EdgeSettings
+from ddnn.plumbing.retry import RetryPolicy
+from ddnn.runtime import BundleRuntime
+from ddnn.tools.evaluate import evaluate
+
+REPLAY_WAIT = 60.0  # seconds: whole replays through a broker take longer than other waits
+
+
+class Edge:
+    """An edge aggregator in this process."""
+
+    def __init__(self, bundle: Path, broker: str | None, cloud: str | None, *, deployment="it",
+                 http_port: int | None = None, **settings):
+        self.runtime = BundleRuntime(load_bundle(bundle), threads=1)
+        s = EdgeSettings(bundle=bundle, broker=broker, cloud=cloud, deployment=deployment,
+                         http_port=http_port, keepalive=5, reconnect_max=1,
+                         **{"deadline_ms": 2000.0, "feature_deadline_ms": 2000.0, **settings})
+        self.service = EdgeService.from_settings(
+            s, runtime=self.runtime, cloud_retry=RetryPolicy(initial=0.05, maximum=0.2)).start()
+        self.agg = self.service.aggregator
+        if broker:
+            assert self.service.mqtt.wait_subscribed(10)  # SUBACKs: no message lost
+
+    def stop(self) -> None:
+        self.service.stop()
+
+
+def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", deployment="it",
+                edge_url: str | None = None, start=0, limit=None, views=None
+                ) -> list[DeviceService]:
+    """Replay every view of ``data`` from threads; returns when every device is done."""
+    views = range(load_bundle(bundle).manifest.views) if views is None else views
+    with contextlib.ExitStack() as stack:
+        services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
+            bundle=bundle, view=v, broker=broker, edge_url=edge_url, deployment=deployment,
+            mode=mode, data=data, start=start, limit=limit, fps=0, grace=0.5, drain_timeout=30,
+            keepalive=5, reconnect_max=1, peers=tuple(f"cam{i}" for i in views),
+            wait_peers=20 if broker else 0))) for v in views]
+        threads = [threading.Thread(target=s.run) for s in services]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    return services
+
+
+def check_against_evaluate(results: list[dict], bundle: Path, data: Path,
+                           thresholds: dict[str, float]) -> dict:
+    """Every frame once; accuracy and exit fractions equal to ``ddnn evaluate``."""
+    ds = load_dataset(data)
+    frames = sorted(r["frame"] for r in results)
+    assert frames == list(range(len(ds.label))), "every frame exactly once"
+    expected = evaluate(bundle, data, thresholds["local"], thresholds["edge"])
+    assert all(f > 0 for f in expected["exit_fraction"].values()), "every tier is exercised"
+    by_frame = {r["frame"]: r for r in results}
+    pred = np.array([by_frame[i]["class"] for i in range(len(frames))])
+    tiers = [by_frame[i]["exit"] for i in range(len(frames))]
+    assert not any(r["degraded"] for r in results)
+    assert float((pred == ds.label).mean()) == pytest.approx(expected["accuracy"]["overall"],
+                                                             abs=1e-12)
+    for tier in ("local", "edge", "cloud"):
+        assert tiers.count(tier) / len(tiers) == pytest.approx(expected["exit_fraction"][tier],
+                                                               abs=1e-12)
+    for r in results:
+        assert r["label"] == load_bundle(bundle).manifest.classes[r["class"]]
+        present = [f"cam{v}" for v in np.flatnonzero(ds.present[r["frame"]])]
+        assert r["views"] == present
+    return expected
+
+

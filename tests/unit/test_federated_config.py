@@ -1,0 +1,41 @@
+"""A federation's settings travel as Flower's run config and back; the Flower App we write is
+one Flower accepts; the site's paths reach its SuperNode intact."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("flwr")
+
+from ddnn.errors import ConfigError
+from ddnn.models.federated import deployment
+from ddnn.models.federated.settings import FederationSettings
+
+
+def test_settings_round_trip_through_the_run_config():
+    s = FederationSettings(bundle="/b", out="/o", work="/w", strategy="dma", rounds=7,
+                           epochs=0.5, threshold=0.02, version="3.1")
+    assert FederationSettings.from_run_config(s.run_config()) == s
+    assert s.run_config()["check-steps"] == s.check_steps
+
+
+@pytest.mark.parametrize("bad", [{"strategy": "fedprox"}, {"rounds": 0}, {"holdout": 1.0},
+                                 {"threshold": 0.0}, {"min_sites": 0}, {"grid": 1}])
+def test_bad_settings_are_refused(bad):
+    with pytest.raises(ConfigError):
+        FederationSettings(bundle="b", out="o", work="w", **bad)
+
+
+def test_the_flower_app_validates_and_takes_our_run_config(tmp_path):
+    from flwr.cli.config_utils import load_and_validate
+    from flwr.common.config import parse_config_args
+
+    app = deployment.write_app(tmp_path / "app")
+    config, warnings = load_and_validate(app / "pyproject.toml")  # imports both components
+    assert not warnings
+    defaults = config["tool"]["flwr"]["app"]["config"]
+    assert set(defaults) == set(FederationSettings(bundle="", out="", work="").run_config())
+    node = deployment.node_config(tmp_path / "site one.npz", None)
+    assert parse_config_args([node]) == {"data": str((tmp_path / "site one.npz").resolve())}
+    with pytest.raises(ConfigError, match="quote"):
+        deployment.node_config("it's.npz", None)

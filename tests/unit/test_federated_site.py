@@ -1,0 +1,139 @@
+"""What a site computes: calibration tables that add up to the central choice, the experience
+format (written as the edge will write it, read back, bad chunks skipped), and the trainer that
+fits from given weights on labelled data and on experience."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from ddnn.errors import DatasetError
+from ddnn.experience import chunks, prune, read_experience, write_chunk
+from ddnn.models.calibrate import calibrate
+from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
+
+
+def _exits(rng, n: int, c: int = 3) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    labels = rng.integers(0, c, n)
+    exits = {}
+    for k, skill in (("local", 1.0), ("edge", 1.5), ("cloud", 2.5)):
+        logits = rng.normal(0, 1, (n, c))
+        logits[np.arange(n), labels] += skill * rng.random(n) * 2
+        exits[k] = logits.astype(np.float32)
+    return exits, labels
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.03])
+def test_summed_site_tables_choose_what_central_calibration_chooses(tolerance):
+    rng = np.random.default_rng(4)
+    sites = [_exits(rng, n) for n in (70, 130, 41)]
+    pooled = {k: np.concatenate([e[k] for e, _ in sites]) for k in sites[0][0]}
+    labels = np.concatenate([y for _, y in sites])
+    central = calibrate(pooled, labels, tolerance, grid=51)
+    federated = calibrate_counts(add_counts(exit_counts(e, y, 51) for e, y in sites), tolerance)
+    assert (federated.local, federated.edge) == (central.local, central.edge)
+    assert federated.exit_fraction == pytest.approx(central.exit_fraction, abs=1e-12)
+    assert federated.accuracy == pytest.approx(central.accuracy, abs=1e-12)
+    assert federated.cloud_accuracy == central.cloud_accuracy
+
+
+def _chunk(tmp_path, n=8, classes=("a", "b", "c"), shape=(4, 2, 2), views=2, seed=0, **kw):
+    rng = np.random.default_rng(seed)
+    p = rng.random((n, len(classes)))
+    return write_chunk(
+        tmp_path, np.sign(rng.normal(size=(n, views, *shape))), rng.random((n, views)) < 0.8,
+        p / p.sum(1, keepdims=True), model=("m", "1"), classes=list(classes),
+        device_codec="binary", **kw)
+
+
+def test_experience_round_trip_and_bad_chunks_skipped(tmp_path, caplog):
+    _chunk(tmp_path, n=8, seed=1)
+    _chunk(tmp_path, n=5, seed=2)
+    _chunk(tmp_path, n=3, classes=("x", "y", "z"))  # another model's classes
+    (tmp_path / "experience-9-0-0.npz").write_bytes(b"not a zip")
+    np.savez(tmp_path / "experience-9-0-1.npz", features=np.ones(1),
+             meta=np.array(json.dumps({"format": "ddnn-experience", "format_version": 1})))
+    (tmp_path / ".experience-1-1-1.npz.tmp").write_bytes(b"half written")  # ignored
+    exp = read_experience(tmp_path, classes=("a", "b", "c"), feature_shape=(4, 2, 2), views=2)
+    assert exp.num_samples == 13 and exp.features.dtype == np.float32
+    assert exp.present.shape == (13, 2) and exp.soft_label.shape == (13, 3)
+    np.testing.assert_allclose(exp.soft_label.sum(1), 1.0, atol=1e-5)
+    assert exp.device_scores is None
+    assert caplog.text.count("skipping experience chunk") == 3
+    with pytest.raises(DatasetError, match="no usable experience"):
+        read_experience(tmp_path, classes=("q", "r"))
+
+
+def test_experience_refuses_what_does_not_fit(tmp_path):
+    _chunk(tmp_path, shape=(4, 2, 2))
+    with pytest.raises(DatasetError, match="no usable"):
+        read_experience(tmp_path, feature_shape=(8, 2, 2))
+    with pytest.raises(DatasetError, match="no such experience directory"):
+        read_experience(tmp_path / "missing")
+
+
+def test_prune_removes_the_oldest_chunks_first(tmp_path):
+    paths = [_chunk(tmp_path, n=50, seed=i) for i in range(4)]
+    for i, p in enumerate(paths):  # distinct ages, oldest first
+        import os
+        os.utime(p, (1000 + i, 1000 + i))
+    size = paths[0].stat().st_size
+    assert prune(tmp_path, max_bytes=2 * size + size // 2) == 2
+    assert chunks(tmp_path) == paths[2:]
+
+
+def test_fit_from_given_weights_learns_labelled_data_and_experience(tiny_bundle, tiny_data,
+                                                                      tmp_path):
+    import torch
+
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated.trainer import LocalTraining, evaluate, fit, load_site
+    from ddnn.models.federated.weights import (
+        architecture,
+        build_model,
+        model_from_bundle,
+        model_weights,
+    )
+
+    arch = architecture(load_bundle(tiny_bundle))
+    start = model_weights(model_from_bundle(tiny_bundle))
+    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    assert site.train.num_samples + site.holdout.num_samples == 360
+    done = fit(arch, start, site, LocalTraining(epochs=1, lr=3e-3))
+    assert done.examples == site.train.num_samples and done.steps == 5
+    assert set(done.weights) == set(start)
+    assert any(not np.array_equal(done.weights[k], start[k]) for k in start)
+    correct, counts = evaluate(arch, done.weights, site.holdout, grid=11)
+    assert correct["samples"] == site.holdout.num_samples and counts["correct"].shape == (11, 11)
+
+    # Experience: the cloud's soft labels teach the layers above the device stem.
+    model = build_model(arch)
+    with torch.no_grad():
+        x = torch.from_numpy(site.train.images(slice(0, 40)))
+        feats = torch.stack([model.devices[0](x[:, v])[1] for v in range(3)], 1).numpy()
+    soft = np.eye(3, dtype=np.float32)[site.train.label[:40]] * 0.9 + 0.1 / 3
+    write_chunk(tmp_path / "exp", feats, site.train.present[:40], soft, model=("tiny", "1"),
+                classes=list(arch["classes"]), device_codec="binary")
+    learner = load_site(arch, None, tmp_path / "exp")
+    taught = fit(arch, start, learner, LocalTraining(epochs=2, lr=3e-3, batch_size=16))
+    assert taught.examples == 40 and taught.steps == 6
+    device = [k for k in start if k.startswith("devices.")]
+    assert all(np.array_equal(taught.weights[k], start[k]) for k in device)
+    assert any(not np.array_equal(taught.weights[k], start[k]) for k in start if
+               k.startswith(("edge.", "cloud.")))
+
+
+def test_stop_when_ends_local_training_at_the_first_check_that_says_so(tiny_bundle, tiny_data):
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
+    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+
+    arch = architecture(load_bundle(tiny_bundle))
+    start = model_weights(model_from_bundle(tiny_bundle))
+    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    seen = []
+    done = fit(arch, start, site, LocalTraining(epochs=3), stop_when=lambda w: seen.append(1)
+               or len(seen) == 2, check_steps=2)
+    assert done.stopped and done.steps == 4 and len(seen) == 2
