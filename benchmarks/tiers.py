@@ -62,22 +62,34 @@ def _train(out: Path, train: Path, flags: list[str], seed: int, quick: bool) -> 
     return time.perf_counter() - start
 
 
-def _evaluate(bundle: Path, test: Path) -> dict:
+def _evaluate(bundle: Path, test: Path, *flags: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "ddnn", "evaluate", "--bundle", str(bundle),
-                           "--data", str(test), "--json"], check=True, capture_output=True,
-                          text=True)
+                           "--data", str(test), "--json", *flags], check=True,
+                          capture_output=True, text=True)
     return json.loads(proc.stdout)
 
 
-def _row(e: dict, seconds: float | None) -> dict:
+def _point(e: dict) -> dict:
     acc, b = e["accuracy"], e["bytes_per_frame"]
     return {
         "overall": acc["overall"],
-        "exits": {k: acc[k] for k in ("device", "local", "edge", "cloud")},
         "exit_fraction": e["exit_fraction"],
         "escalation_level": e.get("escalation", {}).get("level", 0),
         "bytes_per_frame": b["ddnn"],
         "x_fewer_than_raw": b["raw_offload"] / b["ddnn"] if b["ddnn"] else None,
+    }
+
+
+def _row(bundle: Path, test: Path, seconds: float | None) -> dict:
+    """The calibrated bundle on the test file, its exits, and the point its held-out curve
+    gives for a budget of raw offload / 20 (``ddnn evaluate --max-bytes``)."""
+    e = _evaluate(bundle, test)
+    budget = e["bytes_per_frame"]["raw_offload"] / 20
+    return {
+        **_point(e),
+        "exits": {k: e["accuracy"][k] for k in ("device", "local", "edge", "cloud")},
+        "cloud_by_level": e.get("escalation", {}).get("cloud_accuracy"),
+        "within_raw_over_20": _point(_evaluate(bundle, test, "--max-bytes", f"{budget:.2f}")),
         "train_seconds": seconds,
     }
 
@@ -109,7 +121,7 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
             for variant, flags in VARIANTS.items():
                 out = root / f"{name}-s{seed}-{variant}"
                 seconds = _train(out, train, flags, seed, quick)
-                variants[variant][seed] = _row(_evaluate(out, test), seconds)
+                variants[variant][seed] = _row(out, test, seconds)
         reference = sum(r["overall"] for r in refs.values()) / len(refs)
         table[name] = {
             "reference": {"seeds": refs, "overall_mean": reference},
