@@ -32,9 +32,10 @@ SETS = {  # name → (`ddnn data synth` flags, train seed, test seed)
     "P": (["--classes", "10", "--zoom", "2"], 31, 32),
 }
 SEEDS = (0, 1)
-VARIANTS = {  # name → `ddnn train` flags on top of the defaults
+VARIANTS = {  # name → `ddnn train` flags on top of the defaults (escalation off until the live
+    # tiers escalate; docs/training.md)
     "defaults": [],
-    "no_escalation": ["--escalate", "none"],
+    "escalate_view": ["--escalate", "view"],
 }
 TRAIN, TEST = 1500, 1000
 QUICK = {"sets": ("A",), "seeds": (0,), "train": 300, "test": 200, "epochs": "3"}
@@ -135,10 +136,10 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         "table": table,
         "summary": {f"{n}.{v}": round(t["variants"][v]["aims"]["overall_minus_reference"], 4)
                     for n, t in table.items() for v in VARIANTS},
-        "aims": {f"{n}.defaults": all(t["variants"]["defaults"]["aims"][k] for k in
-                                      ("cloud_ge_edge_ge_local", "within_0.3pt_of_reference",
-                                       "at_least_20x_fewer_bytes"))
-                 for n, t in table.items()},
+        "aims": {f"{n}.{v}": all(t["variants"][v]["aims"][k] for k in
+                                 ("cloud_ge_edge_ge_local", "within_0.3pt_of_reference",
+                                  "at_least_20x_fewer_bytes"))
+                 for n, t in table.items() for v in VARIANTS},
     }
     write_json(out_dir, "tiers", result)
     return result

@@ -20,8 +20,8 @@ from ddnn.tools.evaluate import evaluate  # noqa: E402
 @pytest.fixture(scope="module")
 def escalating(tiny_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("escalating") / "b"
-    build_bundle(tiny_data.train, out, DDNNConfig(epochs=1, batch_size=32), name="tiny",
-                 progress=False, log=lambda *_: None)
+    build_bundle(tiny_data.train, out, DDNNConfig(epochs=1, batch_size=32, escalate="view"),
+                 name="tiny", progress=False, log=lambda *_: None)
     return out
 
 

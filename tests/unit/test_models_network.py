@@ -111,7 +111,7 @@ def test_bad_architecture_settings_are_refused():
 
 
 def test_device_distillation_is_optional():
-    model = _model(views=3)
+    model = _model(views=3, escalate="view")
     model.train()
     x, present = _inputs(views=3)
     y = torch.where(present, torch.tensor(1), torch.tensor(-1))
@@ -144,7 +144,7 @@ def test_training_batches_cover_every_sample_once_and_never_hold_one_alone(sampl
 def test_device_file_stores_float16_weights_and_computes_as_torch(tmp_path):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    model = _model(views=2, classes=10)
+    model = _model(views=2, classes=10, escalate="view")
     before = {k: v.clone() for k, v in model.devices[0].state_dict().items()}
     export_segments(model, tmp_path, (3, 32, 32))
     stored = onnx.load(str(tmp_path / "device-0.onnx")).graph.initializer
@@ -160,9 +160,10 @@ def test_device_file_stores_float16_weights_and_computes_as_torch(tmp_path):
         t_scores, t_features = model.devices[0](x)
     np.testing.assert_allclose(scores, t_scores.numpy(), atol=1e-5)
     np.testing.assert_array_equal(features, t_features.numpy())
-    # The detail kept for an escalated frame: the centred image average-pooled to 16 x 16.
-    np.testing.assert_allclose(detail, torch.nn.functional.avg_pool2d(x * 2 - 1, 2).numpy(),
-                               atol=1e-6)
+    # The detail kept for an escalated frame: the centred image average-pooled to 16 x 16, on
+    # the 16 levels of its 4-bit codec.
+    pooled = torch.nn.functional.avg_pool2d(x * 2 - 1, 2)
+    np.testing.assert_allclose(detail, Quantize(4).eval()(pooled).numpy(), atol=1e-6)
 
 
 def test_a_device_weight_beyond_float16_is_refused_by_name(tmp_path):
