@@ -189,8 +189,7 @@ class Manifest:
     # them for every frame that passes the edge exit). Older bundles have neither: level 0.
     escalated: SegmentSpec | None = None
     escalation_level: int = 0
-    escalation_views: int = 0  # details from the k present views whose devices are surest
-    # (ddnn.hierarchy.surest_views); 0: from every present view
+    escalation_views: int = 0  # details of the k surest present views (hierarchy.surest_views)
     kind: str = "ddnn"  # a hierarchy bundle (a raw-offload reference is a RawManifest)
 
     @property
