@@ -2,7 +2,8 @@
 
 Two baselines, same run, same data: bytes against raw offload (every present view sent as an
 8-bit image), and accuracy against the raw-offload reference, a float CNN trained by
-``ddnn train --baseline`` on the full images of every present view (``models.baseline``).
+``ddnn train --baseline`` on the full images of every present view (``models.baseline``; a
+bundle of kind ``raw``). The ``tiers`` benchmark does the same on every set over two seeds.
 """
 
 from __future__ import annotations
@@ -39,11 +40,11 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
             "overall_minus_cloud_accuracy": acc["overall"] - acc["cloud"],
         },
         "aims": {
-            "overall_at_least_cloud": acc["overall"] >= acc["cloud"],
-            "overall_within_1pt_of_raw_reference": acc["overall"] >= raw["test_accuracy"] - 0.01,
-            "local_exit_at_least_70pct": result["exit_fraction"]["local"] >= 0.70,
-            "bytes_50x_fewer": b["ddnn"] * 50 <= b["raw_offload"],
-            "trains_in_4_min": train_seconds <= 240,
+            "cloud_ge_edge_ge_local": acc["cloud"] >= acc["edge"] >= acc["local"],
+            "overall_within_0.3pt_of_raw_reference": acc["overall"] >= raw["test_accuracy"]
+            - 0.003,
+            "bytes_20x_fewer": b["ddnn"] * 20 <= b["raw_offload"],
+            "trains_in_5_min": train_seconds <= 300,
         },
     }
     write_json(out_dir, "training", summary)
@@ -51,10 +52,11 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
 
 
 def reference(ws, quick: bool) -> dict:
-    """Train (once, cached) the raw-offload reference on the same files and return its metrics."""
+    """Train (once, cached) the raw-offload reference bundle on the same files and return its
+    training summary, with ``test_accuracy`` on the test file."""
     out = ws.root / "raw_reference"
-    if not (out / "metrics.json").is_file():
+    if not (out / "manifest.json").is_file():
         args = ["train", "--baseline", "--data", str(ws.train), "--test", str(ws.test),
-                "--out", str(out), "--no-progress"]
+                "--out", str(out), "--name", "mvmc", "--no-progress"]
         ddnn(*args, *(["--epochs", "5"] if quick else []))
-    return json.loads((out / "metrics.json").read_text())
+    return json.loads((out / "manifest.json").read_text())["training"]

@@ -54,7 +54,7 @@ def class_names(value: Any) -> tuple[str, ...]:
     return tuple(value)
 
 
-def _expect(tensor: TensorSpec, shape: tuple[int, ...], what: str) -> None:
+def expect_shape(tensor: TensorSpec, shape: tuple[int, ...], what: str) -> None:
     if tensor.sample_shape != tuple(shape):
         raise BundleError(f"{what} has per-sample shape {tensor.sample_shape}, expected "
                           f"{tuple(shape)}")
@@ -132,6 +132,36 @@ class SegmentSpec:
         return d
 
 
+# What a bundle holds: a hierarchy (the tiers' segments), or a raw-offload reference (one
+# model on raw views, served as {name}-raw).
+KIND_NAMES = {"ddnn": "a hierarchy bundle", "raw": "a raw-offload reference bundle"}
+
+
+def check_format(d: Any, kind: str) -> int:
+    """The manifest's format version, once its format and kind are what the caller reads."""
+    if not isinstance(d, dict) or d.get("format") != FORMAT:
+        raise BundleError(f"not a ddnn bundle manifest (format must be {FORMAT!r})")
+    version = d.get("format_version")
+    if not isinstance(version, int) or version < 1:
+        raise BundleError(f"invalid bundle format_version {version!r}")
+    if version > FORMAT_VERSION:
+        raise BundleError(
+            f"bundle format version {version} is newer than this ddnn supports "
+            f"({FORMAT_VERSION}); upgrade ddnn"
+        )
+    found = d.get("kind", "ddnn")
+    if found != kind:
+        what = KIND_NAMES.get(found, f"of unknown kind {found!r}")
+        raise BundleError(f"this bundle is {what}, not {KIND_NAMES[kind]}")
+    return version
+
+
+def _level(value: Any) -> int:
+    if value not in (0, 1) or isinstance(value, bool):
+        raise ValueError(f"escalation level must be 0 or 1, got {value!r}")
+    return int(value)
+
+
 @dataclass(frozen=True)
 class Manifest:
     """Everything a tier needs to know about a bundle, as stored in ``manifest.json``."""
@@ -153,6 +183,14 @@ class Manifest:
     calibration: dict[str, Any] = field(default_factory=dict)
     created: str = ""
     format_version: int = FORMAT_VERSION
+    # Escalation (docs/training.md): the cloud's segment for frames that also bring every
+    # present camera's detail (the devices' "detail" output, travelling with
+    # codec["device_detail"]), and the level calibration chose (0: never pull them, 1: pull
+    # them for every frame that passes the edge exit). Older bundles have neither: level 0.
+    escalated: SegmentSpec | None = None
+    escalation_level: int = 0
+    escalation_views: int = 0  # details of the k surest present views (hierarchy.surest_views)
+    kind: str = "ddnn"  # a hierarchy bundle (a raw-offload reference is a RawManifest)
 
     @property
     def num_classes(self) -> int:
@@ -169,12 +207,15 @@ class Manifest:
             out["local"] = self.local
         out["edge"] = self.edge
         out["cloud"] = self.cloud
+        if self.escalated is not None:
+            out["escalated"] = self.escalated
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "format": FORMAT,
             "format_version": self.format_version,
+            "kind": self.kind,
             "created": self.created,
             "model": {"name": self.name, "version": self.version},
             "classes": list(self.classes),
@@ -192,20 +233,15 @@ class Manifest:
             "training": self.training,
             "calibration": self.calibration,
         }
+        if self.escalated is not None:
+            out["segments"]["escalated"] = self.escalated.to_dict()
+            out["escalation"] = {"level": self.escalation_level, "views": self.escalation_views}
+        return out
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Manifest:
         """Parse and validate a manifest; raises :class:`BundleError` on any inconsistency."""
-        if not isinstance(d, dict) or d.get("format") != FORMAT:
-            raise BundleError(f"not a ddnn bundle manifest (format must be {FORMAT!r})")
-        version = d.get("format_version")
-        if not isinstance(version, int) or version < 1:
-            raise BundleError(f"invalid bundle format_version {version!r}")
-        if version > FORMAT_VERSION:
-            raise BundleError(
-                f"bundle format version {version} is newer than this ddnn supports "
-                f"({FORMAT_VERSION}); upgrade ddnn"
-            )
+        version = check_format(d, "ddnn")
         try:
             segs = d["segments"]
             m = cls(
@@ -226,6 +262,10 @@ class Manifest:
                 calibration=dict(d.get("calibration", {})),
                 created=str(d.get("created", "")),
                 format_version=version,
+                escalated=(SegmentSpec.from_dict(segs["escalated"])
+                           if segs.get("escalated") else None),
+                escalation_level=_level(d.get("escalation", {}).get("level", 0)),
+                escalation_views=int(d.get("escalation", {}).get("views", 0)),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise BundleError(f"malformed manifest: {type(e).__name__}: {e}") from None
@@ -263,8 +303,8 @@ class Manifest:
         classes = (self.num_classes,)
         features = None
         for i, seg in enumerate(self.devices):
-            _expect(seg.input("image"), self.input_shape, f"device-{i} image")
-            _expect(seg.output("scores"), classes, f"device-{i} scores")
+            expect_shape(seg.input("image"), self.input_shape, f"device-{i} image")
+            expect_shape(seg.output("scores"), classes, f"device-{i} scores")
             shape = seg.output("features").sample_shape
             if not shape:
                 raise BundleError(f"device-{i} features need a shape per sample, got none")
@@ -274,16 +314,53 @@ class Manifest:
             features = shape
         if self.local is not None:
             n = aggregated_channels(self.aggregation["local"], self.views, self.num_classes)
-            _expect(self.local.input("device_scores"), (n,), "local device_scores")
-            _expect(self.local.output("scores"), classes, "local scores")
+            expect_shape(self.local.input("device_scores"), (n,), "local device_scores")
+            expect_shape(self.local.output("scores"), classes, "local scores")
         assert features is not None  # views >= 1 was checked
         channels = aggregated_channels(self.aggregation["edge"], self.views, features[0])
-        _expect(self.edge.input("device_features"), (channels, *features[1:]),
-                "edge device_features")
-        _expect(self.edge.output("scores"), classes, "edge scores")
-        _expect(self.cloud.input("edge_features"), self.edge.output("features").sample_shape,
-                "cloud edge_features")
-        _expect(self.cloud.output("scores"), classes, "cloud scores")
+        expect_shape(self.edge.input("device_features"), (channels, *features[1:]),
+                     "edge device_features")
+        expect_shape(self.edge.output("scores"), classes, "edge scores")
+        expect_shape(self.cloud.input("edge_features"),
+                     self.edge.output("features").sample_shape, "cloud edge_features")
+        expect_shape(self.cloud.output("scores"), classes, "cloud scores")
+        self._validate_escalation()
+
+    def _validate_escalation(self) -> None:
+        """The escalated segment reads the edge features and every view's "detail" output."""
+        if self.escalated is None:
+            if self.escalation_level:
+                raise BundleError("escalation level 1 needs an escalated segment")
+            return
+        if self.codec.get("device_detail") not in CODECS:
+            raise BundleError(f"codec for device_detail must be one of {CODECS}")
+        detail = self.devices[0].output("detail").sample_shape
+        if not detail:
+            raise BundleError("device-0 detail needs a shape per sample, got none")
+        for i, seg in enumerate(self.devices):
+            expect_shape(seg.output("detail"), detail, f"device-{i} detail")
+        if not 0 <= self.escalation_views <= self.views:
+            raise BundleError(f"escalation views must lie in 0..{self.views} (0: every view), "
+                              f"got {self.escalation_views}")
+        slots = self.escalation_views or self.views
+        expect_shape(self.escalated.input("edge_features"),
+                     self.edge.output("features").sample_shape, "escalated edge_features")
+        expect_shape(self.escalated.input("device_detail"), (slots * detail[0], *detail[1:]),
+                     "escalated device_detail")
+        expect_shape(self.escalated.output("scores"), (self.num_classes,), "escalated scores")
+
+
+def parse_manifest(d: Any, kind: str | None = "ddnn") -> Manifest:
+    """A manifest of ``kind`` (None: either) from its JSON object; refuses any other kind.
+    Kind "raw" gives a :class:`ddnn.raw_manifest.RawManifest`."""
+    found = d.get("kind", "ddnn") if isinstance(d, dict) else "ddnn"
+    if kind is None and found in KIND_NAMES:
+        kind = found
+    if kind == "raw":
+        from ddnn.raw_manifest import RawManifest
+
+        return RawManifest.from_dict(d)
+    return Manifest.from_dict(d)
 
 
 @dataclass(frozen=True)
@@ -291,7 +368,7 @@ class Bundle:
     """A verified bundle on disk: its directory and its manifest."""
 
     path: Path
-    manifest: Manifest
+    manifest: Manifest  # a RawManifest where the bundle was loaded with kind "raw" or None
     # The exact bytes of manifest.json (and manifest.sig, None when unsigned) that were read and
     # verified when the bundle was loaded: what a server hands out, never the file as it is now.
     manifest_bytes: bytes | None = field(default=None, compare=False, repr=False)
@@ -306,10 +383,13 @@ class Bundle:
         return f"{self.manifest.name}:{self.manifest.version}"
 
 
-def read_manifest(path: str | Path, raw: bytes | None = None) -> Manifest:
+def read_manifest(path: str | Path, raw: bytes | None = None, kind: str | None = "ddnn"
+                  ) -> Manifest:
     """Parse ``manifest.json`` of a bundle directory without verifying the files.
 
-    ``raw``: the manifest's bytes when the caller already read (and verified) them.
+    ``raw``: the manifest's bytes when the caller already read (and verified) them. ``kind``:
+    the kind of bundle expected ("ddnn", a hierarchy; "raw", a raw-offload reference; None:
+    either); another kind is refused with a :class:`BundleError` that names it.
     """
     path = Path(path)
     mf = path / MANIFEST
@@ -321,15 +401,17 @@ def read_manifest(path: str | Path, raw: bytes | None = None) -> Manifest:
         data = json.loads((mf.read_bytes() if raw is None else raw).decode("utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise BundleError(f"{mf}: unreadable manifest ({e})") from None
-    return Manifest.from_dict(data)
+    return parse_manifest(data, kind)  # type: ignore[return-value]
 
 
 def load_bundle(path: str | Path, verify: bool = True,
-                public_key: str | Path | None = None) -> Bundle:
+                public_key: str | Path | None = None, kind: str | None = "ddnn") -> Bundle:
     """Load a bundle directory, verifying every segment file's sha256 unless ``verify=False``.
 
     With ``public_key`` (an Ed25519 PEM file, see :mod:`ddnn.signing`) the manifest's signature
     is checked first, whatever ``verify`` says: an unsigned or tampered bundle is refused.
+    ``kind``: "ddnn" (a hierarchy, what the tiers run), "raw" (a raw-offload reference, see
+    :class:`RawManifest`) or None (either, as ``manifest.kind`` says).
     """
     from ddnn.signing import read_signed_files, verify_manifest_bytes
 
@@ -346,7 +428,7 @@ def load_bundle(path: str | Path, verify: bool = True,
     raw, sig = read_signed_files(path)  # read once: what is verified is what is parsed
     if public_key is not None:
         verify_manifest_bytes(raw, sig, public_key, str(path))
-    manifest = read_manifest(path, raw)
+    manifest = read_manifest(path, raw, kind)
     if verify:
         for role, seg in manifest.segments().items():
             f = path / seg.file

@@ -2,6 +2,13 @@
 
 These functions turn per-exit scores into the hierarchy's outcome; calibration, ``ddnn evaluate``
 and the live edge aggregator all use them, so the accounting agrees everywhere.
+
+**Escalation levels.** At level 0 a frame that passes the edge exit reaches the cloud with the
+edge features alone (the ``cloud`` segment). At level 1 the edge also pulls every present
+camera's *detail* for it (its view at reduced resolution, or its stem's activations: the device
+segment's ``detail`` output) and the cloud answers with the ``escalated`` segment, which reads
+both; the details count in the frame's uplink bytes. A bundle without an ``escalated`` segment
+has level 0 only.
 """
 
 from __future__ import annotations
@@ -27,37 +34,76 @@ def exit_tiers(
     return tier
 
 
-def hierarchy_predictions(exits: dict[str, np.ndarray], policy: ExitPolicy
+def cloud_exit(exits: dict[str, np.ndarray], level: int = 0) -> np.ndarray:
+    """The cloud's scores at an escalation level: the ``escalated`` exit at level 1."""
+    return exits["escalated"] if level >= 1 else exits["cloud"]
+
+
+def hierarchy_predictions(exits: dict[str, np.ndarray], policy: ExitPolicy, level: int = 0
                           ) -> tuple[np.ndarray, np.ndarray]:
     """Each sample's class as the hierarchy answers it, and the tier that answers (0/1/2)."""
     tier = exit_tiers(entropy_of_logits(exits["local"]), entropy_of_logits(exits["edge"]), policy)
-    preds = [np.argmax(exits[k], axis=-1) for k in ("local", "edge", "cloud")]
+    preds = [np.argmax(s, axis=-1) for s in (exits["local"], exits["edge"],
+                                             cloud_exit(exits, level))]
     return np.choose(tier, preds), tier
 
 
 @dataclass(frozen=True)
 class UplinkCost:
-    """Bytes one device sends per frame: its scores always, its features when pulled."""
+    """Bytes one device sends per frame: its scores always, its features when pulled, and its
+    detail when the frame escalates (level 1)."""
 
     scores: int
     features: int
     single_view: bool  # with one view the device decides its own exit and sends no scores
+    detail: int = 0  # one device's detail payload; 0 where the bundle cannot escalate
+    detail_views: int = 0  # devices that send it: the k surest present ones; 0: every one
 
     @classmethod
     def of(cls, manifest: Manifest) -> UplinkCost:
         c = manifest.num_classes
         feat_shape = manifest.devices[0].output("features").sample_shape
+        detail = 0
+        if manifest.escalated is not None:
+            shape = manifest.devices[0].output("detail").sample_shape
+            detail = FeatureCodec(manifest.codec["device_detail"]).payload_size((1, *shape))
         return cls(
             scores=FeatureCodec(manifest.codec["scores"]).payload_size((1, c)),
             features=FeatureCodec(manifest.codec["device_features"]).payload_size((1, *feat_shape)),
             single_view=manifest.views == 1,
+            detail=detail,
+            detail_views=manifest.escalation_views,
         )
 
-    def per_frame(self, present_views: np.ndarray, tier: np.ndarray) -> np.ndarray:
+    @property
+    def sent_scores(self) -> int:
+        return 0 if self.single_view else self.scores
+
+    def detail_senders(self, present_views: np.ndarray) -> np.ndarray:
+        """How many devices send their detail for an escalated frame."""
+        if not self.detail_views:
+            return present_views
+        return np.minimum(present_views, self.detail_views)
+
+    def per_frame(self, present_views: np.ndarray, tier: np.ndarray, level: int = 0
+                  ) -> np.ndarray:
         """Payload bytes each frame puts on the device uplink (message envelopes excluded)."""
         past_local = (tier > LOCAL).astype(np.int64)
-        scores = 0 if self.single_view else self.scores
-        return present_views * (scores + past_local * self.features)
+        escalated = (tier > EDGE).astype(np.int64) * (self.detail if level >= 1 else 0)
+        return (present_views * (self.sent_scores + past_local * self.features)
+                + self.detail_senders(present_views) * escalated)
+
+
+def surest_views(detail: np.ndarray, scores: np.ndarray, present: np.ndarray, k: int
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """The details (B, V, ...) of the ``k`` present views whose devices are surest (lowest
+    entropy of their scores (B, V, C); ties to the lower view index), in that order, and which
+    of the ``k`` slots hold one (B, k): whom the edge pulls details from when a bundle
+    escalates only ``k`` views (``Manifest.escalation_views``)."""
+    entropy = np.where(present, entropy_of_logits(scores), np.inf)
+    order = np.argsort(entropy, axis=1, kind="stable")[:, :k]
+    rows = np.arange(len(detail))[:, None]
+    return detail[rows, order], present[rows, order]
 
 
 def raw_offload_bytes(present_views: np.ndarray, input_shape: tuple[int, ...]) -> np.ndarray:
@@ -71,24 +117,46 @@ def summarize(
     view_labels: np.ndarray,
     manifest: Manifest,
     policy: ExitPolicy,
+    level: int | None = None,
 ) -> dict:
-    """The ``ddnn evaluate --json`` object for per-exit scores of a labelled dataset."""
+    """The ``ddnn evaluate --json`` object for per-exit scores of a labelled dataset.
+
+    ``level``: the escalation level (default: the manifest's). Frames that no view saw are
+    counted in ``samples`` and ``no_view``, answered by nobody and left out of accuracy and
+    exit shares; they cost no byte.
+    """
+    level = manifest.escalation_level if level is None else level
     present = view_labels >= 0
-    preds = {k: np.argmax(exits[k], axis=-1) for k in ("local", "edge", "cloud")}
-    device_pred = np.argmax(exits["device"], axis=-1)
-    overall, tier = hierarchy_predictions(exits, policy)
     n_present = present.sum(axis=1)
+    seen = n_present > 0
+    overall, tier = hierarchy_predictions(exits, policy, level)
+    preds = {"local": exits["local"], "edge": exits["edge"], "cloud": cloud_exit(exits, level)}
+    device_pred = np.argmax(exits["device"], axis=-1)
     cost = UplinkCost.of(manifest)
-    ddnn_bytes = cost.per_frame(n_present, tier)
+    ddnn_bytes = cost.per_frame(n_present, tier, level)
     raw = raw_offload_bytes(n_present, manifest.input_shape)
-    return {
+
+    def accuracy(pred: np.ndarray) -> float:
+        return float((pred == labels)[seen].mean()) if seen.any() else 0.0
+
+    out = {
         "samples": len(labels),
+        "no_view": int((~seen).sum()),
         "accuracy": {
-            "device": float((device_pred == view_labels)[present].mean()),
-            **{k: float((v == labels).mean()) for k, v in preds.items()},
-            "overall": float((overall == labels).mean()),
+            "device": float((device_pred == view_labels)[present].mean()) if present.any() else 0.0,
+            **{k: accuracy(np.argmax(v, axis=-1)) for k, v in preds.items()},
+            "overall": accuracy(overall),
         },
-        "exit_fraction": {t: float((tier == i).mean()) for i, t in enumerate(EXIT_TIERS)},
+        "exit_fraction": {t: float((tier == i)[seen].mean()) if seen.any() else 0.0
+                          for i, t in enumerate(EXIT_TIERS)},
         "bytes_per_frame": {"ddnn": float(ddnn_bytes.mean()), "raw_offload": float(raw.mean())},
         "thresholds": {t: policy.threshold(t) for t in EXIT_TIERS[:-1]},
     }
+    if manifest.escalated is not None:
+        out["escalation"] = {
+            "level": level,
+            "detail_bytes_per_view": cost.detail,
+            "cloud_accuracy": [accuracy(np.argmax(cloud_exit(exits, v), axis=-1))
+                               for v in (0, 1)],
+        }
+    return out

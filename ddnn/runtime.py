@@ -19,6 +19,7 @@ from ddnn.aggregation import aggregate
 from ddnn.bundle import Bundle, SegmentSpec
 from ddnn.codec import FeatureCodec
 from ddnn.errors import BundleError, ConfigError
+from ddnn.hierarchy import surest_views
 
 
 def _session(path: Path, threads: int | None) -> Any:
@@ -89,6 +90,9 @@ class BundleRuntime:
         self.scores_codec = FeatureCodec(m.codec["scores"])
         self.device_codec = FeatureCodec(m.codec["device_features"])
         self.edge_codec = FeatureCodec(m.codec["edge_features"])
+        # The devices' detail of an escalated frame (bundles that can escalate).
+        self.detail_codec = (FeatureCodec(m.codec["device_detail"]) if m.escalated is not None
+                             else None)
 
     def runner(self, role: str) -> SegmentRunner:
         with self._lock:
@@ -132,6 +136,22 @@ class BundleRuntime:
         """Cloud segment: edge features → cloud scores (B, C)."""
         return self.runner("cloud")(edge_features=features)["scores"]
 
+    def device_detail(self, view: int, images: np.ndarray) -> np.ndarray:
+        """The detail a device keeps for an escalated frame: images (B, 3, H, W) → (B, c, r, r),
+        its segment's ``detail`` output (bundles that can escalate)."""
+        if self.manifest.escalated is None:
+            raise BundleError(f"bundle {self.bundle.ref} does not escalate: no device detail")
+        return self.runner(f"device-{view}")(image=images)["detail"]
+
+    def escalated(self, features: np.ndarray, detail: np.ndarray, present: np.ndarray
+                  ) -> np.ndarray:
+        """The cloud's answer to an escalated frame: edge features and the details
+        (B, S, c, r, r) in the bundle's S slots (every view, or the ``escalation_views``
+        surest: :func:`ddnn.hierarchy.surest_views`), ``present`` (B, S) saying which slots
+        hold one → scores (B, C)."""
+        agg = aggregate(detail, present, "concat")
+        return self.runner("escalated")(edge_features=features, device_detail=agg)["scores"]
+
     # --- every exit of a batch, as the live hierarchy would compute it -----------------------
 
     def all_exits(self, X: np.ndarray, present: np.ndarray) -> dict[str, np.ndarray]:
@@ -139,7 +159,8 @@ class BundleRuntime:
 
         Tensors pass through the bundle's codecs exactly as they would on the wire, so these
         numbers equal the live hierarchy's. Absent views are not run (their devices send
-        nothing); their slots hold zeros.
+        nothing); their slots hold zeros. A bundle that can escalate adds ``escalated``, the
+        cloud's answer with every present view's detail.
         """
         b, v = X.shape[:2]
         m = self.manifest
@@ -147,22 +168,33 @@ class BundleRuntime:
         dev_scores = np.zeros((b, v, c), np.float32)
         feat_shape = m.devices[0].output("features").sample_shape
         dev_feats = np.zeros((b, v, *feat_shape), np.float32)
+        detail = None
+        if self.detail_codec is not None:
+            detail = np.zeros((b, v, *m.devices[0].output("detail").sample_shape), np.float32)
         for i in range(v):
             rows = np.flatnonzero(present[:, i])
             if rows.size == 0:
                 continue
-            s, f = self.device(i, X[rows, i])
-            dev_scores[rows, i] = transmit(s, self.scores_codec)
-            dev_feats[rows, i] = transmit(f, self.device_codec)
+            out = self.runner(f"device-{i}")(image=X[rows, i])
+            dev_scores[rows, i] = transmit(out["scores"], self.scores_codec)
+            dev_feats[rows, i] = transmit(out["features"], self.device_codec)
+            if detail is not None:
+                detail[rows, i] = transmit(out["detail"], self.detail_codec)
         local = self.local(dev_scores, present)
         edge_scores, edge_feats = self.edge(dev_feats, present)
-        cloud = self.cloud(transmit(edge_feats, self.edge_codec))
-        return {
+        edge_feats = transmit(edge_feats, self.edge_codec)
+        exits = {
             "device": dev_scores,
             "local": local,
             "edge": edge_scores,
-            "cloud": cloud,
+            "cloud": self.cloud(edge_feats),
         }
+        if detail is not None:
+            sent = present
+            if m.escalation_views:  # only the surest devices send theirs
+                detail, sent = surest_views(detail, dev_scores, present, m.escalation_views)
+            exits["escalated"] = self.escalated(edge_feats, detail, sent)
+        return exits
 
     def run_dataset(
         self, X: np.ndarray, present: np.ndarray, batch: int = 256

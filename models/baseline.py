@@ -2,12 +2,14 @@
 
 This is what the hierarchy is judged against: send every camera's raw image to the cloud and
 classify there with an ordinary network, no binarization, no early exit. Each view goes through
-one shared float trunk; the trunk outputs are pooled over the present views (max and mean) and
-classified. It trains with the same loop, splits and seed as the DDNN (``models.train``).
+one shared float trunk (``models.view_cnn``); the trunk outputs are fused by their maximum over
+the present views and classified. It trains with the same loop, epochs, augmentation, splits
+and seed as the DDNN (``models.train``), and is written as a bundle of its own kind (``raw``).
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import shutil
 from pathlib import Path
@@ -16,42 +18,41 @@ import numpy as np
 import torch
 from torch import nn
 
+from ddnn.bundle import (
+    BATCH,
+    SegmentSpec,
+    TensorSpec,
+    check_name,
+    load_bundle,
+    sha256_file,
+    write_manifest,
+)
 from ddnn.dataset import MultiViewDataset, load_dataset
+from ddnn.errors import BundleError
 from ddnn.models.build import split_data
 from ddnn.models.config import DDNNConfig
 from ddnn.models.distributed import Distributed
-from ddnn.models.export import _export, staging_dir
+from ddnn.models.export import PARITY_MAX_DISAGREE, _export, publish, staging_dir
 from ddnn.models.train import predict, train
-
-
-def _block(c_in: int, c_out: int) -> nn.Sequential:
-    return nn.Sequential(
-        nn.Conv2d(c_in, c_out, 3, padding=1, bias=False), nn.BatchNorm2d(c_out), nn.ReLU(),
-        nn.MaxPool2d(2),
-    )
+from ddnn.models.view_cnn import ViewTrunk, max_over_views
+from ddnn.raw_manifest import RawManifest
 
 
 class RawOffloadCNN(nn.Module):
-    """Views (B, V, 3, H, W) and present (B, V) → {"cloud": logits (B, C)}."""
+    """Views (B, V, 3, H, W) and present (B, V) → {"cloud": logits (B, C)}.
 
-    # width 16 (16-32-64 float filters, ~25k weights, 40x the DDNN's cloud-exit input): small
-    # enough to train in minutes on 2 cores, far more than binarized 4-filter devices can see.
-    def __init__(self, classes: int, width: int = 16):
+    What a user would deploy if bandwidth were free: a per-view trunk of three double-conv
+    blocks (32, 64, 128 filters, batch norm; 290 k weights), the maximum over the present
+    views, a linear head.
+    """
+
+    def __init__(self, classes: int, widths: tuple[int, ...] = (32, 64, 128)):
         super().__init__()
-        self.trunk = nn.Sequential(
-            _block(3, width), _block(width, 2 * width), _block(2 * width, 4 * width),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-        )
-        self.head = nn.Linear(8 * width, classes)
+        self.trunk = ViewTrunk(widths)
+        self.head = nn.Linear(self.trunk.dim, classes)
 
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> dict[str, torch.Tensor]:
-        b, v = present.shape
-        emb = self.trunk(x.reshape(b * v, *x.shape[2:]) * 2.0 - 1.0).reshape(b, v, -1)
-        mask = present[..., None]
-        count = present.sum(1, keepdim=True).clamp(min=1)
-        mean = torch.where(mask, emb, torch.zeros_like(emb)).sum(1) / count
-        top = torch.where(mask, emb, torch.full_like(emb, -1e4)).amax(1)
-        return {"cloud": self.head(torch.cat([mean, top], dim=1))}
+        return {"cloud": self.head(max_over_views(self.trunk(x, present), present))}
 
 
 def _loss(out, y, label):
@@ -68,58 +69,100 @@ def _score(model, ds):
 
 
 def train_baseline(data, cfg: DDNNConfig, val_data=None, progress: bool = False):
-    """Train the reference on the DDNN's training split; returns (model, train result, val set)."""
+    """Train the reference on the DDNN's training split; returns (train result, training
+    samples, held-out set)."""
     _, train_ds, stop_ds, val_ds = split_data(data, val_data, cfg)
+    torch.manual_seed(cfg.seed)  # the initial weights too: same seed, same reference
     model = RawOffloadCNN(len(train_ds.classes))
     result = train(train_ds, stop_ds, cfg, progress=progress, model=model, loss_fn=_loss,
                    score_fn=_score)
-    return result, val_ds
+    return result, train_ds.num_samples, val_ds
 
 
 def build_baseline(data, out, cfg: DDNNConfig, val_data=None, test_data=None,
-                   progress: bool = True) -> dict | None:
-    """Train the reference and write ``out``/baseline.onnx and metrics.json (rank 0 only)."""
+                   progress: bool = True, name: str = "ddnn", version: str = "1") -> dict | None:
+    """Train the reference and write it to ``out`` as a raw-offload bundle (rank 0 only).
+
+    The bundle (``ddnn.bundle.RawManifest``, ``"kind": "raw"``) holds ``raw.onnx`` (every
+    view's image, zeros for an absent one → scores), its checksum, and ``report/metrics.json``;
+    ONNX Runtime must agree with torch on the held-out split before it is published.
+    """
     out = Path(out)
-    result, val_ds = train_baseline(data, cfg, val_data, progress)
+    result, train_samples, val_ds = train_baseline(data, cfg, val_data, progress)
     dist = Distributed.from_env(cfg)
     if not dist.main:
         dist.close()
         return None
     model = result.model.cpu().eval()
-    metrics = {
-        "model": "raw-offload float CNN (shared trunk per view, max+mean over present views)",
+    training = {
+        "model": "raw-offload float CNN: per-view trunk of double-conv blocks "
+                 f"{list(model.trunk.widths)}, max over the present views, linear head",
+        "data": str(data),
         "parameters": sum(p.numel() for p in model.parameters()),
+        "train_samples": train_samples,
+        "val_samples": val_ds.num_samples,
         "epochs": cfg.epochs, "best_epoch": result.best_epoch,
         "seconds": round(result.seconds, 2),
         "val_accuracy": accuracy(model, val_ds),
+        "config": cfg.to_dict(),
+        "torch": torch.__version__,
     }
     if test_data is not None:
         test = load_dataset(test_data, num_classes=len(val_ds.classes))
-        metrics["test_accuracy"] = accuracy(model, test)
+        training["test_accuracy"] = accuracy(model, test)
     staging = staging_dir(out)
     try:
+        path = staging / "raw.onnx"
         x = torch.rand(2, val_ds.num_views, *val_ds.image_shape)
-        present = torch.from_numpy(np.ones((2, val_ds.num_views), dtype=bool))
-        _export(_Scores(model), {"views": x, "present": present}, ["scores"],
-                staging / "baseline.onnx")
-        (staging / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n")
-        if out.exists():
-            if not (out / "metrics.json").is_file():
-                raise FileExistsError(f"{out}: exists and is not a baseline; not replacing it")
-            shutil.rmtree(out)
-        staging.rename(out)
+        scores = _Scores(model)
+        _export(scores, {"views": x}, ["scores"], path)
+        spec = SegmentSpec(path.name, sha256_file(path),
+                           (TensorSpec("views", (BATCH, *x.shape[1:])),),
+                           (TensorSpec("scores", (BATCH, len(val_ds.classes))),),
+                           path.stat().st_size)
+        manifest = RawManifest(
+            name=check_name("model name", name), version=check_name("model version", version),
+            classes=val_ds.classes, views=val_ds.num_views, input_shape=val_ds.image_shape,
+            raw=spec, training=training,
+            created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"))
+        write_manifest(staging, manifest)  # type: ignore[arg-type]
+        training["parity"] = _parity(model, staging, val_ds)
+        write_manifest(staging, manifest)  # type: ignore[arg-type]  # now with the parity
+        (staging / "report").mkdir()
+        (staging / "report" / "metrics.json").write_text(json.dumps(training, indent=2) + "\n")
+        publish(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     finally:
         dist.close()
-    return metrics
+    load_bundle(out, kind="raw")
+    return training
+
+
+def _parity(model: RawOffloadCNN, bundle: Path, ds: MultiViewDataset) -> dict:
+    """Torch and ONNX Runtime on the held-out split; refuses an export that disagrees."""
+    from ddnn.runtime import SegmentRunner
+
+    spec = load_bundle(bundle, kind="raw").manifest.raw
+    runner = SegmentRunner(bundle / spec.file, spec)
+    onnx = np.concatenate([runner(views=ds.X[i:i + 256])["scores"]
+                           for i in range(0, ds.num_samples, 256)])
+    torch_scores = predict(model, ds)["cloud"]
+    report = {"max_abs_diff": float(np.abs(onnx - torch_scores).max()),
+              "disagreement": float((onnx.argmax(-1) != torch_scores.argmax(-1)).mean())}
+    if report["disagreement"] > PARITY_MAX_DISAGREE:
+        raise BundleError(f"ONNX export of the reference disagrees with torch: {report}")
+    return report
 
 
 class _Scores(nn.Module):
+    """The reference as served: views (B, V, 3, H, W), an absent view all zeros → scores."""
+
     def __init__(self, model: RawOffloadCNN):
         super().__init__()
         self.model = model
 
-    def forward(self, views: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+    def forward(self, views: torch.Tensor) -> torch.Tensor:
+        present = views.flatten(2).abs().amax(2) > 0
         return self.model(views, present)["cloud"]

@@ -12,7 +12,7 @@ import torch
 from ddnn.bundle import load_bundle
 from ddnn.dataset import MultiViewDataset, load_dataset
 from ddnn.errors import DatasetError
-from ddnn.hierarchy import summarize
+from ddnn.hierarchy import UplinkCost, summarize
 from ddnn.models.calibrate import calibrate
 from ddnn.models.config import DDNNConfig
 from ddnn.models.distributed import Distributed
@@ -139,27 +139,20 @@ def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data,
         training = _training_summary(data, val_data, cfg, train_ds, val_ds, result, torch_val,
                                      stop_samples, world)
 
-        def manifest(thresholds: dict[str, float], calibration: dict):
-            return build_manifest(
-                model,
-                specs,
-                name,
-                version,
-                full.classes,
-                train_ds.image_shape,
-                thresholds,
-                training,
-                calibration,
-            )
+        def manifest(thresholds: dict[str, float], calibration: dict, level: int = 0):
+            return build_manifest(model, specs, name, version, full.classes,
+                                  train_ds.image_shape, thresholds, training, calibration, level)
 
         # A provisional manifest lets ONNX Runtime run the bundle exactly as the tiers will.
-        write_manifest(staging, manifest({"local": 0.0, "edge": 0.0}, {}))
+        provisional = manifest({"local": 0.0, "edge": 0.0}, {})
+        write_manifest(staging, provisional)
         ort_val = onnx_exits(staging, val_ds)
         parity = check_parity(torch_val, ort_val, val_ds.present)
-        cal = calibrate(ort_val, val_ds.label, cfg.tolerance, cfg.threshold_grid)
+        cal = calibrate(ort_val, val_ds.label, val_ds.present, UplinkCost.of(provisional),
+                        cfg.tolerance, cfg.max_bytes, cfg.threshold_grid)
         calibration = {**cal.to_dict(), "parity": parity.to_dict(),
                        "scores": scores_record(ort_val["device"], val_ds.present)}
-        final = manifest({"local": cal.local, "edge": cal.edge}, calibration)
+        final = manifest(cal.point.thresholds, calibration, cal.level)
         write_manifest(staging, final)
         metrics = {
             "training": training,

@@ -1,10 +1,14 @@
-"""Calibration of the exit thresholds on held-out data.
+"""Calibration: the exit thresholds and escalation level, picked on held-out data from the
+operating curve (``ddnn.operating_curve``) by the user's budget.
 
-Objective (documented in docs/training.md): among all (T_local, T_edge) on a grid over [0, 1],
-keep those whose overall accuracy on the held-out split is at least the cloud exit's accuracy
-minus ``tolerance``; of these, take the one with the most local exits, then the most edge exits,
-then the highest accuracy. T = 0 for both is always admissible (everything goes to the cloud), so
-calibration never fails; it only finds how much can safely leave early.
+* an accuracy ``tolerance`` (the default, 0): the cheapest point (fewest uplink bytes per frame;
+  then the most local exits, the most edge exits, the highest accuracy) whose accuracy is at least
+  the best single tier's minus the tolerance. Sending every frame to the best tier always
+  qualifies, so calibration never fails;
+* a byte budget ``max_bytes`` per frame: the most accurate point within it.
+
+The chosen point and the held-out curve both go into the manifest; ``ddnn evaluate --max-bytes``
+re-picks from that curve, never from the data it reports on.
 """
 
 from __future__ import annotations
@@ -14,82 +18,82 @@ from dataclasses import dataclass
 import numpy as np
 
 from ddnn.exits import entropy_of_logits
+from ddnn.hierarchy import UplinkCost, cloud_exit
+from ddnn.operating_curve import (
+    OperatingPoint,
+    curve_table,
+    frontier,
+    pick_max_bytes,
+    pick_tolerance,
+)
+from ddnn.operating_curve import sweep as sweep_grid
 
 
 @dataclass(frozen=True)
 class Calibration:
-    """Chosen thresholds and what they achieve on the held-out split."""
+    """The chosen operating point, the budget that chose it and the held-out curve."""
 
-    local: float
-    edge: float
-    accuracy: float
-    cloud_accuracy: float
-    exit_fraction: dict[str, float]
-    tolerance: float
+    point: OperatingPoint
+    tolerance: float | None  # the budget: an accuracy tolerance ...
+    max_bytes: float | None  # ... or bytes per frame
+    best_tier_accuracy: float
     samples: int
+    curve: dict[str, list]
+
+    @property
+    def local(self) -> float:
+        return self.point.local
+
+    @property
+    def edge(self) -> float:
+        return self.point.edge
+
+    @property
+    def level(self) -> int:
+        return self.point.level
 
     def to_dict(self) -> dict:
+        if self.max_bytes is None:
+            objective = ("fewest uplink bytes per frame (then most local, then most edge exits) "
+                         "with accuracy >= the best tier's - tolerance, on held-out data")
+            budget = {"tolerance": self.tolerance}
+        else:
+            objective = "highest accuracy within max_bytes uplink bytes per frame, on held-out data"
+            budget = {"max_bytes": self.max_bytes}
         return {
-            "objective": "most local then edge exits with overall accuracy >= cloud accuracy - "
-            "tolerance on held-out data",
-            "thresholds": {"local": self.local, "edge": self.edge},
-            "tolerance": self.tolerance,
+            "objective": objective,
+            **budget,
+            "thresholds": self.point.thresholds,
+            "escalation_level": self.point.level,
             "samples": self.samples,
-            "accuracy": self.accuracy,
-            "cloud_accuracy": self.cloud_accuracy,
-            "exit_fraction": self.exit_fraction,
+            "accuracy": self.point.accuracy,
+            "best_tier_accuracy": self.best_tier_accuracy,
+            "bytes_per_frame": self.point.bytes_per_frame,
+            "exit_fraction": self.point.exit_fraction,
+            "curve": self.curve,
         }
 
 
-def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, grid: np.ndarray, edge_t: float):
-    """Accuracy and exit fractions over local thresholds ``grid``, the edge threshold fixed."""
-    correct = {k: exits[k].argmax(-1) == labels for k in ("local", "edge", "cloud")}
+def calibrate(
+    exits: dict[str, np.ndarray], labels: np.ndarray, present: np.ndarray, cost: UplinkCost,
+    tolerance: float = 0.0, max_bytes: float | None = None, grid: int = 201,
+) -> Calibration:
+    """Pick thresholds and escalation level from held-out per-exit scores (module docstring)."""
+    s = sweep_grid(exits, labels, present, cost, grid)
+    point = pick_tolerance(s, tolerance) if max_bytes is None else pick_max_bytes(s, max_bytes)
+    return Calibration(point, None if max_bytes is not None else tolerance, max_bytes,
+                       s.best_tier, len(labels), curve_table(frontier(s)))
+
+
+def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, grid: np.ndarray, edge_t: float,
+          level: int = 0):
+    """Accuracy and exit fractions over local thresholds ``grid``, the edge threshold and the
+    escalation level fixed: the training report's and the paper tables' threshold plots."""
+    correct = {k: exits[k].argmax(-1) == labels for k in ("local", "edge")}
+    correct["cloud"] = cloud_exit(exits, level).argmax(-1) == labels
     h_local, h_edge = entropy_of_logits(exits["local"]), entropy_of_logits(exits["edge"])
     loc = h_local[None, :] < grid[:, None]  # (T, N)
     edg = ~loc & (h_edge < edge_t)[None, :]
     cld = ~loc & ~edg
     acc = (loc * correct["local"] + edg * correct["edge"] + cld * correct["cloud"]).mean(1)
     return {"accuracy": acc, "local": loc.mean(1), "edge": edg.mean(1), "cloud": cld.mean(1)}
-
-
-def calibrate(
-    exits: dict[str, np.ndarray], labels: np.ndarray, tolerance: float = 0.0, grid: int = 201
-) -> Calibration:
-    """Choose (T_local, T_edge) per the module's objective from held-out logits."""
-    correct = {k: exits[k].argmax(-1) == labels for k in ("local", "edge", "cloud")}
-    h_local, h_edge = entropy_of_logits(exits["local"]), entropy_of_logits(exits["edge"])
-    ts = np.linspace(0.0, 1.0, grid)
-    cloud_acc = float(correct["cloud"].mean())
-    floor = cloud_acc - tolerance - 1e-12
-    n = len(labels)
-    best = (-1, 0, 0, 0.0, 0.0, 0.0)  # (score, i, j, accuracy, local, edge); -1: none yet
-    edg_all = h_edge[None, :] < ts[:, None]  # (T_edge, N)
-    for i, t in enumerate(ts):
-        loc = h_local < t  # (N,)
-        edg = ~loc[None, :] & edg_all
-        cld = ~loc[None, :] & ~edg
-        acc = (loc & correct["local"]).mean() + (edg & correct["edge"]).mean(1)
-        acc = acc + (cld & correct["cloud"]).mean(1)
-        f_edg = edg.mean(1)
-        # Lexicographic on exact counts: local exits first, then edge exits, then correct answers
-        # (base n + 1 keeps one more exit worth more than any number of the next key).
-        base = n + 1
-        key = (int(loc.sum()) * base + edg.sum(1)) * base + np.rint(acc * n).astype(np.int64)
-        score = np.where(acc >= floor, key, -1)  # int64: exact however large the set
-        j = int(np.argmax(score))
-        if score[j] > best[0]:
-            best = (score[j], i, j, float(acc[j]), float(loc.mean()), float(f_edg[j]))
-    _, i, j, accuracy, f_loc, f_edg = best
-    return Calibration(
-        local=float(ts[i]),
-        edge=float(ts[j]),
-        accuracy=accuracy,
-        cloud_accuracy=cloud_acc,
-        exit_fraction={
-            "local": f_loc,
-            "edge": f_edg,
-            "cloud": 1.0 - f_loc - f_edg,
-        },
-        tolerance=tolerance,
-        samples=len(labels),
-    )

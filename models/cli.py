@@ -35,6 +35,13 @@ def _register_synth(data_sub, formatter) -> None:
         default=0,
         help="seed of the class objects; keep it equal for train and test files",
     )
+    s.add_argument(
+        "--zoom",
+        type=float,
+        default=1.0,
+        help="partial views: each camera ZOOM times closer, aimed at a random point of the "
+        "object, so it sees only part of it (1: the whole object)",
+    )
     _register_field_options(s)
     s.set_defaults(func=_synth)
 
@@ -81,7 +88,15 @@ def _register_train(sub, formatter) -> None:
         "--tolerance",
         type=float,
         default=d.tolerance,
-        help="accuracy the hierarchy may lose against the cloud exit on held-out data",
+        help="calibration budget: accuracy the hierarchy may lose against its best tier on "
+        "held-out data; the cheapest operating point within it is chosen",
+    )
+    t.add_argument(
+        "--max-bytes",
+        type=float,
+        default=None,
+        help="calibration budget instead: device uplink payload bytes per frame; the most "
+        "accurate operating point within it on held-out data is chosen",
     )
     t.add_argument(
         "--val-fraction",
@@ -137,6 +152,23 @@ def _register_architecture(t, d) -> None:
     t.add_argument("--cloud-filters", default=SUPPRESS,
                    help="filters of each cloud ConvP block, comma-separated (deeper: more; "
                    f"default: {','.join(map(str, d.cloud_filters))})")
+    t.add_argument("--escalate", default=SUPPRESS, choices=["view", "stem", "none"],
+                   help="the detail the cloud reads besides the edge features for a frame "
+                   "still unsure after the edge exit, from every present camera: 'view', its "
+                   "image at reduced resolution; 'stem', its stem's activations; 'none' "
+                   f"(default: {d.escalate}, until the live tiers escalate; the measured "
+                   "escalation uses 'view')")
+    t.add_argument("--escalate-pool", type=int, default=SUPPRESS,
+                   help=f"the view's reduction, K x K average pooling (default: "
+                   f"{d.escalate_pool})")
+    t.add_argument("--escalate-bits", type=int, default=SUPPRESS, choices=[8, 4, 2, 1],
+                   help=f"bits a detail value travels with (default: {d.escalate_bits})")
+    t.add_argument("--escalate-views", type=int, default=SUPPRESS,
+                   help="escalate the details of only the K present views whose devices are "
+                   f"surest (0: every present view; default: {d.escalate_views})")
+    t.add_argument("--escalate-widths", default=SUPPRESS,
+                   help="double-conv blocks of the cloud's CNN on the details, comma-separated "
+                   f"(default: {','.join(map(str, d.escalate_widths))})")
 
 
 def _architecture(args) -> dict:
@@ -158,14 +190,19 @@ def _architecture(args) -> dict:
         "edge_codec": given.get("edge_codec"),
         "edge_per_view": False if args.early_fusion else None,
         "cloud_filters": ints(given.get("cloud_filters")),
+        "escalate": given.get("escalate"),
+        "escalate_pool": given.get("escalate_pool"),
+        "escalate_bits": given.get("escalate_bits"),
+        "escalate_views": given.get("escalate_views"),
+        "escalate_widths": ints(given.get("escalate_widths")),
     }
     return {k: v for k, v in arch.items() if v is not None}
 
 
 def _register_training_extras(t, d) -> None:
     t.add_argument("--baseline", action="store_true",
-                   help="train the raw-offload reference (a float CNN on the full images of "
-                   "every present view) instead: OUT gets baseline.onnx and metrics.json")
+                   help="train the raw-offload reference instead (a float CNN on the full "
+                   "images of every present view): OUT becomes a bundle of kind 'raw'")
     t.add_argument("--test", default=None, help="with --baseline: also report accuracy on this")
     t.add_argument("--distill", type=float, default=d.distill,
                    help="weight of online distillation from the cloud exit (0: off)")
@@ -182,6 +219,8 @@ def _register_training_extras(t, d) -> None:
     t.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
                    help="torch device (auto: CUDA when present)")
     t.add_argument("--no-amp", action="store_true", help="no mixed precision on CUDA")
+    t.add_argument("--cpu-amp", action="store_true",
+                   help="bf16 autocast on the CPU (fast on CPUs with bf16 instructions)")
     t.add_argument("--comm-hook", default=d.comm_hook, choices=["none", "fp16", "powersgd"],
                    help="gradient compression between torchrun processes")
     t.add_argument("--checkpoint", default=None,
@@ -199,7 +238,8 @@ def _synth(args) -> int:
     )
 
     cfg = SceneConfig(
-        views=args.views, classes=args.classes, size=args.size, world_seed=args.world_seed
+        views=args.views, classes=args.classes, size=args.size, world_seed=args.world_seed,
+        zoom=args.zoom,
     )
     drifts = _drifts(args.drift)
     cfg = drifted_config(cfg, drifts)
@@ -250,14 +290,15 @@ def _baseline(args, cfg) -> int:
     from ddnn.models.baseline import build_baseline
 
     metrics = build_baseline(args.data, args.out, cfg, args.val, args.test,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, name=args.name,
+                             version=args.model_version)
     if metrics is None:
         return 0
     if args.json:
         print(json.dumps(metrics))
     else:
         test = f", test {metrics['test_accuracy']:.3f}" if "test_accuracy" in metrics else ""
-        print(f"raw-offload baseline written to {args.out}: held-out accuracy "
+        print(f"raw-offload reference bundle written to {args.out}: held-out accuracy "
               f"{metrics['val_accuracy']:.3f}{test} ({metrics['seconds']:.0f} s)", file=sys.stderr)
     return 0
 
@@ -275,6 +316,7 @@ def _train(args) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         tolerance=args.tolerance,
+        max_bytes=args.max_bytes,
         val_fraction=args.val_fraction,
         seed=args.seed,
         threads=args.threads,
@@ -285,6 +327,7 @@ def _train(args) -> int:
         stop_fraction=args.stop_fraction,
         device=args.device,
         amp=not args.no_amp,
+        cpu_amp=args.cpu_amp,
         comm_hook=args.comm_hook,
     )
     if args.baseline:
@@ -321,4 +364,8 @@ def _train(args) -> int:
         f"edge {v['exit_fraction']['edge']:.2f}, cloud {v['exit_fraction']['cloud']:.2f}",
         file=sys.stderr,
     )
+    b = v["bytes_per_frame"]
+    level = f"escalation level {cal['escalation_level']}, " if "escalation" in v else ""
+    print(f"{level}uplink bytes per frame {b['ddnn']:.0f} against {b['raw_offload']:.0f} for raw "
+          f"offload (held-out)", file=sys.stderr)
     return 0

@@ -13,11 +13,13 @@ COMM_HOOKS = ("none", "fp16", "powersgd")
 DEVICE_CODECS = {"binary": 1, **LEVEL_BITS, "float16": 0}  # codec: bits per value (0: ReLU)
 EDGE_CODECS = ("int8", "float16", "float32", "binary")  # binary: sign features, else ReLU
 VIEW_POOLS = ("max", "maxmean")
+ESCALATIONS = ("view", "stem", "none")  # an escalated frame's detail (see DDNNConfig.escalate)
+DETAIL_CODECS = {8: "int8", 4: "bits4", 2: "bits2", 1: "binary"}  # bits a value → its codec
 PAPER = {  # DDNNConfig.paper(): the architecture before docs/training.md's "Closing the gap"
     "scheme": "MP-AP", "device_filters": 4, "device_stem": (), "device_binary": True,
     "device_codec": "binary", "device_exit_float": False, "device_exit_pool": 0,
     "device_scores": "logits", "edge_filters": 16, "edge_per_view": False,
-    "edge_codec": "binary", "distill_device": True,
+    "edge_codec": "binary", "distill_device": True, "escalate": "none",
 }
 
 
@@ -60,6 +62,18 @@ class DDNNConfig:
     cloud_filters: tuple[int, ...] = (32, 32)  # one ConvP block per entry: the deep segment
     edge_codec: str = "int8"  # how edge features travel to the cloud: int8 (ReLU features,
     # one byte a value), float16, or binary (sign features, 1 bit a value)
+    escalate: str = "none"  # the detail the cloud reads besides the edge features for a frame
+    # still unsure after the edge exit, from every present camera: "view", its image at reduced
+    # resolution; "stem", its last stem block's activations; "none": nothing more. Off by
+    # default until the live tiers escalate: a bundle calibrated to level 1 would run live at
+    # level 0 and answer otherwise than `ddnn evaluate` (docs/training.md)
+    escalate_pool: int = 2  # the view's reduction, k x k average pooling (32 x 32 → 16 x 16)
+    escalate_bits: int = 4  # bits a detail value travels with: 8 (int8), 4, 2 or 1; 4 halves
+    # int8's bytes for 3 points of the escalated exit, 2 loses the colours (docs/training.md)
+    escalate_widths: tuple[int, ...] = (24, 48, 96)  # double-conv blocks of the cloud's CNN
+    # on the details: as accurate as 32, 64, 128 here at 56% of the work
+    escalate_views: int = 0  # details of only the k present views whose devices are surest
+    # (lowest entropy of their scores, which the edge already has); 0: every present view
     # --- joint training -------------------------------------------------------------------
     epochs: int = 60  # passes over the training split (40 left the harder sets under-trained)
     batch_size: int = 64  # samples (each with all its views) per step
@@ -87,12 +101,16 @@ class DDNNConfig:
     # and stop early; calibration never sees it, so its thresholds select nothing else
     device: str = "auto"  # torch device: auto (CUDA when present), cpu or cuda
     amp: bool = True  # mixed precision (bf16, else fp16 with loss scaling) when on CUDA
+    cpu_amp: bool = False  # bf16 autocast on the CPU too (fast where the CPU has bf16
+    # instructions, e.g. AVX-512 BF16; off by default: not every CPU has them)
     comm_hook: str = "none"  # gradient compression between processes: none, fp16, powersgd
     # --- calibration ----------------------------------------------------------------------
     val_fraction: float = 0.2  # share of the training file held out for calibration and early
     # stopping when no separate validation file is given
-    tolerance: float = 0.0  # accuracy the hierarchy may lose against the cloud exit alone on the
-    # validation split in exchange for earlier exits (0: none)
+    tolerance: float = 0.0  # the budget, as accuracy the hierarchy may lose against its best
+    # tier alone on the calibration split in exchange for fewer uplink bytes (0: none)
+    max_bytes: float | None = None  # or as uplink payload bytes per frame: the most accurate
+    # operating point within it (replaces the tolerance)
     threshold_grid: int = 201  # thresholds tried per exit, evenly spaced in [0, 1]
     extra: dict = field(default_factory=dict)  # free-form notes copied into the manifest
 
@@ -100,6 +118,7 @@ class DDNNConfig:
         parse_scheme(self.scheme)
         self.cloud_filters = tuple(int(f) for f in self.cloud_filters)
         self.device_stem = tuple(int(f) for f in self.device_stem)
+        self.escalate_widths = tuple(int(f) for f in self.escalate_widths)
         self.exit_weights = tuple(float(w) for w in self.exit_weights)  # type: ignore[assignment]
         if self.device_filters < 1 or self.edge_filters < 1 or not self.cloud_filters:
             raise ConfigError("filter counts must be positive and the cloud needs a block")
@@ -109,6 +128,16 @@ class DDNNConfig:
             raise ConfigError(f"device codec must be one of {DEVICE_CODECS}")
         if min(self.device_stem, default=1) < 1 or self.device_exit_pool < 0:
             raise ConfigError("device stem filters must be positive, device_exit_pool >= 0")
+        if self.escalate not in ESCALATIONS or self.escalate_pool < 1:
+            raise ConfigError(f"escalate must be one of {ESCALATIONS}, escalate_pool >= 1")
+        if self.escalate_bits not in DETAIL_CODECS:
+            raise ConfigError(f"escalate_bits must be one of {sorted(DETAIL_CODECS)}")
+        if self.escalate_views < 0:
+            raise ConfigError("escalate_views must be >= 0 (0: every present view)")
+        if self.escalate == "stem" and not self.device_stem:
+            raise ConfigError("escalate 'stem' needs a device stem (--device-stem)")
+        if not self.escalate_widths or min(self.escalate_widths) < 1:
+            raise ConfigError("escalate_widths needs at least one positive filter count")
         if self.device_scores not in ("logits", "logprobs"):
             raise ConfigError("device_scores must be logits or logprobs")
         if self.edge_view_pool not in VIEW_POOLS:
@@ -122,6 +151,8 @@ class DDNNConfig:
             raise ConfigError("val_fraction must lie strictly between 0 and 1")
         if not 0.0 <= self.tolerance <= 1.0:
             raise ConfigError("tolerance must lie in [0, 1]")
+        if self.max_bytes is not None and not self.max_bytes >= 0:
+            raise ConfigError("max_bytes must be a non-negative number of bytes per frame")
         if self.schedule not in SCHEDULES or self.comm_hook not in COMM_HOOKS:
             raise ConfigError(f"schedule must be one of {SCHEDULES}, comm_hook one of {COMM_HOOKS}")
         if self.device not in ("auto", "cpu", "cuda"):
@@ -148,6 +179,11 @@ class DDNNConfig:
         return DEVICE_CODECS[self.device_codec]
 
     @property
+    def detail_codec(self) -> str:
+        """The codec an escalated frame's device detail travels with."""
+        return DETAIL_CODECS[self.escalate_bits]
+
+    @property
     def aggregation(self) -> tuple[str, str]:
         return parse_scheme(self.scheme)
 
@@ -156,4 +192,5 @@ class DDNNConfig:
         d["cloud_filters"] = list(self.cloud_filters)
         d["device_stem"] = list(self.device_stem)
         d["exit_weights"] = list(self.exit_weights)
+        d["escalate_widths"] = list(self.escalate_widths)
         return d

@@ -51,6 +51,8 @@ class Distributed:
         amp = None
         if cuda and cfg.amp:
             amp = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        elif not cuda and cfg.cpu_amp:
+            amp = torch.bfloat16  # no loss scaling: bf16 has float32's range
         scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
         return cls(rank, world, device, amp, cfg.comm_hook, scaler)
 
@@ -77,7 +79,11 @@ class Distributed:
         from torch.nn.parallel import DistributedDataParallel as DDP
 
         ids = [self.device.index] if self.device.type == "cuda" else None
-        ddp = DDP(model, device_ids=ids)
+        # PowerSGD chains its collectives per gradient bucket; with gloo, several buckets
+        # interleave them differently on each rank (a size mismatch, or a crash), so its
+        # gradients travel in one bucket (these models are a few MB at most).
+        ddp = DDP(model, device_ids=ids,
+                  bucket_cap_mb=1024 if self.comm_hook == "powersgd" else None)
         if self.comm_hook == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ddnn.models.config import DDNNConfig
+from ddnn.models.view_cnn import ViewTrunk, max_over_views
 
 
 class BinarySign(nn.Module):
@@ -137,14 +138,37 @@ class DeviceSegment(nn.Module):
         self.pool, h, w = _cells(cfg.device_exit_pool, h, w)
         self.exit = ExitHead(cfg.device_filters * h * w, classes)
         self.log_probs = cfg.device_scores == "logprobs"
+        # The detail a device keeps for an escalated frame (cfg.escalate): its view at reduced
+        # resolution, or its last stem block before the ReLU; few-bit levels where
+        # cfg.escalate_bits < 8 (int8 otherwise, see int8_roundtrip).
+        self.escalate = cfg.escalate
+        self.reduce = nn.AvgPool2d(cfg.escalate_pool) if cfg.escalate == "view" else None
+        self.detail_act = (Quantize(cfg.escalate_bits)
+                           if cfg.escalate != "none" and cfg.escalate_bits < 8 else None)
 
-    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def outputs(self, image: torch.Tensor
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """(scores, features, detail): detail is None where the network does not escalate."""
         # Centre the [0, 1] pixels: ±1 weights on all-positive inputs mostly measure brightness.
-        z = self.block(self.stem(image * 2.0 - 1.0))
+        x = image * 2.0 - 1.0
+        detail = self.reduce(x) if self.reduce is not None else None
+        if self.escalate == "stem":
+            last = self.stem[-1]
+            detail = last.bn(last.pool(last.conv(self.stem[:-1](x))))
+            h = last.act(detail)
+        else:
+            h = self.stem(x)
+        z = self.block(h)
         features = self.act(z)
         scores = self.exit(self.pool(torch.relu(z) if self.exit_float else features))
         if self.log_probs:
             scores = torch.log_softmax(scores, dim=-1)
+        if detail is not None and self.detail_act is not None:
+            detail = self.detail_act(detail)
+        return scores, features, detail
+
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scores, features, _ = self.outputs(image)
         return scores, features
 
 
@@ -216,6 +240,64 @@ class CloudSegment(nn.Module):
         return self.exit(self.blocks(features))
 
 
+def int8_roundtrip(x: torch.Tensor) -> torch.Tensor:
+    """What ``ddnn.codec``'s int8 delivers of each sample of ``x``: one scale per sample (its
+    peak / 127), values rounded to the nearest of 255 levels; the gradient passes straight."""
+    peak = x.detach().abs().flatten(1).amax(1).float()
+    scale = (peak / 127.0).clamp(min=torch.finfo(torch.float32).tiny)
+    scale = scale.reshape(-1, *([1] * (x.dim() - 1)))
+    hard = torch.clamp(torch.round(x.detach() / scale), -127, 127) * scale
+    return x + (hard - x).detach()
+
+
+def surest_views(detail: torch.Tensor, scores: torch.Tensor, present: torch.Tensor, k: int
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The details of the ``k`` present views whose devices are surest (lowest entropy of
+    their scores; ties to the lower view index), in that order, and which of the ``k`` slots
+    hold one: torch twin of :func:`ddnn.hierarchy.surest_views`."""
+    logp = torch.log_softmax(scores.detach().float(), dim=-1)
+    entropy = -(logp.exp() * logp).sum(-1)
+    entropy = torch.where(present, entropy, torch.full_like(entropy, float("inf")))
+    order = torch.sort(entropy, dim=1, stable=True).indices[:, :k]
+    picked = detail.gather(1, order.reshape(*order.shape, *([1] * (detail.dim() - 2)))
+                           .expand(-1, -1, *detail.shape[2:]))
+    return picked, present.gather(1, order)
+
+
+def detail_shape(cfg: DDNNConfig, height: int, width: int) -> tuple[int, int, int]:
+    """The per-view shape of what a device sends for an escalated frame."""
+    if cfg.escalate == "view":
+        return 3, height // cfg.escalate_pool, width // cfg.escalate_pool
+    n = len(cfg.device_stem)
+    return cfg.device_stem[-1], _pooled(height, n), _pooled(width, n)
+
+
+class EscalatedCloud(nn.Module):
+    """The cloud exit of an escalated frame: edge features and every present camera's detail
+    (its view at reduced resolution, or its stem's activations) → scores.
+
+    The edge features go through the cloud's own blocks (shared with :class:`CloudSegment`);
+    the details through a float CNN (``cfg.escalate_widths``) fused by their maximum over the
+    present views (a slot of zeros is an absent view); one linear layer reads both.
+    """
+
+    def __init__(self, cfg: DDNNConfig, cloud: CloudSegment, views: int, classes: int,
+                 detail: tuple[int, int, int]):
+        super().__init__()
+        self.views, self.detail = views, detail
+        self.blocks = cloud.blocks
+        self.trunk = ViewTrunk(cfg.escalate_widths, in_channels=detail[0], centre=False)
+        self.head = nn.Linear(self.trunk.dim + cloud.exit.fc.in_features, classes)
+
+    def forward(self, edge_features: torch.Tensor, device_detail: torch.Tensor) -> torch.Tensor:
+        """edge_features (B, F, h, w), device_detail (B, V * c, r, r) → scores (B, C)."""
+        b = device_detail.shape[0]
+        detail = device_detail.reshape(b, self.views, *self.detail)
+        present = detail.flatten(2).abs().amax(2) > 0
+        seen = max_over_views(self.trunk(detail, present), present)
+        return self.head(torch.cat([seen, torch.flatten(self.blocks(edge_features), 1)], 1))
+
+
 def aggregate(x: torch.Tensor, present: torch.Tensor, op: str) -> torch.Tensor:
     """Torch twin of :func:`ddnn.aggregation.aggregate`, differentiable; a test keeps them equal."""
     mask = present.reshape(present.shape + (1,) * (x.dim() - 2))
@@ -252,22 +334,36 @@ class DDNN(nn.Module):
         self.edge = EdgeSegment(cfg, c_edge, classes, h, w, views, per_view)
         self.cloud = CloudSegment(cfg, self.edge.out_channels, classes, _pooled(h, 1),
                                   _pooled(w, 1))
+        self.escalated = None
+        # Details come from the k surest present views (0: from every one).
+        self.detail_slots = min(cfg.escalate_views, views)
+        if cfg.escalate != "none":
+            detail = detail_shape(cfg, height, width)
+            self.escalated = EscalatedCloud(cfg, self.cloud, self.detail_slots or views, classes,
+                                            detail)
 
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> dict[str, torch.Tensor]:
         """x (B, V, 3, H, W), present (B, V) bool → logits of every exit.
 
-        ``device`` is (B, V, C); ``local``, ``edge`` and ``cloud`` are (B, C).
+        ``device`` is (B, V, C); ``local``, ``edge``, ``cloud`` and, when the network
+        escalates, ``escalated`` (the cloud's answer with the reduced views) are (B, C).
         """
-        outs = [dev(x[:, i]) for i, dev in enumerate(self.devices)]
-        dev_scores = torch.stack([s for s, _ in outs], dim=1)
-        dev_feats = torch.stack([f for _, f in outs], dim=1)
+        outs = [dev.outputs(x[:, i]) for i, dev in enumerate(self.devices)]
+        dev_scores = torch.stack([o[0] for o in outs], dim=1)
+        dev_feats = torch.stack([o[1] for o in outs], dim=1)
         local = aggregate(dev_scores, present, self.local_op)
         if self.local is not None:
             local = self.local(local)
         edge_scores, edge_feats = self.edge(aggregate(dev_feats, present, self.edge_op))
-        return {
-            "device": dev_scores,
-            "local": local,
-            "edge": edge_scores,
-            "cloud": self.cloud(edge_feats),
-        }
+        out = {"device": dev_scores, "local": local, "edge": edge_scores,
+               "cloud": self.cloud(edge_feats)}
+        if self.escalated is not None:
+            b, v = present.shape
+            detail = torch.stack([o[2] for o in outs], 1).flatten(0, 1)
+            if self.cfg.escalate_bits == 8:  # few-bit details are exact levels already
+                detail = int8_roundtrip(detail)
+            detail = detail.reshape(b, v, *detail.shape[1:])
+            if self.detail_slots:
+                detail, present = surest_views(detail, dev_scores, present, self.detail_slots)
+            out["escalated"] = self.escalated(edge_feats, aggregate(detail, present, "concat"))
+        return out

@@ -21,11 +21,13 @@ def threshold_curves(
 ) -> dict[str, list[float]]:
     """Accuracy, exit fractions and uplink bytes per frame against the local threshold."""
     grid = np.linspace(0.0, 1.0, points)
-    s = sweep(exits, labels, grid, manifest.thresholds.get("edge", 0.0))
+    level = manifest.escalation_level
+    s = sweep(exits, labels, grid, manifest.thresholds.get("edge", 0.0), level)
     cost = UplinkCost.of(manifest)
     n_present = present.sum(1).mean()
-    scores = 0 if cost.single_view else cost.scores
-    bytes_pf = n_present * (scores + (1.0 - s["local"]) * cost.features)
+    detail = cost.detail if level else 0
+    bytes_pf = n_present * (cost.sent_scores + (1.0 - s["local"]) * cost.features
+                            + s["cloud"] * detail)
     return {
         "threshold": grid.tolist(),
         "accuracy": s["accuracy"].tolist(),
@@ -92,4 +94,32 @@ def write_report(
     fig.tight_layout()
     fig.savefig(files[-1], dpi=110)
     plt.close(fig)
+    curve = metrics.get("calibration", {}).get("curve")
+    if curve:
+        files.append(_operating_curve(plt, out, curve, metrics["calibration"],
+                                      curves["raw_offload_bytes"], title))
     return files
+
+
+def _operating_curve(plt, out: Path, curve: dict, calibration: dict, raw: float,
+                     title: str) -> Path:
+    """Held-out accuracy against uplink bytes per frame, one line per escalation level, with
+    the point calibration picked."""
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    level = np.asarray(curve["level"])
+    x, y = np.asarray(curve["bytes_per_frame"]), np.asarray(curve["accuracy"])
+    names = {0: "edge features to the cloud", 1: "+ the devices' detail (escalation)"}
+    for lv in sorted(set(level.tolist())):
+        ax.plot(x[level == lv], y[level == lv], marker=".", linestyle="-", label=names[lv])
+    ax.plot([calibration["bytes_per_frame"]], [calibration["accuracy"]], "k*", markersize=12,
+            label="calibrated")
+    ax.axvline(raw / 20, color="tab:red", linestyle=":", label="raw offload / 20")
+    ax.set(xlabel="device uplink bytes per frame (held-out)", ylabel="overall accuracy",
+           xscale="log", title=title)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(alpha=0.3, which="both")
+    path = out / "operating_curve.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -44,6 +44,8 @@ class SceneConfig:
     max_shift: float = 0.15  # largest object offset from the image centre, in image widths
     colour_jitter: float = 0.12  # per-view lighting change: gain and tint amplitude
     background: float = 0.12  # amplitude of the background's low-frequency texture
+    zoom: float = 1.0  # partial views: each camera this many times closer, aimed at a random
+    # point of the object, so it sees only part of it (1: the whole object)
 
 
 def class_names(classes: int) -> list[str]:
@@ -161,6 +163,8 @@ def _check(config: SceneConfig) -> None:
         raise ValueError("body_blobs and parts must be >= 1")
     if not 0.0 <= config.absent_prob <= 1.0 or not 0.0 <= config.occlusion_prob <= 1.0:
         raise ValueError("absent_prob and occlusion_prob must lie in [0, 1]")
+    if not config.zoom >= 1.0:
+        raise ValueError(f"zoom must be >= 1, got {config.zoom}")
     lo, hi = config.scale_range
     if not 0.0 < lo <= hi:
         raise ValueError(f"scale_range must satisfy 0 < low <= high, got {config.scale_range}")
@@ -203,6 +207,8 @@ def _render(world: World, label: np.ndarray, cfg: SceneConfig,
     scale = (0.3 * s * rng.uniform(0.85, 1.15, (n, 1))
              * rng.uniform(*cfg.scale_range, (n, v))).reshape(b)
     shift = rng.uniform(-cfg.max_shift, cfg.max_shift, (b, 2)) * s
+    if cfg.zoom > 1:
+        scale, shift = _partial_view(rng, scale, shift, cfg.zoom)
     col = s / 2 + shift[:, :1] + scale[:, None] * mu[:, :, 0]
     row = s / 2 + shift[:, 1:] - scale[:, None] * mu[:, :, 1]
     cov = cov * (scale**2)[:, None, None, None]
@@ -242,6 +248,16 @@ def _render(world: World, label: np.ndarray, cfg: SceneConfig,
     # Floor a hair above zero: an all-zero image means "absent" in the dataset contract.
     np.clip(img, 1.0 / 255, 1.0, out=img)
     return img.reshape(n, v, 3, s, s)
+
+
+def _partial_view(rng: np.random.Generator, scale: np.ndarray, shift: np.ndarray,
+                  zoom: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each camera ``zoom`` times closer and aimed at a random point of the object (within the
+    body's half-width of its centre, in the image plane): it sees only that part of it."""
+    aim = rng.uniform(-0.5, 0.5, (len(scale), 2))
+    scale = scale * zoom
+    # The aimed point lands where the object's centre would have: (col, row) axes, row down.
+    return scale, shift - scale[:, None] * aim * np.array([1.0, -1.0])
 
 
 def _background(rng: np.random.Generator, b: int, s: int, amplitude: float) -> np.ndarray:

@@ -66,8 +66,9 @@ def joint_loss(
 ) -> torch.Tensor:
     """Weighted sum of the exits' cross-entropies; device exits learn each present view's label.
 
-    With ``distill`` > 0 the cloud exit (detached) also teaches the local and edge exits, and
-    the device exits too unless ``distill_device`` is False.
+    The escalated cloud exit, when the network has one, weighs as the cloud exit does. With
+    ``distill`` > 0 the top exit (detached: the escalated one, else the cloud) also teaches
+    the exits below it, the device exits too unless ``distill_device`` is False.
     """
     ce = nn.functional.cross_entropy
     present = y >= 0
@@ -80,10 +81,13 @@ def joint_loss(
         + w_edge * ce(out["edge"], label)
         + w_cloud * ce(out["cloud"], label)
     )
+    top = "escalated" if "escalated" in out else "cloud"
+    if top == "escalated":
+        loss = loss + w_cloud * ce(out["escalated"], label)
     if distill > 0:
-        teacher = out["cloud"].detach().float()
-        kd = _distill(out["local"].float(), teacher, temperature)
-        kd = kd + _distill(out["edge"].float(), teacher, temperature)
+        teacher = out[top].detach().float()
+        students = ["local", "edge"] + (["cloud"] if top == "escalated" else [])
+        kd = sum(_distill(out[k].float(), teacher, temperature) for k in students)
         if distill_device and present.any():
             per_view = teacher[:, None].expand(-1, y.shape[1], -1)[present]
             kd = kd + _distill(out["device"][present].float(), per_view, temperature)
@@ -106,15 +110,18 @@ def predict(model: nn.Module, ds: MultiViewDataset, batch: int = 512) -> dict[st
 
 def exit_accuracy(logits: dict[str, np.ndarray], ds: MultiViewDataset) -> dict[str, float]:
     present = ds.present
-    acc = {k: float((logits[k].argmax(-1) == ds.label).mean()) for k in ("local", "edge", "cloud")}
+    acc = {k: float((v.argmax(-1) == ds.label).mean()) for k, v in logits.items() if k != "device"}
     acc["device"] = float((logits["device"].argmax(-1) == ds.y)[present].mean())
     return acc
 
 
 def _ddnn_score(model: nn.Module, ds: MultiViewDataset) -> tuple[float, dict[str, float]]:
     acc = exit_accuracy(predict(model, ds), ds)
-    # Rank by the cloud exit, then the local one: the last exit bounds the hierarchy.
-    return acc["cloud"] + 1e-3 * acc["local"], acc
+    # Rank by the top exit (it bounds the hierarchy), then by the mean of the exits below it
+    # (an epoch whose top exit ties keeps the better lower tiers).
+    top = "escalated" if "escalated" in acc else "cloud"
+    below = [v for k, v in acc.items() if k not in (top, "device")]
+    return acc[top] + 1e-3 * sum(below) / len(below), acc
 
 
 def _ddnn_loss(cfg: DDNNConfig):

@@ -10,7 +10,8 @@ def register(sub, data_sub, formatter) -> None:
         "evaluate",
         help="run a bundle over a labelled dataset with ONNX Runtime",
         description="Run every exit of a bundle over a dataset file with ONNX Runtime and report "
-        "per-exit accuracy, exit fractions and uplink bytes per frame.",
+        "per-exit accuracy, exit fractions, uplink bytes per frame and the operating curve "
+        "(--json); a raw-offload reference bundle reports its accuracy.",
         formatter_class=formatter,
     )
     p.add_argument("--bundle", required=True, help="bundle directory (from ddnn train)")
@@ -28,6 +29,21 @@ def register(sub, data_sub, formatter) -> None:
         default=None,
         help="override the bundle's edge exit threshold (0..1)",
     )
+    p.add_argument(
+        "--max-bytes",
+        type=float,
+        default=None,
+        help="re-pick thresholds and escalation level for this uplink budget (payload bytes per "
+        "frame) from the operating curve the bundle's calibration stored on held-out data",
+    )
+    p.add_argument(
+        "--escalation-level",
+        type=int,
+        default=None,
+        choices=[0, 1],
+        help="override the bundle's escalation level (0: the cloud reads the edge features "
+        "alone; 1: also every present view at reduced resolution)",
+    )
     p.add_argument("--threads", type=int, default=None, help="ONNX Runtime threads per session")
     p.set_defaults(func=_evaluate)
 
@@ -40,7 +56,8 @@ def _evaluate(args) -> int:
     from ddnn.tools.evaluate import evaluate, format_table
 
     result = evaluate(
-        args.bundle, args.data, args.local_threshold, args.edge_threshold, threads=args.threads
+        args.bundle, args.data, args.local_threshold, args.edge_threshold, threads=args.threads,
+        max_bytes=args.max_bytes, level=args.escalation_level,
     )
     print(json.dumps(result) if args.json else format_table(result))
     return 0

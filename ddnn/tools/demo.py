@@ -326,6 +326,9 @@ def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None,
         "exits": {t: sum(r["exit"] == t for r in answered) for t in tiers},
         "no_view": sum(r["exit"] == "none" for r in answered),
         "live_accuracy": float(np.mean(correct)) if correct else 0.0,
+        # Each tier's accuracy on the frames it answered (None: it answered none).
+        "accuracy_by_exit": {t: _mean([c for r, c in zip(answered, correct, strict=True)
+                                       if r["exit"] == t]) for t in tiers},
         "offline": offline,
         "bytes_per_frame": {
             "live": payload / n if payload is not None else None,
@@ -348,22 +351,27 @@ def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None,
     }
 
 
+def _mean(values: list[bool]) -> float | None:
+    return float(np.mean(values)) if values else None
+
+
 def _table(s: dict) -> str:
     off = s["offline"]
     lines = [
         f"DDNN demo — {s['model']}, {s['frames']} frames, {s['answered']} answered, "
         f"{s['degraded']} degraded",
         "",
-        f"{'exit':<8}{'frames':>8}{'live share':>12}{'offline share':>15}"
+        f"{'exit':<8}{'frames':>8}{'live share':>12}{'offline share':>15}{'accuracy':>10}"
         f"{'p50 ms':>9}{'p99 ms':>9}",
     ]
     for t in ("local", "edge", "cloud"):
         lat = s["latency_ms"][t]
         p50, p99 = (f"{lat['p50']:.1f}", f"{lat['p99']:.1f}") if lat else ("-", "-")
         share = s["exits"][t] / max(s["answered"], 1)
+        acc = s["accuracy_by_exit"][t]
         lines.append(
             f"{t:<8}{s['exits'][t]:>8}{share:>12.3f}{off['exit_fraction'][t]:>15.3f}"
-            f"{p50:>9}{p99:>9}"
+            f"{'-' if acc is None else f'{acc:.3f}':>10}{p50:>9}{p99:>9}"
         )
     if s.get("no_view"):
         lines.append(f"{'none':<8}{s['no_view']:>8}   frames no camera saw (answered, "

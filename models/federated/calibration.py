@@ -1,11 +1,12 @@
 """Calibration of the exit thresholds from the sites' held-out data, without the data.
 
-``models.calibrate`` picks (T_local, T_edge) from per-sample logits. Its objective is built
-from sums over samples only (how many exit locally, how many at the edge, how many are right),
-so each site computes those sums for every threshold pair of the grid on its own held-out
-split (:func:`exit_counts`), the server adds the sites' tables and takes the same decision
-(:func:`calibrate_counts`): the thresholds a central calibration on the union of the held-out
-splits would choose, while neither samples nor logits leave a site. Numpy only.
+``models.calibrate`` picks a point of the operating curve (``ddnn.operating_curve``) from exact
+counts over samples (frames that exit locally, at the edge, answered right, uplink bytes), so
+each site computes those counts for every threshold pair of the grid on its own held-out split
+(:func:`exit_counts`), the server adds the sites' tables and takes the same decision
+(:func:`calibrate_counts`): the point a central calibration on the union of the held-out splits
+would choose, while neither samples nor logits leave a site. Escalation level 0 only (the cloud
+on the edge features): a federated bundle answers at level 0. Numpy only.
 """
 
 from __future__ import annotations
@@ -15,35 +16,46 @@ from collections.abc import Iterable, Mapping
 import numpy as np
 
 from ddnn.exits import entropy_of_logits
+from ddnn.hierarchy import UplinkCost
 from ddnn.models.calibrate import Calibration
+from ddnn.operating_curve import Sweep, curve_table, frontier, pick_tolerance
 
-COUNT_NAMES = ("samples", "cloud_correct", "local_exits", "edge_exits", "correct")
+COUNT_NAMES = ("samples", "seen", "views", "tier_correct", "local_exits", "edge_exits",
+               "past_local_views", "correct")
 
 
-def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray,
+def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
                 grid: int = 201) -> dict[str, np.ndarray]:
     """One site's sums over its held-out samples for every (T_local, T_edge) of the grid.
 
-    ``local_exits[i]``: samples with local entropy < T_i; ``edge_exits[i, j]``: of the others,
-    those with edge entropy < T_j; ``correct[i, j]``: right answers of the hierarchy at (T_i, T_j).
+    Over the samples some view saw: ``local_exits[i]`` have local entropy < T_i, and their
+    views ``past_local_views[i]`` the others; ``edge_exits[i, j]``: of the others, those with
+    edge entropy < T_j; ``correct[i, j]``: right answers at (T_i, T_j); ``tier_correct``: right
+    answers of the local, edge and cloud exit alone.
     """
+    n_present = present.sum(axis=1).astype(np.int64)
+    seen = n_present > 0
+    n = n_present[seen]
     ts = np.linspace(0.0, 1.0, grid)
-    correct = {k: exits[k].argmax(-1) == labels for k in ("local", "edge", "cloud")}
-    h_local, h_edge = entropy_of_logits(exits["local"]), entropy_of_logits(exits["edge"])
+    correct = {k: (exits[k].argmax(-1) == labels)[seen] for k in ("local", "edge", "cloud")}
+    h_local = entropy_of_logits(exits["local"])[seen]
+    h_edge = entropy_of_logits(exits["edge"])[seen]
     loc = h_local[None, :] < ts[:, None]  # (T_local, N)
     edge_ok = h_edge[None, :] < ts[:, None]  # (T_edge, N)
-    n_loc = loc.sum(1)
     # Integer matrix products: (T_local, N) x (N, T_edge) sums over samples exactly.
     not_loc = (~loc).astype(np.int64)
-    n_edge = not_loc @ edge_ok.T.astype(np.int64)
     right = (loc & correct["local"]).sum(1)[:, None]
     right = right + not_loc @ (edge_ok & correct["edge"]).T.astype(np.int64)
     right = right + not_loc @ (~edge_ok & correct["cloud"]).T.astype(np.int64)
     return {
         "samples": np.array([len(labels)], dtype=np.int64),
-        "cloud_correct": np.array([int(correct["cloud"].sum())], dtype=np.int64),
-        "local_exits": n_loc.astype(np.int64),
-        "edge_exits": n_edge.astype(np.int64),
+        "seen": np.array([int(seen.sum())], dtype=np.int64),
+        "views": np.array([int(n.sum())], dtype=np.int64),
+        "tier_correct": np.array([int(correct[k].sum()) for k in ("local", "edge", "cloud")],
+                                 dtype=np.int64),
+        "local_exits": loc.sum(1).astype(np.int64),
+        "edge_exits": (not_loc @ edge_ok.T.astype(np.int64)).astype(np.int64),
+        "past_local_views": (not_loc @ n).astype(np.int64),
         "correct": right.astype(np.int64),
     }
 
@@ -57,28 +69,23 @@ def add_counts(tables: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarr
     return total
 
 
-def calibrate_counts(counts: Mapping[str, np.ndarray], tolerance: float = 0.0) -> Calibration:
-    """``models.calibrate.calibrate``'s choice, from summed tables instead of logits."""
-    n = int(counts["samples"][0])
-    if n < 1:
+def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
+                     tolerance: float = 0.0) -> Calibration:
+    """``models.calibrate.calibrate``'s choice at level 0, from summed tables, not logits."""
+    frames, seen = int(counts["samples"][0]), int(counts["seen"][0])
+    if frames < 1:
         raise ValueError("no held-out samples to calibrate on")
-    n_loc = counts["local_exits"].astype(np.int64)
-    n_edge, right = counts["edge_exits"].astype(np.int64), counts["correct"].astype(np.int64)
-    grid = len(n_loc)
-    ts = np.linspace(0.0, 1.0, grid)
-    cloud_acc = float(counts["cloud_correct"][0]) / n
-    floor = cloud_acc - tolerance - 1e-12
-    base = n + 1  # one more exit outweighs any number of the next key, as in calibrate()
-    key = (n_loc[:, None] * base + n_edge) * base + right
-    score = np.where(right / n >= floor, key, -1)
-    i, j = np.unravel_index(int(np.argmax(score)), score.shape)
-    f_loc, f_edge = float(n_loc[i]) / n, float(n_edge[i, j]) / n
-    return Calibration(
-        local=float(ts[i]),
-        edge=float(ts[j]),
-        accuracy=float(right[i, j]) / n,
-        cloud_accuracy=cloud_acc,
-        exit_fraction={"local": f_loc, "edge": f_edge, "cloud": 1.0 - f_loc - f_edge},
-        tolerance=tolerance,
-        samples=n,
-    )
+    local = counts["local_exits"].astype(np.int64)
+    edge = counts["edge_exits"].astype(np.int64)
+    grid = len(local)
+    payload = (int(counts["views"][0]) * cost.sent_scores
+               + counts["past_local_views"].astype(np.int64)[:, None] * cost.features)
+    s = Sweep(grid=np.linspace(0.0, 1.0, grid),
+              correct=counts["correct"].astype(np.int64)[None],
+              local=np.broadcast_to(local[:, None], (grid, grid))[None],
+              edge=edge[None],
+              payload=np.broadcast_to(payload, (grid, grid))[None],
+              frames=frames, seen=seen,
+              best_tier=float(counts["tier_correct"].max()) / max(seen, 1))
+    point = pick_tolerance(s, tolerance)
+    return Calibration(point, tolerance, None, s.best_tier, frames, curve_table(frontier(s)))

@@ -143,7 +143,7 @@ def final_model(grid: Grid, strategy, exchange: Exchange, rounds: int, history: 
 
 
 def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSettings,
-                        rounds: int):
+                        rounds: int, cost):
     """Federated evaluation: the sites' held-out results and summed calibration tables."""
     from ddnn.models.federated.calibration import add_counts, calibrate_counts
 
@@ -154,14 +154,15 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     samples = sum(float(c[METRICS]["samples"]) for c in answers.values())
     accuracy = {k: sum(float(c[METRICS].get(k, 0.0)) for c in answers.values()) / samples
                 for k in ("local", "edge", "cloud")} if samples else {}
-    cal = calibrate_counts(add_counts(tables), s.tolerance) if tables else None
+    cal = calibrate_counts(add_counts(tables), cost, s.tolerance) if tables else None
     if cal is not None:
-        accuracy["overall"] = cal.accuracy
+        accuracy["overall"] = cal.point.accuracy
     return cal, {"sites": len(answers), "samples": int(samples), "accuracy": accuracy}
 
 
 def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     from ddnn.bundle import load_bundle
+    from ddnn.hierarchy import UplinkCost
     from ddnn.models.federated.publish import write_federated_bundle
     from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
     from ddnn.versions import next_version
@@ -178,7 +179,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     wait_for_sites(grid, s.wait_sites, s.join_timeout)
     strategy, history = run_rounds(grid, s, exchange, initial, progress)
     weights = final_model(grid, strategy, exchange, s.rounds, history)
-    cal, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds)
+    cal, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,
+                                         UplinkCost.of(start.manifest))
     summary = {"strategy": s.strategy, "rounds": s.rounds, "epochs": s.epochs, "lr": s.lr,
                "communicated_bytes": exchange.communicated, "bytes_down": exchange.bytes_down,
                "bytes_up": exchange.bytes_up, "evaluation": evaluation, "history": history}

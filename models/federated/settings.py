@@ -36,7 +36,7 @@ class FederationSettings:
     wait_sites: int = 1  # sites to wait for before the first round
     join_timeout: float = 300.0  # seconds to wait for them
     round_timeout: float = 600.0  # seconds a round waits for replies (a silent site is dropped)
-    tolerance: float = 0.0  # calibration: accuracy the hierarchy may lose against the cloud exit
+    tolerance: float = 0.0  # calibration: accuracy the hierarchy may lose against its best tier
     grid: int = 201  # calibration: thresholds tried per exit
     threads: int = 1  # torch threads on each site
     version: str = ""  # the new bundle's version (default: the next after the starting one)

@@ -181,7 +181,8 @@ def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201
     logits = predict(model, ds)
     correct = {k: float((logits[k].argmax(-1) == ds.label).sum()) for k in ("local", "edge",
                                                                             "cloud")}
-    return {**correct, "samples": float(ds.num_samples)}, exit_counts(logits, ds.label, grid)
+    counts = exit_counts(logits, ds.label, ds.present, grid)
+    return {**correct, "samples": float(ds.num_samples)}, counts
 
 
 def round_lr(lr: float, rnd: int, rounds: int) -> float:

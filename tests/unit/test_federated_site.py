@@ -11,32 +11,37 @@ import pytest
 
 from ddnn.errors import DatasetError
 from ddnn.experience import chunks, prune, read_experience, write_chunk
+from ddnn.hierarchy import UplinkCost
 from ddnn.models.calibrate import calibrate
 from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
 
 
-def _exits(rng, n: int, c: int = 3) -> tuple[dict[str, np.ndarray], np.ndarray]:
+def _exits(rng, n: int, c: int = 3, v: int = 3):
     labels = rng.integers(0, c, n)
     exits = {}
     for k, skill in (("local", 1.0), ("edge", 1.5), ("cloud", 2.5)):
         logits = rng.normal(0, 1, (n, c))
         logits[np.arange(n), labels] += skill * rng.random(n) * 2
         exits[k] = logits.astype(np.float32)
-    return exits, labels
+    present = rng.random((n, v)) < 0.7  # some frames no view saw
+    return exits, labels, present
 
 
 @pytest.mark.parametrize("tolerance", [0.0, 0.03])
 def test_summed_site_tables_choose_what_central_calibration_chooses(tolerance):
     rng = np.random.default_rng(4)
     sites = [_exits(rng, n) for n in (70, 130, 41)]
-    pooled = {k: np.concatenate([e[k] for e, _ in sites]) for k in sites[0][0]}
-    labels = np.concatenate([y for _, y in sites])
-    central = calibrate(pooled, labels, tolerance, grid=51)
-    federated = calibrate_counts(add_counts(exit_counts(e, y, 51) for e, y in sites), tolerance)
-    assert (federated.local, federated.edge) == (central.local, central.edge)
-    assert federated.exit_fraction == pytest.approx(central.exit_fraction, abs=1e-12)
-    assert federated.accuracy == pytest.approx(central.accuracy, abs=1e-12)
-    assert federated.cloud_accuracy == central.cloud_accuracy
+    pooled = {k: np.concatenate([e[k] for e, _, _ in sites]) for k in sites[0][0]}
+    labels = np.concatenate([y for _, y, _ in sites])
+    present = np.concatenate([p for _, _, p in sites])
+    cost = UplinkCost(scores=6, features=32, single_view=False)
+    central = calibrate(pooled, labels, present, cost, tolerance, grid=51)
+    federated = calibrate_counts(add_counts(exit_counts(e, y, p, 51) for e, y, p in sites),
+                                 cost, tolerance)
+    assert federated.point == central.point
+    assert federated.best_tier_accuracy == central.best_tier_accuracy
+    assert federated.samples == central.samples and federated.curve == central.curve
+    assert 0 < central.point.exit_fraction["local"] < 1  # a point inside the grid
 
 
 def _chunk(tmp_path, n=8, classes=("a", "b", "c"), shape=(4, 2, 2), views=2, seed=0, **kw):

@@ -111,7 +111,7 @@ def test_bad_architecture_settings_are_refused():
 
 
 def test_device_distillation_is_optional():
-    model = _model(views=3)
+    model = _model(views=3, escalate="view")
     model.train()
     x, present = _inputs(views=3)
     y = torch.where(present, torch.tensor(1), torch.tensor(-1))
@@ -122,8 +122,8 @@ def test_device_distillation_is_optional():
     without = joint_loss(out, y, label, w, distill=1.0, distill_device=False)
     none = joint_loss(out, y, label, w, distill=0.0)
     assert without < with_dev and none < without
-    # The difference is exactly the device exits' distillation term.
-    teacher = out["cloud"].detach()[:, None].expand(-1, 3, -1)[present]
+    # The difference is exactly the device exits' distillation term; the top exit teaches.
+    teacher = out["escalated"].detach()[:, None].expand(-1, 3, -1)[present]
     kd = _distill(out["device"][present], teacher, 2.0)
     torch.testing.assert_close(with_dev - without, kd)
 
@@ -144,7 +144,7 @@ def test_training_batches_cover_every_sample_once_and_never_hold_one_alone(sampl
 def test_device_file_stores_float16_weights_and_computes_as_torch(tmp_path):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
-    model = _model(views=2, classes=10)
+    model = _model(views=2, classes=10, escalate="view")
     before = {k: v.clone() for k, v in model.devices[0].state_dict().items()}
     export_segments(model, tmp_path, (3, 32, 32))
     stored = onnx.load(str(tmp_path / "device-0.onnx")).graph.initializer
@@ -154,12 +154,16 @@ def test_device_file_stores_float16_weights_and_computes_as_torch(tmp_path):
     after = model.devices[0].state_dict()
     assert any(not torch.equal(before[k], after[k]) for k in before)
     x = torch.rand(5, 3, 32, 32, generator=torch.Generator().manual_seed(1))
-    scores, features = ort.InferenceSession(str(tmp_path / "device-0.onnx")).run(
-        None, {"image": x.numpy()})
+    scores, features, detail = ort.InferenceSession(str(tmp_path / "device-0.onnx")).run(
+        ["scores", "features", "detail"], {"image": x.numpy()})
     with torch.no_grad():
         t_scores, t_features = model.devices[0](x)
     np.testing.assert_allclose(scores, t_scores.numpy(), atol=1e-5)
     np.testing.assert_array_equal(features, t_features.numpy())
+    # The detail kept for an escalated frame: the centred image average-pooled to 16 x 16, on
+    # the 16 levels of its 4-bit codec.
+    pooled = torch.nn.functional.avg_pool2d(x * 2 - 1, 2)
+    np.testing.assert_allclose(detail, Quantize(4).eval()(pooled).numpy(), atol=1e-6)
 
 
 def test_a_device_weight_beyond_float16_is_refused_by_name(tmp_path):
@@ -171,3 +175,26 @@ def test_a_device_weight_beyond_float16_is_refused_by_name(tmp_path):
         model.devices[0].block.conv.weight[0, 0, 0, 0] = 1e6  # float16 tops out at 65504
     with pytest.raises(BundleError, match="block.conv.weight.*float16"):
         export_segments(model, tmp_path, (3, 32, 32))
+
+
+def test_the_surest_views_are_picked_alike_in_torch_and_numpy():
+    """The edge picks whom to pull details from as training did: the k present views whose
+    device scores have the lowest entropy, ties to the lower view index."""
+    from ddnn.hierarchy import surest_views as np_surest
+    from ddnn.models.network import surest_views
+
+    g = torch.Generator().manual_seed(3)
+    scores = torch.log_softmax(torch.randn(50, 6, 10, generator=g) * 3, dim=-1)
+    scores[0, 2] = scores[0, 4]  # a tie
+    present = torch.rand(50, 6, generator=g) > 0.4
+    present[1] = False
+    present[1, 5] = True  # one present view: the other slot stays empty
+    detail = torch.randn(50, 6, 3, 4, 4, generator=g)
+    for k in (1, 2, 6):
+        picked, sent = surest_views(detail, scores, present, k)
+        np_picked, np_sent = np_surest(detail.numpy(), scores.numpy(), present.numpy(), k)
+        np.testing.assert_array_equal(sent.numpy(), np_sent)
+        np.testing.assert_array_equal(picked.numpy()[np_sent], np_picked[np_sent])
+        assert sent.sum(1).tolist() == np.minimum(present.sum(1).numpy(), k).tolist()
+    _, sent = surest_views(detail, scores, present, 2)
+    assert sent[1].tolist() == [True, False]

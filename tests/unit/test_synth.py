@@ -116,9 +116,22 @@ def test_zero_samples():
     assert data["X"].shape == (0, 3, 3, 16, 16) and data["y"].shape == (0, 3)
 
 
+def test_partial_views_keep_the_contract_and_leave_whole_views_unchanged():
+    partial = replace(SMALL, zoom=2.0)
+    a, b = synthesize(30, partial, seed=3), synthesize(30, partial, seed=3)
+    _check_contract(a, 30, partial)
+    np.testing.assert_array_equal(a["X"], b["X"])
+    whole = synthesize(30, SMALL, seed=3)
+    assert not np.array_equal(a["X"], whole["X"])
+    np.testing.assert_array_equal(a["y"], whole["y"])  # same scenes, closer cameras
+    # zoom 1 is the whole object: no extra random draw, the very same data as before.
+    np.testing.assert_array_equal(synthesize(30, replace(SMALL, zoom=1.0), seed=3)["X"],
+                                  whole["X"])
+
+
 @pytest.mark.parametrize(
     "bad",
-    [dict(views=0), dict(classes=1), dict(size=15), dict(absent_prob=1.5)],
+    [dict(views=0), dict(classes=1), dict(size=15), dict(absent_prob=1.5), dict(zoom=0.5)],
 )
 def test_bad_config_rejected(bad):
     with pytest.raises(ValueError):

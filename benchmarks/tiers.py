@@ -1,0 +1,145 @@
+"""Upper tiers that earn their place: the hierarchy against the raw-offload reference trained in
+the same run, on every generated set, over two training seeds (docs/training.md, "A cloud worth
+calling").
+
+Sets, made by ``ddnn data synth`` (1500 training and 1000 test samples, 6 views of 32x32): **A**
+3 classes, **B** 10 classes, **P** 10 classes with partial views (``--zoom 2``: each camera sees
+part of the object). For each set and seed: the reference (``ddnn train --baseline``), the
+defaults and each variant (``ddnn train`` flags), all evaluated by ``ddnn evaluate --json`` on
+the test file. The aims, per set: the cloud exit at least the edge exit at least the local exit
+(each on every frame); the calibrated overall accuracy at least the reference's minus 0.3 points
+(mean of the seeds); at least 20x fewer device uplink bytes than raw 8-bit offload.
+
+    ddnn bench --only tiers [--quick]
+
+Trained bundles are cached under ``--work``/tiers, so an interrupted run resumes; the full run
+trains 3 sets x 2 seeds x (reference + variants) models (hours on 2 cores).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from ddnn.benchmarks.common import ddnn, machine, write_json
+
+SETS = {  # name → (`ddnn data synth` flags, train seed, test seed)
+    "A": (["--classes", "3"], 1, 2),
+    "B": (["--classes", "10"], 11, 12),
+    "P": (["--classes", "10", "--zoom", "2"], 31, 32),
+}
+SEEDS = (0, 1)
+VARIANTS = {  # name → `ddnn train` flags on top of the defaults (escalation off until the live
+    # tiers escalate; docs/training.md)
+    "defaults": [],
+    "escalate_view": ["--escalate", "view"],
+}
+TRAIN, TEST = 1500, 1000
+QUICK = {"sets": ("A",), "seeds": (0,), "train": 300, "test": 200, "epochs": "3"}
+
+
+def _data(root: Path, name: str, quick: bool) -> tuple[Path, Path]:
+    flags, train_seed, test_seed = SETS[name]
+    n_train, n_test = (QUICK["train"], QUICK["test"]) if quick else (TRAIN, TEST)
+    paths = root / f"{name}-train.npz", root / f"{name}-test.npz"
+    for path, n, seed in zip(paths, (n_train, n_test), (train_seed, test_seed), strict=True):
+        if not path.exists():
+            ddnn("data", "synth", "--out", str(path), "--samples", str(n), "--seed", str(seed),
+                 *flags)
+    return paths
+
+
+def _train(out: Path, train: Path, flags: list[str], seed: int, quick: bool) -> float | None:
+    """Train unless cached; the wall time of `ddnn train`, None when reused."""
+    if (out / "manifest.json").exists():
+        return None
+    start = time.perf_counter()
+    ddnn("train", "--data", str(train), "--out", str(out), "--name", "bench", "--seed",
+         str(seed), "--no-progress", *flags, *(["--epochs", QUICK["epochs"]] if quick else []),
+         quiet=True)
+    return time.perf_counter() - start
+
+
+def _evaluate(bundle: Path, test: Path, *flags: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "ddnn", "evaluate", "--bundle", str(bundle),
+                           "--data", str(test), "--json", *flags], check=True,
+                          capture_output=True, text=True)
+    return json.loads(proc.stdout)
+
+
+def _point(e: dict) -> dict:
+    acc, b = e["accuracy"], e["bytes_per_frame"]
+    return {
+        "overall": acc["overall"],
+        "exit_fraction": e["exit_fraction"],
+        "escalation_level": e.get("escalation", {}).get("level", 0),
+        "bytes_per_frame": b["ddnn"],
+        "x_fewer_than_raw": b["raw_offload"] / b["ddnn"] if b["ddnn"] else None,
+    }
+
+
+def _row(bundle: Path, test: Path, seconds: float | None) -> dict:
+    """The calibrated bundle on the test file, its exits, and the point its held-out curve
+    gives for a budget of raw offload / 20 (``ddnn evaluate --max-bytes``)."""
+    e = _evaluate(bundle, test)
+    budget = e["bytes_per_frame"]["raw_offload"] / 20
+    return {
+        **_point(e),
+        "exits": {k: e["accuracy"][k] for k in ("device", "local", "edge", "cloud")},
+        "cloud_by_level": e.get("escalation", {}).get("cloud_accuracy"),
+        "within_raw_over_20": _point(_evaluate(bundle, test, "--max-bytes", f"{budget:.2f}")),
+        "train_seconds": seconds,
+    }
+
+
+def _aims(rows: dict[str, dict], reference: float) -> dict:
+    ordered = all(r["exits"]["cloud"] >= r["exits"]["edge"] >= r["exits"]["local"]
+                  for r in rows.values())
+    overall = sum(r["overall"] for r in rows.values()) / len(rows)
+    fewer = min(r["x_fewer_than_raw"] or float("inf") for r in rows.values())
+    return {"cloud_ge_edge_ge_local": ordered, "overall_mean": overall,
+            "overall_minus_reference": overall - reference,
+            "within_0.3pt_of_reference": overall >= reference - 0.003,
+            "x_fewer_min": fewer, "at_least_20x_fewer_bytes": fewer >= 20}
+
+
+def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
+    root = work / ("tiers-quick" if quick else "tiers")
+    root.mkdir(parents=True, exist_ok=True)
+    sets, seeds = (QUICK["sets"], QUICK["seeds"]) if quick else (tuple(SETS), SEEDS)
+    table: dict = {}
+    for name in sets:
+        train, test = _data(root, name, quick)
+        refs, variants = {}, {v: {} for v in VARIANTS}
+        for seed in seeds:
+            out = root / f"{name}-s{seed}-reference"
+            seconds = _train(out, train, ["--baseline"], seed, quick)
+            refs[seed] = {"overall": _evaluate(out, test)["accuracy"]["overall"],
+                          "train_seconds": seconds}
+            for variant, flags in VARIANTS.items():
+                out = root / f"{name}-s{seed}-{variant}"
+                seconds = _train(out, train, flags, seed, quick)
+                variants[variant][seed] = _row(out, test, seconds)
+        reference = sum(r["overall"] for r in refs.values()) / len(refs)
+        table[name] = {
+            "reference": {"seeds": refs, "overall_mean": reference},
+            "variants": {v: {"seeds": rows, "aims": _aims(rows, reference)}
+                         for v, rows in variants.items()},
+        }
+    result = {
+        "machine": machine(),
+        "sets": {n: SETS[n][0] for n in sets},
+        "seeds": list(seeds),
+        "table": table,
+        "summary": {f"{n}.{v}": round(t["variants"][v]["aims"]["overall_minus_reference"], 4)
+                    for n, t in table.items() for v in VARIANTS},
+        "aims": {f"{n}.{v}": all(t["variants"][v]["aims"][k] for k in
+                                 ("cloud_ge_edge_ge_local", "within_0.3pt_of_reference",
+                                  "at_least_20x_fewer_bytes"))
+                 for n, t in table.items() for v in VARIANTS},
+    }
+    write_json(out_dir, "tiers", result)
+    return result

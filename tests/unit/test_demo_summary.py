@@ -1,0 +1,30 @@
+"""The demo's summary: each tier's share and its accuracy on the frames it answered (issue
+23.6), beside the offline evaluation's shares."""
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from ddnn.tools.demo import _summary, _table
+
+
+def _offline() -> dict:
+    return {"exit_fraction": {"local": 0.5, "edge": 0.25, "cloud": 0.25},
+            "accuracy": {"overall": 0.75, "cloud": 0.8},
+            "bytes_per_frame": {"ddnn": 40.0, "raw_offload": 9216.0}}
+
+
+def test_each_tier_reports_its_share_and_its_accuracy():
+    labels = np.array([0, 1, 2, 0, 1])
+    answers = [(0, "local"), (1, "local"), (0, "edge"), (0, "edge"), (1, "edge")]
+    results = {i: {"frame": i, "class": c, "exit": t, "latency_ms": 1.0 + i, "degraded": False}
+               for i, (c, t) in enumerate(answers)}
+    ds = SimpleNamespace(num_samples=5, label=labels)
+    s = _summary(results, ds, _offline(), 200.0, SimpleNamespace(name="demo", version="1"))
+    assert s["exits"] == {"local": 2, "edge": 3, "cloud": 0}
+    assert s["accuracy_by_exit"] == {"local": 1.0, "edge": 2 / 3, "cloud": None}
+    assert s["live_accuracy"] == 0.8
+    rows = {line.split()[0]: line.split() for line in _table(s).splitlines()[3:6]}
+    assert rows["local"][1:5] == ["2", "0.400", "0.500", "1.000"]
+    assert rows["edge"][1:5] == ["3", "0.600", "0.250", "0.667"]
+    assert rows["cloud"][1:5] == ["0", "0.000", "0.250", "-"]
