@@ -8,7 +8,12 @@
   model's metadata lists is one its requests need: a client that knows only the metadata shapes
   a valid request for each;
 * ``{name}-full``: raw views with a presence mask → the cloud exit computed through every segment,
-  exactly as :meth:`ddnn.runtime.BundleRuntime.all_exits` does (the raw-offload path).
+  exactly as :meth:`ddnn.runtime.BundleRuntime.all_exits` does (the raw-offload path);
+* ``{name}-escalated`` (where the bundle can escalate): edge features and the senders' details
+  (``device_detail``, concatenated in the bundle's slot order, zeros in an empty slot) → the
+  escalated exit, the answer to a frame that was still unsure after the edge exit;
+* ``{name}-raw`` (a raw-offload reference bundle, ``"kind": "raw"``): every raw view, zeros for
+  an absent one → the reference's scores, to compare the hierarchy with through the same service.
 
 Each kind is one class with the LitServe shape: ``decode`` validates a request's tensors (user
 errors raise :class:`~ddnn.oip.OipError`), ``predict`` runs a whole batch off the event loop, and
@@ -29,6 +34,7 @@ from ddnn.errors import CodecError
 from ddnn.exits import entropy_of_logits
 from ddnn.oip import (
     DATATYPES,
+    DEVICE_DETAIL,
     EDGE_FEATURES,
     EDGE_FEATURES_PACKED,
     PACKING_CODECS,
@@ -36,6 +42,7 @@ from ddnn.oip import (
     OipError,
     json_array_limit,
 )
+from ddnn.raw_runtime import RawRuntime
 from ddnn.runtime import BundleRuntime
 
 PLATFORM = "onnxruntime_onnx"
@@ -64,8 +71,8 @@ class ServedModel:
 
     kind: ClassVar[str] = ""
 
-    def __init__(self, runtime: BundleRuntime):
-        self.runtime = runtime
+    def __init__(self, runtime: BundleRuntime | RawRuntime):
+        self.runtime: Any = runtime  # the kind's serves() says which of the two it gets
         m = runtime.manifest
         self.bundle_name = m.name
         self.name = f"{m.name}-{self.kind}"
@@ -76,8 +83,9 @@ class ServedModel:
 
     @classmethod
     def serves(cls, manifest: Manifest) -> bool:
-        """Whether a bundle with this manifest has a model of this kind."""
-        return True
+        """Whether a bundle with this manifest has a model of this kind (every kind of a
+        hierarchy bundle serves unless it says otherwise)."""
+        return manifest.kind == "ddnn"
 
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         raise NotImplementedError
@@ -204,7 +212,7 @@ class CloudPackedModel(CloudModel):
 
     @classmethod
     def serves(cls, manifest: Manifest) -> bool:
-        return manifest.codec["edge_features"] in PACKING_CODECS
+        return manifest.kind == "ddnn" and manifest.codec["edge_features"] in PACKING_CODECS
 
     def __init__(self, runtime: BundleRuntime):
         self.codec = FeatureCodec(runtime.manifest.codec["edge_features"])
@@ -236,13 +244,59 @@ class FullModel(ServedModel):
                 TensorMeta("present", "BOOL", (-1, m.views)))
 
     def _check(self, arrays: dict[str, np.ndarray]) -> None:
-        views = arrays["views"]
-        if views.size and (views.min() < 0.0 or views.max() > 1.0):
-            raise OipError("input 'views' must hold image values in [0, 1] (the bundle's input "
-                           "range)")
+        _check_images("views", arrays["views"])
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.runtime.all_exits(inputs["views"], inputs["present"])["cloud"]
+
+
+def _check_images(name: str, x: np.ndarray) -> None:
+    if x.size and (x.min() < 0.0 or x.max() > 1.0):
+        raise OipError(f"input {name!r} must hold image values in [0, 1] (the bundle's input "
+                       "range)")
+
+
+class EscalatedModel(ServedModel):
+    """``{name}-escalated``: the cloud's answer to an escalated frame, from the edge features
+    and the senders' details (docs/training.md, "Escalation in the live tiers"). Both inputs
+    are required in every request; an empty slot of ``device_detail`` holds zeros."""
+
+    kind = "escalated"
+
+    @classmethod
+    def serves(cls, manifest: Manifest) -> bool:
+        return manifest.kind == "ddnn" and manifest.escalated is not None
+
+    def _input_meta(self) -> tuple[TensorMeta, ...]:
+        seg = self.runtime.manifest.escalated
+        assert seg is not None  # serves() said so
+        return (TensorMeta(EDGE_FEATURES, "FP32", (-1, *seg.input(EDGE_FEATURES).sample_shape)),
+                TensorMeta(DEVICE_DETAIL, "FP32", (-1, *seg.input(DEVICE_DETAIL).sample_shape)))
+
+    def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.runtime.runner("escalated")(edge_features=inputs[EDGE_FEATURES],
+                                                device_detail=inputs[DEVICE_DETAIL])["scores"]
+
+
+class RawModel(ServedModel):
+    """``{name}-raw``: a raw-offload reference bundle's one model on every raw view (zeros for
+    an absent view, as in the dataset file): what the hierarchy is judged against."""
+
+    kind = "raw"
+
+    @classmethod
+    def serves(cls, manifest: Manifest) -> bool:
+        return manifest.kind == "raw"
+
+    def _input_meta(self) -> tuple[TensorMeta, ...]:
+        m = self.runtime.manifest
+        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape)),)
+
+    def _check(self, arrays: dict[str, np.ndarray]) -> None:
+        _check_images("views", arrays["views"])
+
+    def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
+        return self.runtime.scores(inputs["views"])
 
 
 def _shape_hint(meta: TensorMeta) -> str:
@@ -253,4 +307,5 @@ def _shape_hint(meta: TensorMeta) -> str:
             f"{meta.parameters['unpacked_shape'][1:]} features packed with the {codec} codec)")
 
 
-MODEL_KINDS: tuple[type[ServedModel], ...] = (CloudModel, CloudPackedModel, FullModel)
+MODEL_KINDS: tuple[type[ServedModel], ...] = (CloudModel, CloudPackedModel, FullModel,
+                                               EscalatedModel, RawModel)

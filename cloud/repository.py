@@ -1,8 +1,9 @@
 """The model repository: every bundle version found in a directory, kept in step with the disk.
 
-Each bundle directory's manifest gives its model name and version; a bundle serves
-``{name}-cloud``, ``{name}-cloud-packed`` (where its edge codec packs) and ``{name}-full`` at
-that version, and the latest version is each model's default. :meth:`ModelRepository.poll`
+Each bundle directory's manifest gives its model name and version; a hierarchy bundle serves
+``{name}-cloud``, ``{name}-cloud-packed`` (where its edge codec packs), ``{name}-full`` and
+``{name}-escalated`` (where it can escalate) at that version, a raw-offload reference bundle
+``{name}-raw``, and the latest version is each model's default. :meth:`ModelRepository.poll`
 compares the directory with what is loaded — by each bundle's file names, sizes and modification
 times — and loads, reloads or unloads accordingly.
 A bundle that fails to load (bad checksum, a graph ONNX Runtime refuses, a name clash) is logged
@@ -24,6 +25,7 @@ from ddnn.bundle import MANIFEST, load_bundle, read_manifest
 from ddnn.cloud.models import MODEL_KINDS, ServedModel
 from ddnn.errors import BundleError, DdnnError
 from ddnn.oip import ModelNotFoundError
+from ddnn.raw_runtime import RawRuntime
 from ddnn.runtime import BundleRuntime
 from ddnn.signing import SIGNATURE
 from ddnn.versions import version_key
@@ -75,16 +77,18 @@ class LoadedBundle:
 
     path: Path
     signature: Signature
-    runtime: BundleRuntime
+    runtime: BundleRuntime | RawRuntime
     models: list[ServedModel] = field(default_factory=list)
     # Each segment file of the verified manifest that may be handed out (over-the-air
     # downloads): a regular file, not a symlink, as it was when its checksum was verified.
     files: dict[str, Identity] = field(default_factory=dict)
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> tuple[str, str, str]:
+        # A hierarchy and its raw-offload reference share a name and version: the kind tells
+        # them apart (their models' names differ).
         m = self.runtime.manifest
-        return m.name, m.version
+        return m.name, m.version, m.kind
 
 
 @dataclass(frozen=True)
@@ -147,9 +151,9 @@ class ModelRepository:
         return versions[version]
 
     def served_bundle(self, name: str, version: str) -> LoadedBundle | None:
-        """The verified, loaded bundle ``name`` at ``version``, if it is serving."""
+        """The verified, loaded hierarchy bundle ``name`` at ``version``, if it is serving."""
         for entry in self._bundles.values():
-            if entry.key == (name, version):
+            if entry.key == (name, version, "ddnn"):
                 return entry
         return None
 
@@ -182,18 +186,20 @@ class ModelRepository:
                 return {p: b.signature for p, b in self._bundles.items()}  # keep serving
         return {p: signature(p) for p in dirs}
 
-    def _load(self, path: Path) -> tuple[BundleRuntime, dict[str, Identity]]:
+    def _load(self, path: Path) -> tuple[BundleRuntime | RawRuntime, dict[str, Identity]]:
         try:
             before = _identities(path, [f.name for f in path.iterdir()])
         except OSError as e:
             raise BundleError(f"{path}: cannot list the bundle directory ({e})") from None
-        bundle = load_bundle(path, public_key=self.public_key)
+        bundle = load_bundle(path, public_key=self.public_key, kind=None)
         names = {seg.file for seg in bundle.manifest.segments().values()}
         after = _identities(path, names)
         if any(before.get(n) != after[n] for n in names):
             raise BundleError(f"{path}: files changed while the bundle was verified; it is "
                               "loaded again when they settle")
-        runtime = BundleRuntime(bundle, threads=self.ort_threads)
+        runtime: BundleRuntime | RawRuntime = (
+            RawRuntime(bundle, threads=self.ort_threads) if bundle.manifest.kind == "raw"
+            else BundleRuntime(bundle, threads=self.ort_threads))
         runtime.load_all()  # every session now, so a bad graph fails here and not on a request
         # Segment files that are symlinks or not regular files are served, never handed out.
         return runtime, {n: i for n, i in after.items() if i is not None}
@@ -228,8 +234,9 @@ class ModelRepository:
         clash = next((b for p, b in self._bundles.items()
                       if p != path and b.key == entry.key), None)
         if clash is not None:
-            return self._fail(path, sig, f"{entry.key[0]} version {entry.key[1]} is already "
-                                         f"served from {clash.path}")
+            what = " (a raw-offload reference)" if entry.key[2] == "raw" else ""
+            return self._fail(path, sig, f"{entry.key[0]} version {entry.key[1]}{what} is "
+                                         f"already served from {clash.path}")
         old = self._bundles.pop(path, None)
         if old is not None:
             self._unload(old, "its files changed")
@@ -245,7 +252,7 @@ class ModelRepository:
 
     def _fail(self, path: Path, sig: Signature, reason: str) -> bool:
         try:
-            m = read_manifest(path)
+            m = read_manifest(path, kind=None)
             models = tuple((f"{m.name}-{kind.kind}", m.version) for kind in MODEL_KINDS
                            if kind.serves(m))
         except DdnnError:

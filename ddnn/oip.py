@@ -28,6 +28,7 @@ import numpy as np
 from ddnn.oip_body import (
     BINARY_TYPE,
     DATATYPES,
+    DEVICE_DETAIL,
     EDGE_FEATURES,
     EDGE_FEATURES_PACKED,
     HEADER_LENGTH,
@@ -60,6 +61,7 @@ from ddnn.oip_body import (
 __all__ = [
     "BINARY_TYPE",
     "DATATYPES",
+    "DEVICE_DETAIL",
     "EDGE_FEATURES",
     "EDGE_FEATURES_PACKED",
     "HEADER_LENGTH",

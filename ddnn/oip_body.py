@@ -44,6 +44,8 @@ _MIN_VALUE_BYTES = 2
 # (:meth:`ddnn.codec.FeatureCodec.encode_rows`), which the model's metadata advertises.
 EDGE_FEATURES = "edge_features"
 EDGE_FEATURES_PACKED = "edge_features_packed"
+# The second input of {name}-escalated: the senders' details, concatenated in slot order.
+DEVICE_DETAIL = "device_detail"
 PACKING_CODECS = ("binary", "int8", "float16")
 
 # v2 datatype <-> numpy dtype (little-endian on the wire). BYTES is not supported.

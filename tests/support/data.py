@@ -47,6 +47,25 @@ def train_tiny_bundle(data: TinyData, out: Path) -> Path:
     return out
 
 
+def kinds_repository(data: TinyData, tiny: Path, root: Path) -> Path:
+    """A model repository with a bundle of every kind the cloud serves (torch): ``tiny`` (a
+    copy of ``tiny_bundle``, the paper's network), ``esc`` (the defaults' network trained to
+    escalate, ``--escalate view``) and ``tiny-raw`` (a raw-offload reference of the name ``tiny``), each trained one
+    short epoch (for tests of serving, not of accuracy)."""
+    import shutil
+
+    from ddnn.models.baseline import build_baseline
+    from ddnn.models.build import build_bundle
+    from ddnn.models.config import DDNNConfig
+
+    shutil.copytree(tiny, root / "tiny")
+    cfg = DDNNConfig(epochs=1, batch_size=32, seed=0, escalate="view")
+    build_bundle(data.train, root / "esc", cfg, name="esc", version="1", progress=False,
+                 log=lambda *_: None)
+    build_baseline(data.train, root / "tiny-raw", cfg, progress=False, name="tiny", version="1")
+    return root
+
+
 def one_epoch_bundle(root: Path, views: int) -> Path:
     """A ``tiny`` bundle of ``views`` views, trained one short epoch (for tests of the tiers,
     not of accuracy)."""

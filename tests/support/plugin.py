@@ -27,6 +27,9 @@ from tests.support.data import (
     one_epoch_bundle,
     train_tiny_bundle,
 )
+from tests.support.data import (
+    kinds_repository as kinds_repository_of,
+)
 from tests.support.polling import wait_for
 from tests.support.processes import ddnn_process, http_ok, stop_process
 
@@ -162,6 +165,13 @@ def tiny_bundle(tiny_data, tmp_path_factory) -> Path:
     if prebuilt:
         return Path(prebuilt)
     return train_tiny_bundle(tiny_data, tmp_path_factory.mktemp("bundles") / "tiny")
+
+
+@pytest.fixture(scope="session")
+def kinds_repository(tiny_data, tiny_bundle, tmp_path_factory) -> Path:
+    """A repository with a bundle of every kind the cloud serves (read-only):
+    :func:`tests.support.data.kinds_repository`."""
+    return kinds_repository_of(tiny_data, tiny_bundle, tmp_path_factory.mktemp("kinds"))
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,95 @@
+"""The cloud serves every kind of bundle: a hierarchy that can escalate adds
+``{name}-escalated`` (edge features and the senders' details → the escalated exit), and a
+raw-offload reference bundle is served as ``{name}-raw`` beside the hierarchy of the same name.
+Answers over v2 equal the offline runtime's on the same inputs."""
+
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")  # the repository's bundles are trained here
+
+from ddnn.aggregation import aggregate
+from ddnn.bundle import load_bundle
+from ddnn.dataset import load_dataset
+from ddnn.raw_runtime import RawRuntime
+from ddnn.runtime import BundleRuntime, transmit
+from tests.support.cloud import cloud_wait_ready
+
+
+@pytest.fixture(scope="module")
+def url(kinds_repository):
+    from ddnn.cloud.server import run_server
+    from ddnn.cloud.settings import CloudSettings
+
+    settings = CloudSettings(repository=kinds_repository, host="127.0.0.1", port=0,
+                             poll_interval=0)
+    with run_server(settings) as running:
+        cloud_wait_ready(running.url)
+        yield running.url
+
+
+def _infer(url: str, model: str, **inputs: np.ndarray) -> httpx.Response:
+    body = {"inputs": [{"name": k, "shape": list(v.shape), "datatype": "FP32",
+                        "data": v.ravel().tolist()} for k, v in inputs.items()]}
+    return httpx.post(f"{url}/v2/models/{model}/infer", json=body, timeout=30)
+
+
+def _scores(r: httpx.Response) -> np.ndarray:
+    assert r.status_code == 200, r.text
+    out = {o["name"]: o for o in r.json()["outputs"]}["scores"]
+    return np.asarray(out["data"], np.float32).reshape(out["shape"])
+
+
+def test_the_repository_lists_every_kind(url):
+    index = {e["name"]: e for e in httpx.post(f"{url}/v2/repository/index").json()}
+    assert {"tiny-cloud", "tiny-full", "tiny-raw", "esc-cloud", "esc-full",
+            "esc-escalated"} <= {n for n, e in index.items() if e["state"] == "READY"}
+    assert "tiny-escalated" not in index  # the paper's network cannot escalate
+    meta = httpx.get(f"{url}/v2/models/esc-escalated").json()
+    assert [t["name"] for t in meta["inputs"]] == ["edge_features", "device_detail"]
+
+
+def test_the_escalated_model_answers_as_the_offline_runtime(url, kinds_repository, tiny_data):
+    runtime = BundleRuntime(load_bundle(kinds_repository / "esc"))
+    m = runtime.manifest
+    ds = load_dataset(tiny_data.test, num_classes=m.num_classes)
+    X, present = ds.X[:4], ds.present[:4]
+    feats = np.stack([transmit(runtime.device(v, X[:, v])[1], runtime.device_codec)
+                      for v in range(m.views)], axis=1)
+    _, edge_features = runtime.edge(feats, present)
+    edge_features = transmit(edge_features, runtime.edge_codec)
+    detail = np.stack([transmit(runtime.device_detail(v, X[:, v]), runtime.detail_codec)
+                       for v in range(m.views)], axis=1)
+    want = runtime.escalated(edge_features, detail, present)
+    got = _scores(_infer(url, "esc-escalated", edge_features=edge_features,
+                         device_detail=aggregate(detail, present, "concat")))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_the_escalated_model_needs_both_inputs(url, kinds_repository):
+    seg = load_bundle(kinds_repository / "esc").manifest.escalated
+    features = np.zeros((1, *seg.input("edge_features").sample_shape), np.float32)
+    r = _infer(url, "esc-escalated", edge_features=features)
+    assert r.status_code == 400 and "needs input 'device_detail'" in r.json()["error"]
+
+
+def test_the_raw_reference_is_served_beside_its_hierarchy(url, kinds_repository, tiny_data):
+    reference = RawRuntime(load_bundle(kinds_repository / "tiny-raw", kind="raw"))
+    ds = load_dataset(tiny_data.test, num_classes=reference.manifest.num_classes)
+    views = ds.X[:5]
+    got = _scores(_infer(url, "tiny-raw", views=views))
+    np.testing.assert_allclose(got, reference.scores(views), rtol=1e-4, atol=1e-4)
+    meta = httpx.get(f"{url}/v2/models/tiny-raw").json()
+    assert [t["name"] for t in meta["inputs"]] == ["views"]
+    assert meta["parameters"]["bundle"] == "tiny"
+    r = _infer(url, "tiny-raw", views=views * 3.0)  # outside the bundle's input range
+    assert r.status_code == 400 and "[0, 1]" in r.json()["error"]
+
+
+def test_the_bundle_route_hands_out_hierarchies_only(url):
+    # Devices update over the air from the hierarchy of their name, never from its reference.
+    r = httpx.get(f"{url}/v1/bundles/tiny/1/manifest.json")
+    assert r.status_code == 200 and r.json().get("kind", "ddnn") == "ddnn"
