@@ -62,6 +62,11 @@ def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     ws = workspace(work, quick=quick)
     if name in ("cloud_throughput", "edge_cloud_bytes"):
         return module.run(out, ws.bundle, quick=quick)
+    if name == "raw_vs_hierarchy":
+        from ddnn.benchmarks.common import reference_bundle
+
+        return module.run(out, ws.bundle, ws.test, quick=quick,
+                          reference=reference_bundle(ws, quick))
     if name == "soak":
         return module.run(out, ws.bundle, ws.test, quick=quick, logs_dir=work / "soak")
     return module.run(out, ws.bundle, ws.test, quick=quick)

@@ -53,6 +53,17 @@ def workspace(root: Path, quick: bool = False, epochs: int | None = None) -> Wor
     return Workspace(root, train, test, bundle, seconds)
 
 
+def reference_bundle(ws: Workspace, quick: bool = False) -> Path:
+    """The raw-offload reference (``ddnn train --baseline``) of the workspace's bundle: the same
+    training file, name and epochs; trained once, unless already there."""
+    out = ws.root / "reference"
+    if not (out / "manifest.json").exists():
+        args = ["train", "--baseline", "--data", str(ws.train), "--out", str(out), "--name",
+                "mvmc"]
+        ddnn(*args, *(["--epochs", "5"] if quick else []))
+    return out
+
+
 def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:
     """SIGTERM a child, then SIGKILL it if it has not exited within ``timeout`` seconds."""
     if proc.poll() is None:
