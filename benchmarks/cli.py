@@ -77,8 +77,11 @@ def _bench(args) -> int:
     out.mkdir(parents=True, exist_ok=True)  # the summary is written even if every run fails
     names = args.only or list(BENCHMARKS)
     failed = []
-    for name in names:
-        print(f"== {name}", file=sys.stderr, flush=True)
+    began = time.perf_counter()
+    for i, name in enumerate(names, 1):
+        elapsed = time.perf_counter() - began
+        print(f"== [{i}/{len(names)}] {name} ({elapsed / 60:.1f} min so far)", file=sys.stderr,
+              flush=True)
         start = time.perf_counter()
         try:
             result = _call(name, out, work, args.quick)
@@ -100,5 +103,8 @@ def _bench(args) -> int:
         print(f"   done in {took:.0f} s: {json.dumps(brief)[:400]}", file=sys.stderr)
     from ddnn.benchmarks.report import write_readme
 
+    total = time.perf_counter() - began
+    print(f"{len(names) - len(failed)} of {len(names)} benchmarks ran in {total / 60:.1f} min"
+          + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
     print(f"results in {out}/, summary in {write_readme(out)}", file=sys.stderr)
     return 1 if failed else 0
