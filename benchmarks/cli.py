@@ -76,7 +76,8 @@ def _bench(args) -> int:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)  # the summary is written even if every run fails
     names = args.only or list(BENCHMARKS)
-    failed = []
+    failed: list[str] = []
+    skipped: list[str] = []
     began = time.perf_counter()
     for i, name in enumerate(names, 1):
         elapsed = time.perf_counter() - began
@@ -90,6 +91,7 @@ def _bench(args) -> int:
             # module of our own is a bug and fails like any other.
             if (e.name or "").split(".")[0] not in OWN_PACKAGES:
                 print(f"   skipped: {e}", file=sys.stderr)
+                skipped.append(name)
                 continue
             print(f"   failed: {type(e).__name__}: {e}", file=sys.stderr)
             failed.append(name)
@@ -104,7 +106,9 @@ def _bench(args) -> int:
     from ddnn.benchmarks.report import write_readme
 
     total = time.perf_counter() - began
-    print(f"{len(names) - len(failed)} of {len(names)} benchmarks ran in {total / 60:.1f} min"
-          + (f"; failed: {', '.join(failed)}" if failed else ""), file=sys.stderr)
+    ran = len(names) - len(failed) - len(skipped)
+    print(f"{ran} of {len(names)} benchmarks ran in {total / 60:.1f} min"
+          + (f"; failed: {', '.join(failed)}" if failed else "")
+          + (f"; skipped: {', '.join(skipped)}" if skipped else ""), file=sys.stderr)
     print(f"results in {out}/, summary in {write_readme(out)}", file=sys.stderr)
     return 1 if failed else 0
