@@ -90,7 +90,7 @@ class _Runtime:
 
     def __init__(self, codec: str):
         self.manifest = SimpleNamespace(
-            name="m", version="1", classes=("a", "b"), num_classes=2,
+            name="m", version="1", classes=("a", "b"), num_classes=2, kind="ddnn",
             codec={"edge_features": codec},
             cloud=SimpleNamespace(inputs=[SimpleNamespace(sample_shape=SAMPLE)]))
 
@@ -118,7 +118,7 @@ def test_each_model_lists_one_form_of_the_features():
         {"name": "edge_features", "datatype": "FP32", "shape": [-1, *SAMPLE]}]
     int8 = _model("int8").metadata(["1"])["inputs"][0]
     assert int8["shape"] == [-1, 4 + 1024] and int8["parameters"]["codec"] == "int8"
-    assert [CloudPackedModel.serves(SimpleNamespace(codec={"edge_features": c}))
+    assert [CloudPackedModel.serves(SimpleNamespace(kind="ddnn", codec={"edge_features": c}))
             for c in ("binary", "int8", "float16", "float32")] == [True, True, True, False]
 
 
