@@ -77,7 +77,9 @@ def test_livez_answers_while_clients_pipeline_gets_and_never_read(tiny_bundle, p
                 r = httpx.get(f"{http.url}/livez", timeout=5)
                 assert r.status_code == 200, r.text
             assert http.metrics.refused.value(reason="busy") == busy
-            assert http.metrics.evicted.value() >= evicted + 3  # each probe made its own room
+            # The first probe made its own room; the next ones may take the slot the one before
+            # freed when it closed (on an idle machine its thread is gone by then).
+            assert http.metrics.evicted.value() >= evicted + 1
         finally:
             for s in clients:
                 s.close()
