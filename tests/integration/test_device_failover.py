@@ -82,6 +82,11 @@ def test_a_device_fails_over_to_https_and_back_each_frame_answered_once(
                      and all(len(d.outbox) == 0 and d.transport.idle() for d in devices),
                      timeout=REPLAY_WAIT, what="the frames before the outage")
             relay.cut()
+            # The frames of the outage come once every device has seen its broker go: a message
+            # handed to paho before it noticed stays with paho until the broker is back (never
+            # sent twice), and would keep its outbox from draining over HTTPS.
+            wait_for(lambda: not any(d.transport.mqtt.connected for d in devices),
+                     timeout=REPLAY_WAIT, what="the devices to see the broker gone")
             cut.set()
             # Frames CUT_AT.. wait in the outboxes, then go over HTTPS once the broker has
             # been gone for --failover-after.
