@@ -50,8 +50,8 @@ def train_tiny_bundle(data: TinyData, out: Path) -> Path:
 def kinds_repository(data: TinyData, tiny: Path, root: Path) -> Path:
     """A model repository with a bundle of every kind the cloud serves (torch): ``tiny`` (a
     copy of ``tiny_bundle``, the paper's network), ``esc`` (the defaults' network trained to
-    escalate, ``--escalate view``) and ``tiny-raw`` (a raw-offload reference of the name ``tiny``), each trained one
-    short epoch (for tests of serving, not of accuracy)."""
+    escalate, ``--escalate view``) and ``tiny-raw`` (a raw-offload reference of the name
+    ``tiny``), each trained one short epoch (for tests of serving, not of accuracy)."""
     import shutil
 
     from ddnn.models.baseline import build_baseline
