@@ -311,11 +311,11 @@ class BundleUpdater:
         log.info("bundle updated over the air: %s -> %s", self.running.ref, bundle.ref)
         self.guard.applied(bundle)
         self.running = bundle
-        self.applied += 1
         self.failures = 0
         self._fetch_failures_log.forget()
         self.last_error = None
         self.target.forget(ann)
+        self.applied += 1  # last: whoever sees the count sees the rest of the update done
         self.hooks.on_result(True)
         return "applied"
 
