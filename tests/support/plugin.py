@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from ddnn.tools.broker import BrokerProcess, free_port, mosquitto_path, start_broker
-from tests.support.cloud import cloud_wait_ready
 from tests.support.data import (
     STREAM,
     TinyData,
@@ -207,6 +206,14 @@ def mosquitto() -> Iterator[BrokerProcess]:
 
 # --- the cloud ----------------------------------------------------------------------------------
 
+def _cloud_wait_ready(url: str) -> None:
+    # Imported here: the cloud's helpers need httpx, which the device tier's tests on an arm64
+    # board (the device extra alone: tests/support/arm64.py) do not have.
+    from tests.support.cloud import cloud_wait_ready
+
+    cloud_wait_ready(url)
+
+
 @pytest.fixture
 def cloud_server():
     """Factory: ``start(**settings)`` runs the cloud service in a thread and returns its URL.
@@ -223,7 +230,7 @@ def cloud_server():
             settings.setdefault("port", 0)
             running = stack.enter_context(run_server(CloudSettings(**settings)))
             if wait_ready:
-                cloud_wait_ready(running.url)
+                _cloud_wait_ready(running.url)
             return running.url
 
         yield start
@@ -238,7 +245,7 @@ def cloud_tiny_url(tiny_bundle):
     settings = CloudSettings(bundle=tiny_bundle, host="127.0.0.1", port=0, poll_interval=0,
                              max_queue_delay_ms=5.0)
     with run_server(settings) as running:
-        cloud_wait_ready(running.url)
+        _cloud_wait_ready(running.url)
         yield running.url
 
 

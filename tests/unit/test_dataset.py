@@ -96,9 +96,9 @@ def test_a_sample_no_view_sees_is_kept_with_label_minus_one(tmp_path):
 
 
 def test_training_skips_the_samples_no_view_sees(tmp_path):
+    pytest.importorskip("torch")  # (training: not on a board)
     from ddnn.models.build import seen
 
-    pytest.importorskip("torch")
     X, y, label = _sample()
     X[2] = 0.0
     ds = seen(load_dataset(_write(tmp_path / "d.npz", X=X, y=y, label=label), num_classes=3))
