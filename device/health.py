@@ -95,31 +95,23 @@ class DeviceMetrics:
                               ("model", "version"))
         self.bundle_updates = r.counter("ddnn_device_bundle_updates_total",
                                         "Over-the-air bundle updates, by result", ("result",))
-        self._seen: dict[tuple, float] = {}  # counter (and labels) -> value already counted
         self._lock = threading.Lock()
-
-    def _catch_up(self, counter, value: float, **labels: str) -> None:
-        key = (id(counter), *sorted(labels.items()))
-        delta = value - self._seen.get(key, 0)
-        if delta > 0:
-            counter.inc(delta, **labels)
-            self._seen[key] = value
 
     def sync(self, service) -> None:
         """Bring every series up to date from ``service`` (a DeviceService)."""
         s, box = service.agent.stats, service.outbox
         with self._lock:
-            self._catch_up(self.frames, s.frames)
-            self._catch_up(self.absent, s.absent)
-            self._catch_up(self.local_exits, s.local_exits)
+            self.frames.catch_up(s.frames)
+            self.absent.catch_up(s.absent)
+            self.local_exits.catch_up(s.local_exits)
             for kind, n in list(s.sent.items()):
-                self._catch_up(self.sent, n, kind=kind)
-            self._catch_up(self.bytes, s.payload_bytes, part="payload")
-            self._catch_up(self.bytes, s.header_bytes, part="header")
-            self._catch_up(self.pulls, s.pulls_answered, outcome="answered")
-            self._catch_up(self.pulls, s.pulls_missed, outcome="missed")
-            self._catch_up(self.bad_requests, s.bad_requests)
-            self._catch_up(self.dropped, box.dropped)
+                self.sent.catch_up(n, kind=kind)
+            self.bytes.catch_up(s.payload_bytes, part="payload")
+            self.bytes.catch_up(s.header_bytes, part="header")
+            self.pulls.catch_up(s.pulls_answered, outcome="answered")
+            self.pulls.catch_up(s.pulls_missed, outcome="missed")
+            self.bad_requests.catch_up(s.bad_requests)
+            self.dropped.catch_up(box.dropped)
             self.depth.set(box.waiting(), state="waiting")
             self.depth.set(box.in_flight(), state="unacknowledged")
             self.broker_up.set(1 if uplink_down_for(service.transport) is None else 0)

@@ -59,6 +59,14 @@ class Counter(_Metric):
     def value(self, **labels: str) -> float:
         return self._read("_total", labels)
 
+    def catch_up(self, total: float, **labels: str) -> None:
+        """Bring the series up to ``total``, a running count kept elsewhere (a tier's own
+        statistics): it counts the difference since the last call. Callers serialize calls on
+        one counter (a read, then an increment)."""
+        delta = total - self.value(**labels)
+        if delta > 0:
+            self.inc(delta, **labels)
+
 
 class Gauge(_Metric):
     """A value that goes up and down."""

@@ -39,26 +39,18 @@ class GatewayMetrics:
                                  "site's)", ("broker",))
         self.devices = r.gauge("ddnn_gateway_devices", "Devices whose status the gateway "
                                                        "forwards, by state", ("state",))
-        self._seen: dict[tuple, float] = {}
         self._lock = threading.Lock()
-
-    def _catch_up(self, counter, value: float, **labels: str) -> None:
-        key = (id(counter), *sorted(labels.items()))
-        delta = value - self._seen.get(key, 0)
-        if delta > 0:
-            counter.inc(delta, **labels)
-            self._seen[key] = value
 
     def render(self, service) -> str:
         """The series, brought up to date from ``service`` (a GatewayService)."""
         f = dict(service.forwarded)
         with self._lock:
-            self._catch_up(self.batches, f["batches"])
-            self._catch_up(self.messages, f["messages"])
-            self._catch_up(self.groups, f["complete"], outcome="complete")
-            self._catch_up(self.groups, f["timed_out"], outcome="timed_out")
-            self._catch_up(self.dropped, f["dropped"])
-            self._catch_up(self.refused, f["refused"])
+            self.batches.catch_up(f["batches"])
+            self.messages.catch_up(f["messages"])
+            self.groups.catch_up(f["complete"], outcome="complete")
+            self.groups.catch_up(f["timed_out"], outcome="timed_out")
+            self.dropped.catch_up(f["dropped"])
+            self.refused.catch_up(f["refused"])
             for name, client in (("up", service.up), ("local", service.local)):
                 self.broker_up.set(1 if client.connected.is_set() else 0, broker=name)
             states = [s.get("state") for s in list(service.statuses.values())]
