@@ -5,7 +5,6 @@ accepted over the air, or the one it rolled back to, not its ``--bundle`` again;
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -13,17 +12,13 @@ import pytest
 from ddnn.bundle import load_bundle
 from ddnn.plumbing.good_version import resume, staging_root
 from ddnn.plumbing.probation import Look, UpdateGuard, good_record
+from tests.support.data import version_copy
 
 GOOD, BAD = Look(worked=True), Look(problems=("frames failed",))
 
 
 def staged(src: Path, dst: Path, version: str):
-    shutil.copytree(src, dst)
-    mf = dst / "manifest.json"
-    d = json.loads(mf.read_text())
-    d["model"]["version"] = version
-    mf.write_text(json.dumps(d))
-    return load_bundle(dst)
+    return load_bundle(version_copy(src, dst, version))
 
 
 class Clock:
