@@ -43,6 +43,18 @@ def browser():
     return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
 
 
+def _text(driver, element_id: str) -> str | None:
+    """An element's text on a page that reloads itself every 2 s: None when the element is not
+    there, or was replaced by a reload between finding it and reading it (poll again)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.common.by import By
+
+    try:
+        return driver.find_element(By.ID, element_id).text
+    except (NoSuchElementException, StaleElementReferenceException):
+        return None
+
+
 def test_the_status_page_shows_devices_exits_and_health(mosquitto, tiny_bundle, tiny_data,
                                                         cloud_tiny_url):
     from selenium.webdriver.common.by import By
@@ -86,9 +98,9 @@ def test_the_status_page_shows_devices_exits_and_health(mosquitto, tiny_bundle, 
         for t in threads:
             t.join(60)
         devices.close()
-        wait_for(lambda: driver.find_element(By.ID, "health").text == "unhealthy", 30,
+        wait_for(lambda: _text(driver, "health") == "unhealthy", 30,
                  "the page to show the edge unhealthy")
-        reasons = driver.find_element(By.ID, "reasons").text
+        reasons = wait_for(lambda: _text(driver, "reasons"), 10, "the reasons shown")
         assert "every device is offline" in reasons, reasons
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/status", timeout=5) as r:
             data = json.loads(r.read())
