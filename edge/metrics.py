@@ -58,6 +58,9 @@ class EdgeMetrics:
         self.missing = r.counter("ddnn_edge_missing_views_total",
                                  "Views a frame expected but fused without, by stage", ("stage",))
         self.requests = r.counter("ddnn_edge_feature_requests_total", "Feature pulls published")
+        self.detail_requests = r.counter("ddnn_edge_detail_requests_total",
+                                         "Detail pulls published (frames escalated to the cloud "
+                                         "with their cameras' detail)")
         self.cloud = r.counter("ddnn_edge_cloud_requests_total",
                                "Calls to the cloud, by outcome", ("outcome",))
         self.cloud_up = r.gauge("ddnn_edge_cloud_up", "1 while the cloud answers, else 0")
