@@ -102,7 +102,7 @@ class EdgeAggregator:
                                    s.feature_deadline, self.cloud_stage.put)
         self.scheduler = FrameScheduler(
             self.assembler, metrics, pipeline=lambda: self.pipeline, answer=self._answer,
-            request=self.pulls.request if self.pulls else None, to_cloud=self._to_cloud,
+            request=self.pulls.request if self.pulls else None, to_cloud=self.details.send_up,
             connected=connected, tick=self._tick, audit=self.audit)
         self.ingest = Ingest(
             self.assembler, topics, self.devices, m, on_ready=self.scheduler.ready,
@@ -256,14 +256,6 @@ class EdgeAggregator:
             self.recorder.put(f.pipeline.manifest,  # type: ignore[attr-defined]
                               {v: f.features[v] for v in answer.views if v in f.features},
                               f.scores, answer.scores)
-
-    def _to_cloud(self, f: Frame, sent: ToCloud) -> None:
-        """A frame the edge exit left goes up: with its cameras' details where its bundle
-        escalates (an audit only checks an early exit: the plain cloud does)."""
-        if not sent.audit and DetailPulls.escalates(f):
-            self.details.put(f, sent)
-        else:
-            self.cloud_stage.put(f, sent)
 
     def publish_result(self, result: Result) -> None:
         """Send one result to every sink (the edge's own, or a one-view device's posted over

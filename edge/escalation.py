@@ -79,15 +79,17 @@ class DetailPulls:
         self._waiting: dict[int, Escalating] = {}
         self._lock = threading.Lock()
 
-    @staticmethod
-    def escalates(f: Frame) -> bool:
-        """Whether ``f``'s bundle version escalates what its edge exit leaves."""
+    def send_up(self, f: Frame, sent: ToCloud) -> None:
+        """A frame the edge exit left goes up: with its cameras' details where its bundle
+        version escalates (an audit only checks an early exit: the plain cloud does that)."""
         m = f.pipeline.manifest  # type: ignore[attr-defined]
-        return m.escalated is not None and m.escalation_level >= 1 and m.views > 1
+        if sent.audit or m.escalated is None or m.escalation_level < 1 or m.views < 2:
+            self._to_cloud(f, sent)
+        else:
+            self._escalate(f, sent, m)
 
-    def put(self, f: Frame, sent: ToCloud) -> None:
-        """A frame the edge exit left (or an audit): pull its details, or send it on."""
-        m = f.pipeline.manifest  # type: ignore[attr-defined]
+    def _escalate(self, f: Frame, sent: ToCloud, m) -> None:
+        """Pull the frame's details (it goes on when they are in, or at the deadline)."""
         asked = senders(f.scores, m.escalation_views)
         if self._publish is None or not asked or len(self._waiting) >= MAX_WAITING:
             self._to_cloud(f, self._with_details(f, sent, asked, {}, m))

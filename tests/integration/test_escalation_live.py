@@ -14,9 +14,12 @@ import pytest
 
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
+from ddnn.device.gateway.service import GatewayService
+from ddnn.device.gateway.settings import GatewaySettings
 from ddnn.edge.escalation import senders
 from ddnn.exits import entropy_of_logits
 from ddnn.runtime import BundleRuntime
+from ddnn.tools.broker import start_broker
 from tests.support.cloud import real_cloud
 from tests.support.data import mixed, mixed_thresholds
 from tests.support.hierarchy import REPLAY_WAIT, Edge, check_against_evaluate, run_devices
@@ -128,3 +131,27 @@ def test_senders_are_the_surest_present_views():
     assert senders({}, 2) == ()
     eta = entropy_of_logits(np.stack([scores[v] for v in (2, 3)]))
     assert eta[0] < eta[1]
+
+
+def test_devices_behind_a_gateway_escalate_too(mosquitto, kinds_repository, tiny_data,
+                                               tmp_path):
+    """A gateway forwards the detail pulls to its devices and groups their details as it
+    groups pulled features: the answers are evaluate's, no detail misses its deadline."""
+    bundle = at_level(kinds_repository / "esc", tmp_path / "esc", 1)
+    thresholds = mixed_thresholds(bundle, tiny_data.test)
+    devices = ("cam0", "cam1", "cam2")
+    with start_broker(prefer="mosquitto") as site, real_cloud(bundle) as cloud:
+        edge = Edge(bundle, mosquitto.url, cloud.url, deployment="gwesc",
+                    gateways=(("gw0", devices),), **mixed(thresholds))
+        gateway = GatewayService(GatewaySettings(local=site.url, broker=mosquitto.url,
+                                                 deployment="gwesc", coalesce_ms=200))
+        try:
+            with gateway:
+                run_devices(bundle, tiny_data.test, site.url, deployment="gwesc")
+                wait_for(lambda: edge.agg.answered >= 120, what="120 results")
+        finally:
+            edge.stop()
+    check_against_evaluate(list(edge.agg.results), bundle, tiny_data.test, thresholds)
+    m = edge.agg.metrics
+    assert m.detail_requests.value() > 0 and m.missing.value(stage="detail") == 0
+    assert m.bytes.value(kind="detail", part="payload") > 0
