@@ -56,7 +56,6 @@ class DeviceStats:
     pulls_answered: int = 0
     pulls_missed: int = 0
     pulls_repeated: int = 0  # requests for a frame answered moments ago: ignored
-    details_answered: int = 0  # detail pulls answered (escalated frames)
     bad_requests: int = 0
 
 
@@ -77,8 +76,9 @@ class DeviceAgent:
         self.threshold = m.policy.with_overrides(
             local=settings.local_threshold).threshold("local")
         self.stats = DeviceStats()
-        # frame -> its encoded features message and, where the bundle escalates, its detail's
-        self._features: collections.OrderedDict[int, tuple[bytes, bytes | None]] = (
+        # frame -> its encoded features message (None in push mode: they went up) and, where
+        # the bundle escalates, its detail's
+        self._features: collections.OrderedDict[int, tuple[bytes | None, bytes | None]] = (
             collections.OrderedDict())
         # (frame, what was pulled) -> (when, connection number) it was last sent on a pull
         self._answered: dict[tuple[int, MessageType], tuple[float, int]] = {}
@@ -228,7 +228,6 @@ class DeviceAgent:
         # (the detail travels on the features topic: the edge tells them apart by type)
         self._emit(OutMessage("features", data, req.frame))
         self.stats.pulls_answered += 1
-        self.stats.details_answered += detail
         self.stats.sent[what] += 1
         codec = self.runtime.detail_codec if detail else self.runtime.device_codec
         payload = codec.payload_size(  # type: ignore[union-attr]
