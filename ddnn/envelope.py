@@ -58,6 +58,10 @@ class MessageType(enum.IntEnum):
     FEATURES = 2  # a device's packed features for one frame (1, F, h, w)
     ABSENT = 3  # "this view sees nothing in this frame": no tensor, so nobody waits for it
     REQUEST = 4  # the edge pulls features of a frame; tensor = binary mask (V,) of views asked
+    # Escalation (bundles with an escalated cloud): for a frame still unsure after the edge
+    # exit, the edge pulls the senders' detail, which goes on up to the cloud.
+    DETAIL = 5  # a device's detail of one frame (1, c, r, r): its view at reduced resolution
+    DETAIL_REQUEST = 6  # the edge pulls details of a frame; tensor = binary mask (V,), as REQUEST
 
 
 @dataclass(frozen=True)

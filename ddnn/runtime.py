@@ -112,12 +112,17 @@ class BundleRuntime:
 
     def device(self, view: int, images: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Device segment of ``view``: images (B, 3, H, W) → (scores (B, C), features)."""
+        out = self.device_outputs(view, images)
+        return out["scores"], out["features"]
+
+    def device_outputs(self, view: int, images: np.ndarray) -> dict[str, np.ndarray]:
+        """Every output of ``view``'s device segment: ``scores``, ``features`` and, where the
+        bundle can escalate, ``detail``."""
         if not 0 <= view < self.manifest.views:
             raise ConfigError(
                 f"view {view} is outside the bundle's views 0..{self.manifest.views - 1}"
             )
-        out = self.runner(f"device-{view}")(image=images)
-        return out["scores"], out["features"]
+        return self.runner(f"device-{view}")(image=images)
 
     def local(self, scores: np.ndarray, present: np.ndarray) -> np.ndarray:
         """Local exit: device scores (B, V, C) of the present views → local scores (B, C)."""

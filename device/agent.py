@@ -6,11 +6,15 @@ locally (``pull``), or the device sends them along with the scores (``push``: no
 but features for every frame). With one view the device decides its own exit with the local
 threshold: a confident frame produces its result here; the others send their features up.
 
-A frame's features are sent once per pull, not once per request: a request repeating a pull
-this device answered less than :data:`REPULL_AFTER` seconds ago, on the same connection to the
-broker, is ignored and counted (a flood of requests cannot make it resend). The edge's own
-re-pulls after an outage still get an answer: they come after the device reconnected, or
-after that time.
+A bundle that escalates (``manifest.escalated``) also gives each frame a *detail* (the view at
+reduced resolution, :mod:`ddnn.hierarchy`), kept beside the features: the edge pulls it
+(``DETAIL_REQUEST``) for the frames still unsure after its exit, and it goes up to the cloud.
+
+A frame's features (or detail) are sent once per pull, not once per request: a request
+repeating a pull this device answered less than :data:`REPULL_AFTER` seconds ago, on the same
+connection to the broker, is ignored and counted (a flood of requests cannot make it resend).
+The edge's own re-pulls after an outage still get an answer: they come after the device
+reconnected, or after that time.
 """
 
 from __future__ import annotations
@@ -72,9 +76,12 @@ class DeviceAgent:
         self.threshold = m.policy.with_overrides(
             local=settings.local_threshold).threshold("local")
         self.stats = DeviceStats()
-        self._features: collections.OrderedDict[int, bytes] = collections.OrderedDict()
-        # frame -> (when, connection number) its features were last sent on a pull
-        self._answered: dict[int, tuple[float, int]] = {}
+        # frame -> its encoded features message (None in push mode: they went up) and, where
+        # the bundle escalates, its detail's
+        self._features: collections.OrderedDict[int, tuple[bytes | None, bytes | None]] = (
+            collections.OrderedDict())
+        # (frame, what was pulled) -> (when, connection number) it was last sent on a pull
+        self._answered: dict[tuple[int, MessageType], tuple[float, int]] = {}
         # The transport's count of connections to the broker (MqttClient.connects): a pull
         # repeated after a reconnection is answered at once.
         self.connections: Callable[[], int] = lambda: 0
@@ -120,23 +127,35 @@ class DeviceAgent:
             self._queue("absent", env.pack(MessageType.ABSENT, frame=frame, timestamp=ts,
                                            **self._ids))
             return
-        scores, features = self.runtime.device(self.settings.view, image[None])
+        out = self.runtime.device_outputs(self.settings.view, image[None])
+        scores, features = out["scores"], out["features"]
         m = self.manifest
         feat_msg = env.pack(MessageType.FEATURES, frame=frame, timestamp=ts, tensor=features,
                             codec=m.codec["device_features"], **self._ids)
-        if self.single_view:
+        if self.single_view:  # (a one-view frame does not escalate: nothing else to fuse)
             self._single_view_exit(frame, scores, feat_msg, ts)
             return
+        detail = None
+        if self.runtime.detail_codec is not None:  # the bundle escalates: keep the detail too
+            detail = env.encode(env.pack(MessageType.DETAIL, frame=frame, timestamp=ts,
+                                         tensor=out["detail"], codec=m.codec["device_detail"],
+                                         **self._ids))
+        push = self.settings.mode == "push"  # the features go up with the scores, unasked
+        if not push or detail is not None:
+            self._keep(frame, None if push else env.encode(feat_msg), detail)
         self._queue("scores", env.pack(MessageType.SCORES, frame=frame, timestamp=ts,
                                        tensor=scores, codec=m.codec["scores"], **self._ids))
-        if self.settings.mode == "push":
+        if push:
             self._queue("features", feat_msg)
-        else:
-            with self._lock:
-                self._features[frame] = env.encode(feat_msg)
-                while len(self._features) > self.settings.keep:
-                    old, _ = self._features.popitem(last=False)
-                    self._answered.pop(old, None)
+
+    def _keep(self, frame: int, features: bytes | None, detail: bytes | None) -> None:
+        """Keep a frame's encoded features and detail messages for the edge's pulls."""
+        with self._lock:
+            self._features[frame] = (features, detail)
+            while len(self._features) > self.settings.keep:
+                old, _ = self._features.popitem(last=False)
+                self._answered.pop((old, MessageType.REQUEST), None)
+                self._answered.pop((old, MessageType.DETAIL_REQUEST), None)
 
     def _single_view_exit(self, frame: int, scores: np.ndarray, feat_msg: env.Envelope,
                           ts: float) -> None:
@@ -164,11 +183,12 @@ class DeviceAgent:
     # --- feature pulls (transport thread) ----------------------------------------------------
 
     def handle_request(self, data: bytes) -> None:
-        """Answer the edge's pull for a frame if this device's view is in its mask."""
+        """Answer the edge's pull for a frame (its features, or its detail) if this device's
+        view is in its mask."""
         self._last_request = time.monotonic()
         try:
             req = env.decode(data)
-            if req.kind != MessageType.REQUEST:
+            if req.kind not in (MessageType.REQUEST, MessageType.DETAIL_REQUEST):
                 raise DecodeError(f"expected a request, got {req.kind.name.lower()}")
             # Any version of this model: during a roll-out the edge may run the next version
             # before this device does, and updates keep the wire format (ota.compatible).
@@ -184,17 +204,20 @@ class DeviceAgent:
         view = self.settings.view
         if mask.ndim != 1 or mask.shape[0] <= view or mask[view] <= 0:
             return
+        detail = req.kind == MessageType.DETAIL_REQUEST
         now, connection = time.monotonic(), self.connections()
         with self._lock:
-            data = self._features.get(req.frame)
-            last = self._answered.get(req.frame)
+            kept = self._features.get(req.frame)
+            data = kept[detail] if kept is not None else None
+            last = self._answered.get((req.frame, req.kind))
             repeated = (data is not None and last is not None
                         and last[1] == connection and now - last[0] < REPULL_AFTER)
             if data is not None and not repeated:
-                self._answered[req.frame] = (now, connection)
+                self._answered[(req.frame, req.kind)] = (now, connection)
+        what = "detail" if detail else "features"
         if data is None:
             self.stats.pulls_missed += 1
-            log.debug("pull for frame %d: features no longer kept", req.frame)
+            log.debug("pull for frame %d: %s not kept", req.frame, what)
             return
         if repeated:
             self.stats.pulls_repeated += 1
@@ -202,11 +225,13 @@ class DeviceAgent:
                 log.warning("ignoring a repeated pull for frame %d, answered %.1f s ago (logged "
                             "once; counted)", req.frame, now - last[0])  # type: ignore[index]
             return
+        # (the detail travels on the features topic: the edge tells them apart by type)
         self._emit(OutMessage("features", data, req.frame))
         self.stats.pulls_answered += 1
-        self.stats.sent["features"] += 1
-        payload = self.runtime.device_codec.payload_size(
-            (1, *self.manifest.devices[view].output("features").sample_shape))
+        self.stats.sent[what] += 1
+        codec = self.runtime.detail_codec if detail else self.runtime.device_codec
+        payload = codec.payload_size(  # type: ignore[union-attr]
+            (1, *self.manifest.devices[view].output(what).sample_shape))
         self.stats.payload_bytes += payload
         self.stats.header_bytes += len(data) - payload
 

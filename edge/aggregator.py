@@ -24,6 +24,7 @@ from ddnn.edge.audit import ExitAudit, report_to
 from ddnn.edge.cloud_client import CloudClient
 from ddnn.edge.cloud_stage import CloudStage
 from ddnn.edge.conduct import ConductReport
+from ddnn.edge.escalation import DetailPulls
 from ddnn.edge.fanout import ResultFanout
 from ddnn.edge.ingest import Ingest
 from ddnn.edge.metrics import EdgeMetrics
@@ -97,14 +98,17 @@ class EdgeAggregator:
         self.cloud = cloud
         self.pulls = (FeaturePulls(publish, topics.requests(s.edge_id), metrics,
                                    lambda: self.manifest) if publish is not None else None)
+        self.details = DetailPulls(publish, topics.requests(s.edge_id), metrics,
+                                   s.feature_deadline, self.cloud_stage.put)
         self.scheduler = FrameScheduler(
             self.assembler, metrics, pipeline=lambda: self.pipeline, answer=self._answer,
-            request=self.pulls.request if self.pulls else None, to_cloud=self.cloud_stage.put,
+            request=self.pulls.request if self.pulls else None, to_cloud=self.details.send_up,
             connected=connected, tick=self._tick, audit=self.audit)
         self.ingest = Ingest(
             self.assembler, topics, self.devices, m, on_ready=self.scheduler.ready,
             on_received=metrics.received, on_drop=self._dropped, on_status=self._status,
-            on_clock=lambda device: metrics.clock_skewed.inc(device=device))
+            on_clock=lambda device: metrics.clock_skewed.inc(device=device),
+            on_detail=self.details.add)
         self._late = LogThrottle()  # a late device: one line each, the counter says the rest
         metrics.bundle.set(1, model=m.name, version=m.version)
         metrics.before_render.append(self.ingest.flush)
@@ -212,6 +216,7 @@ class EdgeAggregator:
         self.assembler.extend_deadlines(time.monotonic())
         if self.pulls is not None:
             self.pulls.again(self.assembler)
+        self.details.again()
 
     # --- results --------------------------------------------------------------------------------
 
@@ -260,6 +265,7 @@ class EdgeAggregator:
     def _tick(self) -> None:
         """After each round of the worker: counts and gauges brought up to date."""
         self.ingest.flush()
+        self.details.expire(time.monotonic())
         self.metrics.observe_computed()
         self.metrics.pending.set(len(self.assembler))
 

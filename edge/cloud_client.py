@@ -11,6 +11,10 @@ refuses packed features (400, or 404: the model went away) gets FP32 from then o
 keep-alive connection, a timeout, an optional bearer token, and a circuit breaker: after a
 failure the edge stops calling for a backoff that doubles up to ``retry.maximum``, then tries
 again by itself.
+
+A frame that escalates (a bundle with an escalated cloud, docs/training.md) goes instead to
+``{name}-escalated`` with two FP32 inputs, ``edge_features`` and ``device_detail`` (the
+senders' details): :meth:`CloudClient.infer_escalated`.
 """
 
 from __future__ import annotations
@@ -78,12 +82,14 @@ class CloudClient:
     """Calls ``{name}-cloud`` of a cloud service; safe to share between threads (one at a time).
 
     ``codec``: the bundle's edge-features codec; a packing one (binary, int8, float16) lets the
-    client send packed features to a cloud that takes them."""
+    client send packed features to a cloud that takes them. ``escalated``: the name of the
+    escalated model (``{name}-escalated``), for bundles that escalate."""
 
     def __init__(self, base_url: str, model: str, *, token: str | None = None,
                  timeout: float = 2.0, retry: RetryPolicy = CLOUD_RETRY,
                  ca_file: str | None = None, cert_file: str | None = None,
-                 key_file: str | None = None, codec: str | None = None):
+                 key_file: str | None = None, codec: str | None = None,
+                 escalated: str | None = None):
         self._cloud = KeepAliveConnection(base_url, "cloud", timeout, ca_file,
                                           cert_file=cert_file, key_file=key_file)
         self.url, self.model, self.timeout = base_url, model, timeout
@@ -94,6 +100,7 @@ class CloudClient:
         self._backoff = retry.backoff()  # the circuit is open while it runs
         self.up = True
         self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
+        self.escalated = escalated
 
     def path(self, version: str | None = None, route: str = "/infer", *, packed: bool = False
              ) -> str:
@@ -165,6 +172,38 @@ class CloudClient:
                 raise CloudError(str(e)) from None
             self._succeeded()
         return np.asarray(scores, np.float32), out.get("entropy") if entropy else None
+
+    def infer_escalated(self, features: np.ndarray, detail: np.ndarray, version: str
+                        ) -> np.ndarray:
+        """The escalated cloud's scores (B, C) for edge features and the senders' details
+        (B, S·c, r, r); :class:`UnknownVersion` when the cloud does not serve the model at
+        that version (the caller falls back to the plain cloud)."""
+        if self.escalated is None:
+            raise UnknownVersion("this edge was not given the escalated model's name")
+        inputs = {oip.EDGE_FEATURES: np.ascontiguousarray(features, np.float32),
+                  oip.DEVICE_DETAIL: np.ascontiguousarray(detail, np.float32)}
+        body, headers = oip.encode_request(inputs, outputs=["scores"])
+        del headers["Content-Type"]  # the v2 header-length header says it all
+        path = (f"{self._cloud.path.rstrip('/')}/v2/models/{self.escalated}/versions/"
+                f"{urllib.parse.quote(version, safe='')}/infer")
+        with self._lock:
+            try:
+                status, data, resp_headers = self._request("POST", path, body, headers)
+                if status == 404:
+                    raise UnknownVersion(f"cloud does not serve {self.escalated} version "
+                                         f"{version}: {data[:200]!r}")
+                if status != 200:
+                    raise CloudError(f"cloud answered {status}: {data[:200]!r}")
+                scores = oip.decode_response(data, resp_headers).get("scores")
+                if scores is None or scores.shape[0] != len(features):
+                    raise CloudError("cloud response lacks scores for every frame")
+            except UnknownVersion:
+                raise  # the circuit stays closed: the plain cloud answers these frames
+            except (CloudError, oip.OipError) as e:
+                self._failed(e)
+                raise CloudError(str(e)) from None
+            self._succeeded()
+        return np.asarray(scores, np.float32)
 
     def _send(self, x: np.ndarray, version: str | None, outputs: list[str]
               ) -> tuple[int, bytes, dict[str, str]]:

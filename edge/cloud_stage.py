@@ -7,6 +7,10 @@ from the cloud's scores. When the cloud cannot answer (none configured, unreacha
 scores, a version it does not serve), each frame is answered from the edge's own exit,
 flagged ``degraded``: a frame is never lost to the cloud.
 
+An *escalated* frame (``ToCloud.detail``, :mod:`ddnn.edge.escalation`) goes to the cloud's
+escalated model with its cameras' details; a cloud that does not serve that model (404) answers
+it from the plain cloud segment instead, flagged ``degraded``.
+
 An *audited* frame (``ToCloud.audit``, :mod:`ddnn.edge.audit`) was answered by an early exit
 already: the cloud's answer only goes to the ``taught`` hook, like every answer the cloud gives
 (the drift monitor and the experience recorder learn from them); without one, nothing is lost.
@@ -75,11 +79,12 @@ class CloudStage:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            # One call per bundle version: during an update, frames finish on their own.
-            by_version: dict[str, list[tuple[Frame, ToCloud]]] = {}
+            # One call per bundle version (during an update, frames finish on their own) and
+            # model (escalated or not).
+            groups: dict[tuple[str, bool], list[tuple[Frame, ToCloud]]] = {}
             for f, sent in batch:
-                by_version.setdefault(sent.version, []).append((f, sent))
-            for version, items in by_version.items():
+                groups.setdefault((sent.version, sent.detail is not None), []).append((f, sent))
+            for (version, _), items in groups.items():
                 try:
                     self._send(items, version)
                 except Exception:  # a bug must not lose the frames: the edge's answer stands
@@ -90,7 +95,12 @@ class CloudStage:
 
     def _send(self, items: list[tuple[Frame, ToCloud]], version: str) -> None:
         sent = [s for _, s in items]
-        scores = self._call(sent, version)
+        scores, degraded = None, False
+        if sent[0].detail is not None:
+            scores = self._call(sent, version, escalated=True)
+            degraded = scores is None  # the plain cloud's answer is the weaker one
+        if scores is None:
+            scores = self._call(sent, version)
         if scores is None:  # no cloud: the best answer this edge has is its own, degraded
             for f, s in items:
                 if not s.audit:  # (an audited frame has its answer)
@@ -98,25 +108,32 @@ class CloudStage:
             return
         for (f, s), answer in zip(items, ExitPipeline.cloud(scores, sent), strict=True):
             if not s.audit:
-                self._answer(f, answer, step="cloud")
+                self._answer(f, answer, degraded=degraded, step="cloud")
             self._taught(f, s, answer)
 
-    def _call(self, sent: list[ToCloud], version: str) -> np.ndarray | None:
-        """The cloud's scores for ``sent``, or None when it cannot give them (counted)."""
+    def _call(self, sent: list[ToCloud], version: str, escalated: bool = False
+              ) -> np.ndarray | None:
+        """The cloud's scores for ``sent`` (from the escalated model, with the details), or
+        None when it cannot give them (counted)."""
         if self.cloud is None or not self.cloud.available():
             return None
         t0 = time.perf_counter()
+        features = np.concatenate([s.features for s in sent])
         try:
-            scores, _ = self.cloud.infer(np.concatenate([s.features for s in sent]), version,
-                                         entropy=False)  # computed here from the scores
+            if escalated:
+                scores = self.cloud.infer_escalated(
+                    features, np.concatenate([s.detail for s in sent]), version)
+            else:  # (the entropy is computed here from the scores)
+                scores, _ = self.cloud.infer(features, version, entropy=False)
             classes = len(sent[0].fallback.scores)
             if scores.shape != (len(sent), classes) or not np.isfinite(scores).all():
                 raise CloudError(f"cloud answered scores of shape {scores.shape} (expected "
                                  f"{(len(sent), classes)}) or not finite")
         except UnknownVersion as e:
-            self.metrics.cloud.inc(outcome="unknown_version")
-            if self._unknown(version):  # once per version, not per batch
-                log.error("%s; its frames are answered from the edge exit, degraded", e)
+            self.metrics.cloud.inc(outcome="no_escalated" if escalated else "unknown_version")
+            if self._unknown((version, escalated)):  # once per version, not per batch
+                log.error("%s; its frames are answered from the %s, degraded", e,
+                          "plain cloud segment" if escalated else "edge exit")
             return None
         except CloudError:
             self.metrics.cloud.inc(outcome="error")

@@ -107,7 +107,8 @@ class Ingest:
                  on_received: Callable[[str, int, int, int], None] = _ignore,
                  on_drop: Callable[[str, str | None, float | None], None] = _ignore,
                  on_status: Callable[[str, bool], None] = _ignore,
-                 on_clock: Callable[[str], None] = _ignore):
+                 on_clock: Callable[[str], None] = _ignore,
+                 on_detail: Callable[[int, int, np.ndarray], None] | None = None):
         self.assembler, self.topics = assembler, topics
         self.devices = list(devices)
         self.views = {d: i for i, d in enumerate(self.devices)}
@@ -120,6 +121,7 @@ class Ingest:
         # (reason, device or None, lag in seconds or None) of a dropped message
         self._on_drop = on_drop
         self._on_clock = on_clock  # (device) of a message stamped far from the edge's clock
+        self._on_detail = on_detail  # (view, frame, detail) of a pulled detail (escalation)
         self._skewed = LogThrottle()  # devices whose clock was found off (warned once each)
         self._on_status = on_status  # (device, online) of a status change
         self._logged = LogThrottle()  # drop reasons: one line each
@@ -286,6 +288,10 @@ class Ingest:
         if e.kind == MessageType.FEATURES:
             x = self._tensor(e, m.codec["device_features"], self._feature_shape)
             return a.add_features(view, e.frame, x, captured, now)
+        if e.kind == MessageType.DETAIL and m.escalated is not None and self._on_detail:
+            shape = (1, *m.devices[view].output("detail").sample_shape)
+            self._on_detail(view, e.frame, self._tensor(e, m.codec["device_detail"], shape))
+            return None
         raise Drop("malformed", f"a device cannot send {kind} messages")
 
     def _scores(self, view: int, frame: int, scores: tuple[float, ...], captured: float,

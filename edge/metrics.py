@@ -57,7 +57,7 @@ class EdgeMetrics:
                                       ("device",))
         self.missing = r.counter("ddnn_edge_missing_views_total",
                                  "Views a frame expected but fused without, by stage", ("stage",))
-        self.requests = r.counter("ddnn_edge_feature_requests_total", "Feature pulls published")
+        self._pulls(r)
         self.cloud = r.counter("ddnn_edge_cloud_requests_total",
                                "Calls to the cloud, by outcome", ("outcome",))
         self.cloud_up = r.gauge("ddnn_edge_cloud_up", "1 while the cloud answers, else 0")
@@ -78,6 +78,13 @@ class EdgeMetrics:
 
         # Compute times of segments, observed once the frame's result is out (not on its path).
         self._computed: collections.deque[tuple[str, float]] = collections.deque()
+
+    def _pulls(self, r: Registry) -> None:
+        """What the edge asks of the devices."""
+        self.requests = r.counter("ddnn_edge_feature_requests_total", "Feature pulls published")
+        self.detail_requests = r.counter("ddnn_edge_detail_requests_total",
+                                         "Detail pulls published (frames escalated to the cloud "
+                                         "with their cameras' detail)")
 
     def _conduct(self, r: Registry) -> None:
         """Devices that misbehave (docs/security.md)."""

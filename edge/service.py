@@ -107,7 +107,8 @@ class EdgeService:
             cloud = CloudClient(link.url, f"{runtime.manifest.name}-cloud", token=link.token,
                                 timeout=link.timeout, retry=cloud_retry, ca_file=link.ca_file,
                                 cert_file=link.cert_file, key_file=link.key_file,
-                                codec=runtime.manifest.codec["edge_features"])
+                                codec=runtime.manifest.codec["edge_features"],
+                                escalated=f"{runtime.manifest.name}-escalated")
         return cls(settings, runtime, cloud=cloud, sinks=sinks, max_inflight=max_inflight)
 
     def _sinks(self, topics: Topics) -> list[ResultSink]:

@@ -155,9 +155,8 @@ def _register_architecture(t, d) -> None:
     t.add_argument("--escalate", default=SUPPRESS, choices=["view", "stem", "none"],
                    help="the detail the cloud reads besides the edge features for a frame "
                    "still unsure after the edge exit, from every present camera: 'view', its "
-                   "image at reduced resolution; 'stem', its stem's activations; 'none' "
-                   f"(default: {d.escalate}, until the live tiers escalate; the measured "
-                   "escalation uses 'view')")
+                   "image at reduced resolution; 'stem', its stem's activations; 'none': no "
+                   f"escalated cloud (default: {d.escalate})")
     t.add_argument("--escalate-pool", type=int, default=SUPPRESS,
                    help=f"the view's reduction, K x K average pooling (default: "
                    f"{d.escalate_pool})")

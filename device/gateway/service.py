@@ -217,12 +217,15 @@ class GatewayService:
             self.local.publish(topic, payload, wire.qos, retain=wire.retain)
 
     def _remember_pull(self, payload: bytes) -> None:
-        """Which views the edge pulled for a frame: its features' group waits for them."""
+        """Which views the edge pulled for a frame: its features' (or details') group waits for
+        them."""
         try:
             e = env.decode(payload)
         except DecodeError:
             return  # the devices drop and count it
-        if e.kind != MessageType.REQUEST or e.codec != "binary" or len(e.payload) > MAX_MASK:
+        # (a detail pull names its senders the same way; their details travel as features)
+        if (e.kind not in (MessageType.REQUEST, MessageType.DETAIL_REQUEST)
+                or e.codec != "binary" or len(e.payload) > MAX_MASK):
             return
         with self._lock:
             self._pulled[e.frame] = e.payload

@@ -43,9 +43,11 @@ def write_federated_bundle(start: Bundle, arch: dict, weights: Weights, out: str
         specs = export_segments(model, staging, m.input_shape)
         training = {**m.training, "federation": federation,
                     "started_from": {"name": m.name, "version": m.version}}
+        level = 0  # the sites' tables calibrate level 0 only (federated/calibration.py)
         if calibration is None:  # no site had held-out data: keep the thresholds it had
             thresholds, cal = dict(m.thresholds), {"federated": False,
                                                    "kept_from": m.version}
+            level = m.escalation_level
         else:
             thresholds = {"local": calibration.local, "edge": calibration.edge}
             cal = {**calibration.to_dict(), "federated": True,
@@ -53,7 +55,7 @@ def write_federated_bundle(start: Bundle, arch: dict, weights: Weights, out: str
 
         def manifest(ts: dict[str, float], calibration_section: dict):
             return build_manifest(model, specs, m.name, version, m.classes, m.input_shape, ts,
-                                  training, calibration_section)
+                                  training, calibration_section, escalation_level=level)
 
         write_manifest(staging, manifest({"local": 0.0, "edge": 0.0}, {}))
         check_against_onnx(model, load_bundle(staging))

@@ -88,14 +88,49 @@ def _initializers(path: Path) -> dict[str, np.ndarray]:
     return out
 
 
-def _segments(model: DDNN, bundle: Bundle) -> list[tuple[str, torch.nn.Module, Path]]:
+def _unfolded(trunk: torch.nn.Module, path: Path) -> dict[str, np.ndarray]:
+    """The escalated cloud's view trunk as weights of its modules: its export folded each batch
+    norm into the convolution before it (unnamed ``onnx::Conv_*`` weight and bias, in graph
+    order), which a batch norm of unit scale and variance and zero mean gives back exactly."""
+    import onnx
+    from onnx import numpy_helper
+
+    graph = onnx.load(str(path)).graph
+    inits = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in graph.initializer}
+    folded = [(inits[n.input[1]], inits[n.input[2]]) for n in graph.node
+              if n.op_type == "Conv" and len(n.input) == 3 and n.input[1].startswith("onnx::")]
+    pairs, conv = [], None
+    for name, mod in trunk.named_modules():
+        if isinstance(mod, torch.nn.Conv2d):
+            conv = name
+        elif isinstance(mod, torch.nn.BatchNorm2d) and conv is not None:
+            pairs.append((conv, name, mod.eps))
+            conv = None
+    if len(folded) != len(pairs):
+        raise BundleError(f"{path.name}: {len(folded)} folded convolutions, the network has "
+                          f"{len(pairs)}; this network cannot be rebuilt from its ONNX files")
+    out = {}
+    for (weight, bias), (conv, bn, eps) in zip(folded, pairs, strict=True):
+        out[f"trunk.{conv}.weight"] = weight
+        out[f"trunk.{bn}.weight"] = np.ones_like(bias)
+        out[f"trunk.{bn}.bias"] = bias
+        out[f"trunk.{bn}.running_mean"] = np.zeros_like(bias)
+        out[f"trunk.{bn}.running_var"] = np.full_like(bias, 1.0 - eps)
+    return out
+
+
+def _segments(model: DDNN, bundle: Bundle) -> list[tuple[torch.nn.Module, Path, str]]:
+    """Each segment's module, its ONNX file and the prefix its weights have there."""
     m = bundle.manifest
-    parts = [(f"devices.{i}.", dev, bundle.file(m.devices[i])) for i, dev in
-             enumerate(model.devices)]
+    # A device that escalates is exported wrapped (export._WithDetail): its weights are named
+    # under "device." in its file.
+    wrapped = "device." if m.escalated is not None else ""
+    parts = [(dev, bundle.file(m.devices[i]), wrapped) for i, dev in enumerate(model.devices)]
     if model.local is not None and m.local is not None:
-        parts.append(("local.", model.local, bundle.file(m.local)))
-    parts += [("edge.", model.edge, bundle.file(m.edge)),
-              ("cloud.", model.cloud, bundle.file(m.cloud))]
+        parts.append((model.local, bundle.file(m.local), ""))
+    parts += [(model.edge, bundle.file(m.edge), ""), (model.cloud, bundle.file(m.cloud), "")]
+    if model.escalated is not None and m.escalated is not None:
+        parts.append((model.escalated, bundle.file(m.escalated), ""))
     return parts
 
 
@@ -104,16 +139,19 @@ def model_from_bundle(path: str | Path, check: bool = True) -> DDNN:
     bundle = load_bundle(path)
     model = build_model(architecture(bundle))
     with torch.no_grad():
-        for _, module, onnx_file in _segments(model, bundle):
+        for module, onnx_file, prefix in _segments(model, bundle):
             inits = _initializers(onnx_file)
+            if module is model.escalated:
+                inits.update(_unfolded(module.trunk, onnx_file))  # type: ignore[union-attr]
             for name, t in [*module.named_parameters(), *module.named_buffers()]:
                 if not t.is_floating_point():
                     continue
-                if name not in inits or inits[name].shape != tuple(t.shape):
+                value = inits.get(prefix + name)
+                if value is None or value.shape != tuple(t.shape):
                     raise BundleError(f"{bundle.path}: {onnx_file.name} holds no weight {name} "
                                       f"of shape {tuple(t.shape)}; this network cannot be "
                                       "rebuilt from its ONNX files")
-                t.copy_(torch.from_numpy(inits[name]))
+                t.copy_(torch.from_numpy(value))
     model.eval()
     if check:
         check_against_onnx(model, bundle)

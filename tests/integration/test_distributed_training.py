@@ -41,7 +41,7 @@ def _train(data, out, *extra, procs=1, env=None):
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={procs}", "-m", "ddnn"]
-    # Escalation on, as these tests were written: the escalated exit teaches the others (without
+    # Escalation on (the default, explicit here): the escalated exit teaches the others (without
     # it, one 4-epoch run with the fp16 hook left the cloud exit 9 points under one process's).
     cmd += ["train", "--data", str(data), "--out", str(out), "--epochs", EPOCHS, "--threads", "1",
             "--no-progress", "--json", "--device", "cpu", "--escalate", "view", *extra]

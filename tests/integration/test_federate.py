@@ -45,7 +45,9 @@ def sites(tmp_path_factory):
         save_dataset(path, synthesize(180, cfg, seed=10 + i))
     save_dataset(root / "test.npz", synthesize(120, cfg, seed=12))
     start = root / "start"
-    build_bundle(paths[0], start, DDNNConfig(epochs=1, batch_size=64, seed=0),
+    # Without escalation: the federation's mechanics and bytes, measured on a small model (an
+    # escalating bundle's rebuild is tested in tests/unit/test_federated_site.py).
+    build_bundle(paths[0], start, DDNNConfig(epochs=1, batch_size=64, seed=0, escalate="none"),
                  name="tiny", version="1.9", progress=False, log=lambda *_: None)
     return root, paths, start
 

@@ -28,3 +28,14 @@ def test_each_tier_reports_its_share_and_its_accuracy():
     assert rows["local"][1:5] == ["2", "0.400", "0.500", "1.000"]
     assert rows["edge"][1:5] == ["3", "0.600", "0.250", "0.667"]
     assert rows["cloud"][1:5] == ["0", "0.000", "0.250", "-"]
+
+
+def test_a_frame_no_camera_saw_is_left_out_of_every_accuracy():
+    labels = np.array([0, 1, 2])
+    results = {0: {"frame": 0, "class": 0, "exit": "local", "latency_ms": 1.0},
+               1: {"frame": 1, "class": None, "exit": "none", "latency_ms": 1.0},
+               2: {"frame": 2, "class": 1, "exit": "cloud", "latency_ms": 1.0}}
+    ds = SimpleNamespace(num_samples=3, label=labels)
+    s = _summary(results, ds, _offline(), 60.0, SimpleNamespace(name="demo", version="1"))
+    assert s["no_view"] == 1 and s["live_accuracy"] == 0.5
+    assert s["accuracy_by_exit"] == {"local": 1.0, "edge": None, "cloud": 0.0}

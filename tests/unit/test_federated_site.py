@@ -142,3 +142,13 @@ def test_stop_when_ends_local_training_at_the_first_check_that_says_so(tiny_bund
     done = fit(arch, start, site, LocalTraining(epochs=3), stop_when=lambda w: seen.append(1)
                or len(seen) == 2, check_steps=2)
     assert done.stopped and done.steps == 4 and len(seen) == 2
+
+
+def test_an_escalating_bundle_is_rebuilt_from_its_onnx_files(kinds_repository):
+    """Its devices' weights are named under the detail wrapper, and its escalated cloud's view
+    trunk had each batch norm folded into its convolution: both come back, and torch gives
+    every exit of the bundle, the escalated one included (model_from_bundle checks parity)."""
+    from ddnn.models.federated.weights import model_from_bundle
+
+    model = model_from_bundle(kinds_repository / "esc")
+    assert model.escalated is not None

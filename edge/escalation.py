@@ -1,0 +1,168 @@
+"""Escalation: a frame still unsure after the edge exit brings the cloud its cameras' detail.
+
+A bundle that escalates (``manifest.escalated``, at ``manifest.escalation_level`` 1, as
+calibration chose) has a cloud that answers best from the edge features *and* the senders'
+details (each camera's view at reduced resolution, :mod:`ddnn.hierarchy`). For a frame its exit
+leaves, the edge pulls those details: one ``DETAIL_REQUEST`` on its requests topic names the
+senders (every present view, or the ``escalation_views`` whose scores are surest:
+:func:`ddnn.hierarchy.surest_views`, the same choice as ``ddnn evaluate``), each answers with
+its kept ``DETAIL``, and the frame goes on to the cloud stage with the details in the bundle's
+slot order (:meth:`~ddnn.runtime.BundleRuntime.escalated`'s input). A detail that misses the
+deadline leaves its slot zero (the network trained with views missing); it is counted
+(``ddnn_edge_missing_views_total{stage="detail"}``), and the view stays among the result's
+fused views (its scores and features were). Thread-safe: details arrive on the MQTT thread,
+frames come from the worker (or the MQTT thread), deadlines run on the worker.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ddnn import envelope as env
+from ddnn.aggregation import aggregate
+from ddnn.edge.frame import Drop, Frame
+from ddnn.edge.metrics import EdgeMetrics
+from ddnn.edge.pipeline import ToCloud
+from ddnn.envelope import MessageType
+from ddnn.exits import entropy_of_logits
+from ddnn.topics import DELIVERY
+
+MAX_WAITING = 4096  # frames waiting for details at once: more go up without (bounded memory)
+
+
+@dataclass
+class Escalating:
+    """A frame waiting for its senders' details."""
+
+    frame: Frame
+    sent: ToCloud
+    senders: tuple[int, ...]  # views asked, in slot order (surest first, or view order)
+    deadline: float  # monotonic
+    details: dict[int, np.ndarray] = field(default_factory=dict)  # view -> (1, c, r, r)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.details) == len(self.senders)
+
+
+def senders(scores: dict[int, object], k: int) -> tuple[int, ...]:
+    """The views whose details an escalated frame brings: every view that sent scores, or
+    (``k`` > 0) the ``k`` of them whose scores are surest, surest first, ties to the lower view
+    (:func:`ddnn.hierarchy.surest_views`, over the scores as the edge received them)."""
+    present = sorted(scores)
+    if not k or not present:
+        return tuple(present)
+    rows = np.stack([np.asarray(scores[v], np.float32) for v in present])
+    entropy = entropy_of_logits(rows)
+    order = np.argsort(entropy, kind="stable")[:k]
+    return tuple(present[i] for i in order)
+
+
+class DetailPulls:
+    """Pulls the details of escalated frames and hands them on with ``to_cloud(frame, sent)``.
+
+    ``publish(topic, payload, qos)`` sends the pulls on ``topic`` (None: nobody can be asked,
+    as over HTTP, and frames go up without details); ``deadline``: seconds a frame waits for
+    them.
+    """
+
+    def __init__(self, publish: Callable[[str, bytes, int], object] | None, topic: str,
+                 metrics: EdgeMetrics, deadline: float,
+                 to_cloud: Callable[[Frame, ToCloud], None]):
+        self._publish, self.topic, self.metrics = publish, topic, metrics
+        self.deadline, self._to_cloud = deadline, to_cloud
+        self._waiting: dict[int, Escalating] = {}
+        self._lock = threading.Lock()
+
+    def send_up(self, f: Frame, sent: ToCloud) -> None:
+        """A frame the edge exit left goes up: with its cameras' details where its bundle
+        version escalates (an audit only checks an early exit: the plain cloud does that)."""
+        m = f.pipeline.manifest  # type: ignore[attr-defined]
+        if sent.audit or m.escalated is None or m.escalation_level < 1 or m.views < 2:
+            self._to_cloud(f, sent)
+        else:
+            self._escalate(f, sent, m)
+
+    def _escalate(self, f: Frame, sent: ToCloud, m) -> None:
+        """Pull the frame's details (it goes on when they are in, or at the deadline)."""
+        asked = senders(f.scores, m.escalation_views)
+        if self._publish is None or not asked or len(self._waiting) >= MAX_WAITING:
+            self._to_cloud(f, self._with_details(f, sent, asked, {}, m))
+            return
+        with self._lock:
+            self._waiting[f.id] = Escalating(f, sent, asked, time.monotonic() + self.deadline)
+        self._request(f.id, asked, m)
+
+    def _request(self, frame: int, views: tuple[int, ...], m) -> None:
+        mask = np.full(m.views, -1.0, np.float32)
+        mask[list(views)] = 1.0
+        req = env.pack(MessageType.DETAIL_REQUEST, version=m.version, frame=frame, tensor=mask,
+                       codec="binary")
+        self._publish(self.topic, env.encode(req), DELIVERY["requests"].qos)  # type: ignore[misc]
+        self.metrics.detail_requests.inc()
+
+    def add(self, view: int, frame: int, detail: np.ndarray) -> None:
+        """A device's detail of ``frame`` (MQTT thread); a Drop when it was not asked for."""
+        with self._lock:
+            e = self._waiting.get(frame)
+            if e is None or view not in e.senders:
+                raise Drop("unrequested", f"detail of view {view} for frame {frame} was not "
+                                          "pulled (or came after its deadline)", view=view)
+            if view in e.details:
+                raise Drop("duplicate", f"detail of view {view} of frame {frame} arrived twice")
+            e.details[view] = detail
+            if not e.complete:
+                return
+            del self._waiting[frame]
+        self._send(e)
+
+    def expire(self, now: float) -> None:
+        """Send on the frames whose details are past their deadline, with those that came."""
+        with self._lock:
+            due = [e for e in self._waiting.values() if e.deadline <= now]
+            for e in due:
+                del self._waiting[e.frame.id]
+        for e in due:
+            late = len(e.senders) - len(e.details)
+            self.metrics.missing.inc(late, stage="detail")
+            self._send(e)
+
+    def again(self) -> None:
+        """Pull again what the waiting frames still miss (after a reconnection)."""
+        with self._lock:
+            waiting = [(e.frame, tuple(v for v in e.senders if v not in e.details))
+                       for e in self._waiting.values()]
+            now = time.monotonic()
+            for e in self._waiting.values():
+                e.deadline = now + self.deadline
+        for f, views in waiting:
+            if views:
+                self._request(f.id, views, f.pipeline.manifest)  # type: ignore[attr-defined]
+
+    def _send(self, e: Escalating) -> None:
+        m = e.frame.pipeline.manifest  # type: ignore[attr-defined]
+        self._to_cloud(e.frame, self._with_details(e.frame, e.sent, e.senders, e.details, m))
+
+    @staticmethod
+    def _with_details(f: Frame, sent: ToCloud, asked: tuple[int, ...],
+                      details: dict[int, np.ndarray], m) -> ToCloud:
+        """``sent`` with the details in the bundle's slots: slot i holds the i-th sender's
+        (``escalation_views``) or view i's (every view), zeros where none came."""
+        shape = m.devices[0].output("detail").sample_shape
+        slots = m.escalation_views or m.views
+        x = np.zeros((1, slots, *shape), np.float32)
+        present = np.zeros((1, slots), bool)
+        for i, v in enumerate(asked):
+            slot = i if m.escalation_views else v
+            if v in details:
+                x[0, slot] = np.reshape(details[v], shape)
+                present[0, slot] = True
+        return replace(sent, detail=aggregate(x, present, "concat"))
+
+    def __len__(self) -> int:
+        return len(self._waiting)
