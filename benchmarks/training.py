@@ -1,9 +1,11 @@
 """Training on the default generated set: time, per-exit accuracy, exit fractions, bytes.
 
-Two baselines, same run, same data: bytes against raw offload (every present view sent as an
-8-bit image), and accuracy against the raw-offload reference, a float CNN trained by
-``ddnn train --baseline`` on the full images of every present view (``models.baseline``; a
-bundle of kind ``raw``). The ``tiers`` benchmark does the same on every set over two seeds.
+Trains where ``ddnn train`` does by default (CUDA with bf16 autocast when a GPU is present, else
+the CPU) and records which in ``trained_on``. Two baselines, same run, same data: bytes against
+raw offload (every present view sent as an 8-bit image), and accuracy against the raw-offload
+reference, a float CNN trained by ``ddnn train --baseline`` on the full images of every present
+view (``models.baseline``; a bundle of kind ``raw``). The ``tiers`` benchmark does the same on
+every set over two seeds.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         "dataset": {"train": str(ws.train), "test": str(ws.test), "samples": result["samples"]},
         "train_seconds": train_seconds,  # `ddnn train` wall time (the loop alone if cached)
         "epochs": manifest["training"]["epochs"],
+        # `ddnn train --device auto`: CUDA with bf16 autocast where a GPU is present
+        "trained_on": {k: manifest["training"].get(k) for k in ("device", "precision")},
         "eval_seconds": round(eval_seconds, 2),
         "evaluation": result,
         "raw_offload_reference": raw,

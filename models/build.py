@@ -62,7 +62,7 @@ def split_data(data: str | Path, val_data: str | Path | None, cfg: DDNNConfig):
 
 def _training_summary(data, val_data, cfg: DDNNConfig, train_ds: MultiViewDataset,
                       val_ds: MultiViewDataset, result, torch_val, stop_samples: int,
-                      world: int) -> dict:
+                      dist: Distributed) -> dict:
     """The manifest's training section: data, epochs, time, per-exit validation accuracy."""
     return {
         "data": str(data),
@@ -70,7 +70,9 @@ def _training_summary(data, val_data, cfg: DDNNConfig, train_ds: MultiViewDatase
         "train_samples": train_ds.num_samples,
         "val_samples": val_ds.num_samples,
         "stop_samples": stop_samples,
-        "processes": world,
+        "processes": dist.world,
+        "device": str(dist.device),  # where it ran (--device auto: CUDA when present)
+        "precision": dist.precision,
         "epochs": cfg.epochs,
         "epochs_run": len(result.history),
         "best_epoch": result.best_epoch,
@@ -116,7 +118,7 @@ def build_bundle(
         return None
     try:
         return _export_bundle(result, full, train_ds, val_ds, stop_ds.num_samples, out, cfg,
-                              data, val_data, name, version, dist.world)
+                              data, val_data, name, version, dist)
     finally:
         dist.close()
 
@@ -129,7 +131,7 @@ def scores_record(device_scores: np.ndarray, present: np.ndarray) -> dict:
 
 
 def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data, val_data,
-                   name, version, world) -> dict:
+                   name, version, dist) -> dict:
     model = result.model.cpu()
     staging = staging_dir(out)
     try:
@@ -137,7 +139,7 @@ def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data,
         # After the export: it rounds the device weights to the float16 their files store.
         torch_val = predict(model, val_ds)
         training = _training_summary(data, val_data, cfg, train_ds, val_ds, result, torch_val,
-                                     stop_samples, world)
+                                     stop_samples, dist)
 
         def manifest(thresholds: dict[str, float], calibration: dict, level: int = 0):
             return build_manifest(model, specs, name, version, full.classes,

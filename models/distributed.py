@@ -37,6 +37,11 @@ class Distributed:
     def main(self) -> bool:
         return self.rank == 0
 
+    @property
+    def precision(self) -> str:
+        """The arithmetic of the forward passes: bf16 or fp16 autocast, else fp32."""
+        return {torch.bfloat16: "bf16", torch.float16: "fp16"}.get(self.amp_dtype, "fp32")
+
     @classmethod
     def from_env(cls, cfg: DDNNConfig) -> Distributed:
         cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())

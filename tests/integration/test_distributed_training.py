@@ -66,6 +66,7 @@ def test_two_gloo_processes_match_one(easy_data, one_process, tmp_path):
     one = one_process
     two = _train(easy_data, tmp_path / "two", procs=2)
     assert two["training"]["processes"] == 2 and one["training"]["processes"] == 1
+    assert one["training"]["device"] == "cpu" and one["training"]["precision"] == "fp32"
     assert two["training"]["train_samples"] == one["training"]["train_samples"]
     assert (tmp_path / "two" / "manifest.json").is_file()
     assert abs(_overall(two) - _overall(one)) <= 0.01 + 1e-9, (_overall(one), _overall(two))
@@ -79,6 +80,7 @@ def test_compressed_gradients_and_bf16_keep_the_accuracy(easy_data, one_process,
     config = two["training"]["config"]
     assert config["comm_hook"] == (extra[1] if extra[0] == "--comm-hook" else "none")
     assert config["cpu_amp"] == (extra == ("--cpu-amp",))
+    assert two["training"]["precision"] == ("bf16" if extra == ("--cpu-amp",) else "fp32")
     # Within a few points of one process in full precision, on every exit.
     for tier, acc in one_process["validation"]["accuracy"].items():
         assert two["validation"]["accuracy"][tier] >= acc - 0.03, (tier, one_process, two)

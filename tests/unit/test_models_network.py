@@ -141,6 +141,14 @@ def test_training_batches_cover_every_sample_once_and_never_hold_one_alone(sampl
     assert samples == 1 or min(len(b) for b in batches) > 1
 
 
+def test_precision_names_the_autocast_the_manifest_records():
+    from ddnn.models.distributed import Distributed
+
+    assert Distributed.from_env(DDNNConfig(device="cpu")).precision == "fp32"
+    assert Distributed.from_env(DDNNConfig(device="cpu", cpu_amp=True)).precision == "bf16"
+    assert Distributed(amp_dtype=torch.float16).precision == "fp16"  # CUDA without bf16
+
+
 def test_device_file_stores_float16_weights_and_computes_as_torch(tmp_path):
     onnx = pytest.importorskip("onnx")
     ort = pytest.importorskip("onnxruntime")
