@@ -92,7 +92,7 @@ class DetailPulls:
         """Pull the frame's details (it goes on when they are in, or at the deadline)."""
         asked = senders(f.scores, m.escalation_views)
         if self._publish is None or not asked or len(self._waiting) >= MAX_WAITING:
-            self._to_cloud(f, self._with_details(f, sent, asked, {}, m))
+            self._to_cloud(f, self._with_details(sent, asked, {}, m))
             return
         with self._lock:
             self._waiting[f.id] = Escalating(f, sent, asked, time.monotonic() + self.deadline)
@@ -146,10 +146,10 @@ class DetailPulls:
 
     def _send(self, e: Escalating) -> None:
         m = e.frame.pipeline.manifest  # type: ignore[attr-defined]
-        self._to_cloud(e.frame, self._with_details(e.frame, e.sent, e.senders, e.details, m))
+        self._to_cloud(e.frame, self._with_details(e.sent, e.senders, e.details, m))
 
     @staticmethod
-    def _with_details(f: Frame, sent: ToCloud, asked: tuple[int, ...],
+    def _with_details(sent: ToCloud, asked: tuple[int, ...],
                       details: dict[int, np.ndarray], m) -> ToCloud:
         """``sent`` with the details in the bundle's slots: slot i holds the i-th sender's
         (``escalation_views``) or view i's (every view), zeros where none came."""
