@@ -12,8 +12,9 @@ edge codec) in three ways, one after another on the same server:
   ``{name}-cloud``, lean headers, ``scores`` only (the edge computes the entropy);
 * ``packed``: today's client against today's cloud: the features packed in the bundle's codec
   to ``{name}-cloud-packed``, negotiated once per version (that one metadata request is
-  reported apart, not spread over the frames); a lone frame goes as a raw binary request (no
-  JSON header).
+  reported apart, not spread over the frames), on the cloud's lean route (``/lean/{model}/{v}``:
+  the packed rows in, the scores' FP32 bytes out, no JSON and no header but the lengths and
+  the host; docs/cloud.md).
 
 Bytes per frame are a request's bytes divided by its frames; the scores of the packed and FP32
 paths are checked to be bit-identical. For a lone packed frame the exchange is also split into
@@ -137,7 +138,9 @@ def _parts(message: bytes) -> dict[str, int]:
     head, _, body = message.partition(b"\r\n\r\n")
     headers = {k.strip().lower(): v.strip() for k, _, v in
                (line.partition(b":") for line in head.split(b"\r\n")[1:])}
-    json_length = int(headers.get(oip.HEADER_LENGTH.lower().encode(), len(body)))
+    json_body = b"json" in headers.get(b"content-type", b"")  # else raw bytes (the lean route)
+    json_length = int(headers.get(oip.HEADER_LENGTH.lower().encode(),
+                                  len(body) if json_body else 0))
     return {"start_line_and_headers": len(head) + 4, "json_header": json_length,
             "tensor_bytes": len(body) - json_length}
 
@@ -229,7 +232,9 @@ def run(out_dir: Path, bundle: Path, quick: bool = False) -> dict:
         "counted": "HTTP bytes each way through a loopback relay (request line, headers, body; "
                    "TCP/IP framing excluded); bytes per frame = a request's bytes / its frames",
         "note": "the server no longer sends 'server: uvicorn' (19 bytes per response); "
-                "fp32_before is measured against this server, so it does not count them",
+                "fp32_before is measured against this server, so it does not count them. The "
+                "packed way uses the lean route where the cloud offers it (no date, no "
+                "content-type, no JSON header in its answers)",
         "machine": {"cpus": os.cpu_count(), "platform": platform.platform()},
         "summary": summary, "results": results, "ratios": ratios, "aims": aims,
     }
