@@ -223,9 +223,14 @@ def run(out_dir: Path, bundle: Path, quick: bool = False) -> dict:
     } for b in BATCHES}
     summary = {f"batch_{b}": {w: round(results[w][str(b)]["bytes_per_frame"], 1)
                               for w in results} for b in BATCHES}
+    # The most any framing could give: the FP32 exchange over the packed features alone (int8
+    # features, a quarter of FP32, cannot reach 16× however lean the HTTP around them).
+    row = info["lone_frame_breakdown"]["packed"]["request"]["tensor_bytes"]
     aims = {f"16x_fewer_bytes_per_frame_batch_{b}": {
         "target": AIM, "measured": ratios[f"batch_{b}"]["before_over_packed"],
-        "met": ratios[f"batch_{b}"]["before_over_packed"] >= AIM} for b in BATCHES}
+        "met": ratios[f"batch_{b}"]["before_over_packed"] >= AIM,
+        "bound_without_framing": results["fp32_before"][str(b)]["bytes_per_frame"] / row}
+        for b in BATCHES}
     result = {
         "benchmark": "edge_cloud_bytes", "bundle": str(bundle), "quick": quick,
         "requests_per_point": requests, **info,
