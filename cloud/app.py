@@ -24,7 +24,7 @@ from ddnn.cloud.access import Access
 from ddnn.cloud.bundles import add_bundle_routes
 from ddnn.cloud.service import CloudService
 from ddnn.cloud.settings import CloudSettings
-from ddnn.oip import JSON_TYPE, OipError, PayloadTooLargeError, error_body
+from ddnn.oip import JSON_TYPE, LEAN_ROUTE, OipError, PayloadTooLargeError, error_body
 from ddnn.plumbing.metrics import CONTENT_TYPE
 
 log = logging.getLogger(__name__)
@@ -35,11 +35,19 @@ _INFLATE_CHUNK = 1 << 20
 _TRITON_TYPES = {"BOOL": "TYPE_BOOL", "FP32": "TYPE_FP32", "UINT8": "TYPE_UINT8"}
 INFER_PATHS = ("/v2/models/{model_name}/infer",
                "/v2/models/{model_name}/versions/{model_version}/infer")
+# ddnn's lean route (docs/cloud.md): a raw binary request answered by the raw bytes of the
+# model's first output and its length alone; a client opts in by calling it.
+LEAN_PATHS = (f"{LEAN_ROUTE}/{{model_name}}", f"{LEAN_ROUTE}/{{model_name}}/{{model_version}}")
 _INFER_DOC = {"requestBody": {"required": True, "description": (
     "A v2 inference request: JSON tensors, or a JSON header followed by binary tensors (then "
     "`Inference-Header-Content-Length` gives the header's length and each binary tensor its "
     "`binary_data_size`)."), "content": {"application/json": {"schema": {"type": "object"}},
                                        "application/octet-stream": {}}}}
+_LEAN_DOC = {"requestBody": {"required": True, "description": (
+    "The raw bytes of the model's one input, a whole number of samples (a raw binary request). "
+    "The answer is the raw bytes of the model's first output (`scores`: FP32, little-endian, "
+    "one row per sample) with no header but its length."),
+    "content": {"application/octet-stream": {}}}}
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
@@ -231,10 +239,20 @@ def add_inference_routes(app: FastAPI, service: CloudService) -> None:
                                                body, request.headers)
         return Response(content, headers=headers)
 
+    async def lean_endpoint(request: Request) -> Response:
+        params = request.path_params
+        body = await read_body(request, settings.max_body_bytes)
+        content, _ = await service.infer(params["model_name"], params.get("model_version"),
+                                         body, request.headers, lean=True)
+        return Response(content)  # no media type: content-length is the one header
+
     # The hot path skips FastAPI's parameter solving (a third of a request's server time with
     # one-sample requests): plain Starlette routes, matched first. The FastAPI routes below are
     # never reached; they document the same paths on the OpenAPI page.
-    app.router.routes[:0] = [Route(path, infer_endpoint, methods=["POST"]) for path in INFER_PATHS]
+    app.router.routes[:0] = [Route(path, endpoint, methods=["POST"])
+                             for paths, endpoint in ((INFER_PATHS, infer_endpoint),
+                                                     (LEAN_PATHS, lean_endpoint))
+                             for path in paths]
 
     @app.post(INFER_PATHS[0], summary="Inference", tags=["inference"], openapi_extra=_INFER_DOC)
     @app.post(INFER_PATHS[1], summary="Inference on a model version", tags=["inference"],
@@ -242,6 +260,14 @@ def add_inference_routes(app: FastAPI, service: CloudService) -> None:
     async def infer(model_name: str, request: Request, model_version: str | None = None
                     ) -> Response:
         return await infer_endpoint(request)
+
+    @app.post(LEAN_PATHS[0], summary="Lean inference (ddnn extension)", tags=["inference"],
+              openapi_extra=_LEAN_DOC)
+    @app.post(LEAN_PATHS[1], summary="Lean inference on a model version (ddnn extension)",
+              tags=["inference"], openapi_extra=_LEAN_DOC)
+    async def lean_infer(model_name: str, request: Request, model_version: str | None = None
+                         ) -> Response:
+        return await lean_endpoint(request)
 
     @app.post("/v2/repository/index", summary="Repository index, failed bundles included",
               tags=["repository"])

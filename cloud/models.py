@@ -115,8 +115,10 @@ class ServedModel:
             "platform": PLATFORM,
             "inputs": [t.to_dict() for t in self.inputs],
             "outputs": [t.to_dict() for t in self.outputs],
+            # lean: the model answers ddnn's lean route (one input; docs/cloud.md)
             "parameters": {"bundle": self.bundle_name,
-                           "classes": list(self.runtime.manifest.classes)},
+                           "classes": list(self.runtime.manifest.classes),
+                           **({"lean": True} if self.raw_input is not None else {})},
         }
 
     # --- decode → predict → encode ------------------------------------------------------------

@@ -12,6 +12,9 @@ runs, and a client sending a header byte every few seconds holds its connection 
   of the headers — else ``408`` and close — and ``body_timeout`` seconds from there to the end
   of the body, else the connection is closed (the route sees a disconnected client).
 
+On ddnn's lean route (:data:`ddnn.oip.LEAN_ROUTE`) the answer goes without uvicorn's ``date``
+header: a client that opted in to the lean form reads its length alone.
+
 It also hands the routes what TLS says of the client, as the ASGI TLS extension
 (``scope["extensions"]["tls"]``, its ``client_cert_name`` in RFC 4514 form): whose client
 certificate this connection presented, for :mod:`ddnn.cloud.access`'s role checks.
@@ -29,7 +32,7 @@ import ssl
 import time
 from dataclasses import dataclass
 
-from ddnn.oip import JSON_TYPE, error_body
+from ddnn.oip import JSON_TYPE, LEAN_ROUTE, error_body
 
 log = logging.getLogger(__name__)
 
@@ -96,6 +99,12 @@ def tls_extension(transport) -> dict | None:
     return {"server_cert": None, "client_cert_chain": [ssl.DER_cert_to_PEM_cert(der)] if der
             else [], "client_cert_name": rfc4514(cert["subject"]) if cert else None,
             "client_cert_error": None, "tls_version": None, "cipher_suite": None}
+
+
+def _lean(scope) -> bool:
+    """Whether a request is for ddnn's lean route (:data:`ddnn.oip.LEAN_ROUTE`)."""
+    path, root = scope.get("path", ""), scope.get("root_path", "")
+    return path[len(root):].startswith(LEAN_ROUTE + "/") if path.startswith(root) else False
 
 
 def httptools_available() -> bool:
@@ -201,6 +210,11 @@ class _Guard:
         self._in_head = False
         self._arm(self.limits.body_timeout, self._body_timed_out)
         super().on_headers_complete()
+        cycle = self.cycle  # the request's, unless the parser answered or upgraded it
+        if cycle is not None and cycle.scope is self.scope and _lean(self.scope):
+            # The lean route answers with its length alone: every byte crosses the edge's WAN
+            # link, and a client that opted in reads no date (the v2 routes keep theirs).
+            cycle.default_headers = [h for h in cycle.default_headers if h[0] != b"date"]
 
     def on_message_complete(self) -> None:
         self._disarm()

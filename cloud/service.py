@@ -23,13 +23,21 @@ from ddnn.cloud.models import ServedModel
 from ddnn.cloud.repository import Failure, ModelRepository
 from ddnn.cloud.settings import CloudSettings
 from ddnn.errors import ConfigError
-from ddnn.oip import HEADER_LENGTH, InferRequest, OipError, decode_request, encode_response
+from ddnn.oip import (
+    HEADER_LENGTH,
+    InferRequest,
+    OipError,
+    decode_request,
+    encode_raw_response,
+    encode_response,
+)
 
 log = logging.getLogger(__name__)
 
 # Bodies larger than this are parsed (and packed features unpacked) in a worker thread so the
 # event loop keeps serving.
 _PARSE_OFF_LOOP = 1 << 20
+_RAW_REQUEST = {HEADER_LENGTH: "0"}  # how the lean route's body is read
 
 
 class CloudService:
@@ -114,10 +122,16 @@ class CloudService:
     # --- inference --------------------------------------------------------------------------------
 
     async def infer(self, name: str, version: str | None, body: bytes | bytearray,
-                    headers: Mapping[str, str]) -> tuple[bytes, dict[str, str]]:
-        """Answer one inference request body; raises :class:`OipError` for the client's mistakes."""
+                    headers: Mapping[str, str], *, lean: bool = False
+                    ) -> tuple[bytes, dict[str, str]]:
+        """Answer one inference request body; raises :class:`OipError` for the client's mistakes.
+        ``lean`` (the lean route): the body is a raw binary request whatever the headers say, and
+        the answer the raw bytes of the model's first output, with no headers."""
         start = time.perf_counter()
-        encoding = "binary" if headers.get(HEADER_LENGTH) is not None else "json"
+        if lean:
+            encoding, headers = "lean", _RAW_REQUEST
+        else:
+            encoding = "binary" if headers.get(HEADER_LENGTH) is not None else "json"
         model: ServedModel | None = None
         code = 500
         try:
@@ -129,8 +143,12 @@ class CloudService:
                 else:
                     request, inputs, size = _parse(model, body, headers)
             outputs = await batcher.submit(inputs, size)
-            answer = encode_response(model.name, model.version, model.encode(request, outputs),
-                                     request_id=request.id, binary_outputs=request.binary_outputs)
+            if lean:
+                answer = encode_raw_response(outputs[model.outputs[0].name]), {}
+            else:
+                answer = encode_response(model.name, model.version, model.encode(request, outputs),
+                                         request_id=request.id,
+                                         binary_outputs=request.binary_outputs)
             code = 200
             return answer
         except OipError as e:

@@ -13,6 +13,11 @@ model's one input, and every output is answered binary. Everything is validated 
 length against body length, datatype and shape against byte count, JSON structure — and any
 problem raises :class:`OipError` with a message fit to return to the caller. The limits and the
 parsing of tensors live in :mod:`ddnn.oip_body`; their public names are re-exported here.
+
+ddnn's *lean route* (``POST /lean/{model}[/{version}]``, docs/cloud.md) is the raw binary request
+answered in kind: the body is the raw bytes of the model's first output
+(:func:`encode_raw_response` / :func:`decode_raw_response`), no JSON and no header but its length.
+A client opts in by calling that route; the v2 routes answer as the protocol says.
 """
 
 from __future__ import annotations
@@ -66,6 +71,7 @@ __all__ = [
     "EDGE_FEATURES_PACKED",
     "HEADER_LENGTH",
     "JSON_TYPE",
+    "LEAN_ROUTE",
     "MAX_BODY",
     "MAX_DIM",
     "MAX_JSON_BYTES",
@@ -80,14 +86,19 @@ __all__ = [
     "PayloadTooLargeError",
     "check_json_size",
     "datatype_of",
+    "decode_raw_response",
     "decode_request",
     "decode_response",
     "encode_raw_request",
+    "encode_raw_response",
     "encode_request",
     "encode_response",
     "error_body",
     "json_array_limit",
 ]
+
+# The lean route's prefix (a ddnn extension, not part of the v2 protocol).
+LEAN_ROUTE = "/lean"
 
 
 # --- server side --------------------------------------------------------------------------------
@@ -209,6 +220,13 @@ def encode_response(model_name: str, model_version: str, outputs: dict[str, np.n
     return _assemble(obj, chunks)
 
 
+def encode_raw_response(x: np.ndarray) -> bytes:
+    """The lean route's answer: ``x``'s bytes, row-major, little-endian, nothing else."""
+    x = np.asarray(x)
+    datatype_of(x.dtype)
+    return np.ascontiguousarray(x.astype(x.dtype.newbyteorder("<"), copy=False)).tobytes()
+
+
 def error_body(message: str) -> bytes:
     """The protocol's error object."""
     return json.dumps({"error": message}).encode()
@@ -252,6 +270,20 @@ def encode_raw_request(x: np.ndarray) -> tuple[bytes, dict[str, str]]:
     datatype_of(x.dtype)  # a datatype the protocol has
     le = x.astype(x.dtype.newbyteorder("<"), copy=False)
     return np.ascontiguousarray(le).tobytes(), {HEADER_LENGTH: "0"}
+
+
+def decode_raw_response(body: bytes | bytearray, rows: int, datatype: str) -> np.ndarray:
+    """A lean route's answer to ``rows`` samples: ``(rows, n)`` values of ``datatype``, ``n``
+    taken from the body's size (which must hold as many values for each row, at least one)."""
+    dtype = DATATYPES[datatype]
+    if len(body) > MAX_BODY:
+        raise PayloadTooLargeError(f"response body of {len(body)} bytes exceeds the limit of "
+                                   f"{MAX_BODY}")
+    if rows < 1 or not body or len(body) % (rows * dtype.itemsize):
+        raise OipError(f"a raw answer of {len(body)} bytes does not hold {rows} rows of "
+                       f"{datatype} values")
+    n = len(body) // (rows * dtype.itemsize)
+    return _from_bytes(memoryview(body), dtype, (rows, n), "raw answer")
 
 
 def decode_response(body: bytes, headers: Mapping[str, str]) -> dict[str, np.ndarray]:

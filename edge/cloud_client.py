@@ -7,7 +7,10 @@ for). The features go packed in the bundle's edge codec to ``{name}-cloud-packed
 (``edge_features_packed``: 1 bit per value for binary features, 32× fewer bytes than FP32) when
 the cloud serves that model for the version with the edge's codec, else as FP32 to
 ``{name}-cloud``: negotiated once per version from the packed model's metadata, and a cloud that
-refuses packed features (400, or 404: the model went away) gets FP32 from then on. One
+refuses packed features (400, or 404: the model went away) gets FP32 from then on. Packed
+features that want ``scores`` alone go to the cloud's lean route where the packed model's
+metadata says it answers there (``POST {cloud}/lean/{name}-cloud-packed/{v}``: the packed rows
+in, the scores' FP32 bytes out, no JSON and a header or two: docs/cloud.md). One
 keep-alive connection, a timeout, an optional bearer token, and a circuit breaker: after a
 failure the edge stops calling for a backoff that doubles up to ``retry.maximum``, then tries
 again by itself.
@@ -64,6 +67,7 @@ class _Packing:
     codec: FeatureCodec
     sample_shape: tuple[int, ...]
     row_bytes: int
+    lean: bool = False  # the model answers the lean route, and its first output is FP32 scores
 
     def pack(self, x: np.ndarray) -> np.ndarray | None:
         """``x``'s rows, or None when unpacking them would not give back ``x`` bit for bit
@@ -135,9 +139,14 @@ class CloudClient:
                              f"DDNN_EDGE_CLOUD_TOKEN to the cloud's --token ({data[:200]!r})")
         return status, data, resp_headers
 
-    def _post(self, version: str | None, name: str, x: np.ndarray, outputs: list[str]
-              ) -> tuple[int, bytes, dict[str, str]]:
+    def _post(self, version: str | None, name: str, x: np.ndarray, outputs: list[str], *,
+              lean: bool = False) -> tuple[int, bytes, dict[str, str]]:
         packed = name == oip.EDGE_FEATURES_PACKED
+        if lean:  # the packed rows in, the scores out, raw: the fewest bytes on the WAN
+            path = f"{self._cloud.path.rstrip('/')}{oip.LEAN_ROUTE}/{self.model}-packed"
+            if version is not None:
+                path += f"/{urllib.parse.quote(version, safe='')}"
+            return self._request("POST", path, oip.encode_raw_request(x)[0], {})
         if packed and len(x) == 1:
             # A lone frame to the packed model (one input): a raw binary request, no JSON at
             # all; its answer holds every output, binary. Bytes on the WAN.
@@ -155,13 +164,14 @@ class CloudClient:
         outputs = ["scores", "entropy"] if entropy else ["scores"]
         with self._lock:
             try:
-                status, data, resp_headers = self._send(x, version, outputs)
+                status, data, resp_headers, lean = self._send(x, version, outputs)
                 if status == 404 and version is not None:
                     raise UnknownVersion(f"cloud does not serve {self.model} version {version}: "
                                          f"{data[:200]!r}")
                 if status != 200:
                     raise CloudError(f"cloud answered {status}: {data[:200]!r}")
-                out = oip.decode_response(data, resp_headers)
+                out = ({"scores": oip.decode_raw_response(data, len(x), "FP32")} if lean
+                       else oip.decode_response(data, resp_headers))
                 scores = out.get("scores")
                 if scores is None or scores.shape[0] != len(x):
                     raise CloudError("cloud response lacks scores for every frame")
@@ -206,14 +216,16 @@ class CloudClient:
         return np.asarray(scores, np.float32)
 
     def _send(self, x: np.ndarray, version: str | None, outputs: list[str]
-              ) -> tuple[int, bytes, dict[str, str]]:
-        """Post ``x`` packed where negotiated (FP32 again after a 400 or 404), else as FP32."""
+              ) -> tuple[int, bytes, dict[str, str], bool]:
+        """Post ``x`` packed where negotiated (FP32 again after a 400 or 404), else as FP32;
+        the answer, and whether it came from the lean route (raw scores)."""
         packing = self._negotiate(version)
         rows = packing.pack(x) if isinstance(packing, _Packing) else None
         if rows is not None:
-            answer = self._post(version, oip.EDGE_FEATURES_PACKED, rows, outputs)
+            lean = packing.lean and outputs == ["scores"]
+            answer = self._post(version, oip.EDGE_FEATURES_PACKED, rows, outputs, lean=lean)
             if answer[0] not in (400, 404):
-                return answer
+                return (*answer, lean)
             log.warning("cloud refused packed features for %s version %s (%s, %s); sending FP32 "
                         "to this version from now on", self.model, version, answer[0],
                         answer[1][:200])
@@ -221,7 +233,7 @@ class CloudClient:
         answer = self._post(version, oip.EDGE_FEATURES, x, outputs)
         if packing is _ABSENT and answer[0] == 200:  # the version is served, unpacked
             self._remember(version, None)
-        return answer
+        return (*answer, False)
 
     def _negotiate(self, version: str | None) -> _Packing | object | None:
         """How ``version`` takes packed features, from the metadata of ``{model}-packed`` at
@@ -247,7 +259,8 @@ class CloudClient:
             self._packing.clear()
         self._packing[version] = packing
         log.info("cloud %s version %s: edge features go %s", self.model, version,
-                 f"packed ({self.codec.kind}, {packing.row_bytes} bytes per frame)"
+                 f"packed ({self.codec.kind}, {packing.row_bytes} bytes per frame"
+                 f"{', lean route' if packing.lean else ''})"
                  if packing else "as FP32 (the cloud serves no packed model for this codec)")
 
     def ready(self) -> bool:
@@ -279,9 +292,14 @@ class CloudClient:
 
 
 def _advertised(metadata: bytes, codec: FeatureCodec) -> _Packing | None:
-    """The packed model's one input, from its metadata, if it takes ``codec``."""
+    """The packed model's one input, from its metadata, if it takes ``codec``; and whether the
+    model answers the lean route with FP32 scores."""
     try:
-        (meta,) = json.loads(metadata)["inputs"]
+        doc = json.loads(metadata)
+        (meta,) = doc["inputs"]
+        first = (doc.get("outputs") or [{}])[0]
+        lean = ((doc.get("parameters") or {}).get("lean") is True
+                and first.get("name") == "scores" and first.get("datatype") == "FP32")
         params = meta.get("parameters") or {}
         batch, *dims = params["unpacked_shape"]
         sample = tuple(int(d) for d in dims)
@@ -292,4 +310,4 @@ def _advertised(metadata: bytes, codec: FeatureCodec) -> _Packing | None:
             or params.get("codec") != codec.kind or batch != -1
             or meta.get("shape") != [-1, row_bytes]):
         return None
-    return _Packing(codec, sample, row_bytes)
+    return _Packing(codec, sample, row_bytes, lean)

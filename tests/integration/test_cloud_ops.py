@@ -55,9 +55,13 @@ def test_bearer_token_and_body_limit(cloud_server, tiny_bundle):
                                                  "Content-Encoding": "deflate"})
     assert r.status_code == 413 and "decompressed body" in r.json()["error"]
     assert httpx.post(infer, content=body, headers={**headers, **auth}).status_code == 200
+    lean = url + "/lean/tiny-cloud/1"  # the lean route: the same token, the same bound
+    assert httpx.post(lean, content=bytes(1024)).status_code == 401
+    assert httpx.post(lean, content=bytes(8 * 1024), headers=auth).status_code == 413
+    assert httpx.post(lean, content=bytes(1024), headers=auth).status_code == 200
     metrics = httpx.get(url + "/metrics", headers=auth).text
-    assert 'ddnn_cloud_errors_total{kind="unauthorized"} 4' in metrics
-    assert 'ddnn_cloud_errors_total{kind="too_large"} 3' in metrics
+    assert 'ddnn_cloud_errors_total{kind="unauthorized"} 5' in metrics
+    assert 'ddnn_cloud_errors_total{kind="too_large"} 4' in metrics
 
 
 @pytest.mark.skipif(shutil.which("openssl") is None, reason="needs the openssl command")

@@ -116,6 +116,38 @@ def test_a_raw_binary_request_goes_to_a_model_with_one_input(cloud_tiny_url, fea
     assert r.status_code == 400 and "needs a model with exactly one input" in r.text
 
 
+def test_the_lean_route_answers_raw_scores_with_their_length_alone(cloud_tiny_url, features):
+    """ddnn's lean route: a raw binary request in, the first output's bytes out, no JSON, no
+    date, no content type; errors as on the v2 routes. The v2 answer keeps its headers."""
+    rows = FeatureCodec("binary").encode_rows(features[:3])
+    want = _answer(cloud_tiny_url, {"edge_features": features[:3]}, model="tiny-cloud")["scores"]
+    meta = httpx.get(f"{cloud_tiny_url}/v2/models/tiny-cloud-packed/versions/1").json()
+    assert meta["parameters"]["lean"] is True and meta["outputs"][0]["name"] == "scores"
+    assert "lean" not in httpx.get(f"{cloud_tiny_url}/v2/models/tiny-full").json()["parameters"]
+    with httpx.Client(base_url=cloud_tiny_url) as client:  # one keep-alive connection
+        for path, body in (("/lean/tiny-cloud-packed/1", rows), ("/lean/tiny-cloud-packed", rows),
+                           ("/lean/tiny-cloud/1", features[:3])):
+            r = client.post(path, content=body.tobytes(), headers={oip.HEADER_LENGTH: "9"})
+            assert r.status_code == 200, r.text
+            assert list(r.headers) == ["content-length"]
+            assert _same(oip.decode_raw_response(r.content, 3, "FP32"), want)
+        v2 = client.post("/v2/models/tiny-cloud-packed/versions/1/infer",
+                         content=rows.tobytes(), headers={oip.HEADER_LENGTH: "0"})
+        assert v2.status_code == 200 and {"date", "content-type"} <= set(v2.headers)
+        for path, body, status, message in (
+                ("/lean/tiny-cloud-packed/1", rows.tobytes()[:-1], 400, "a whole number of"),
+                ("/lean/tiny-cloud-packed/1", b"", 400, "a whole number of"),
+                ("/lean/tiny-full/1", bytes(64), 400, "needs a model with exactly one input"),
+                ("/lean/tiny-nothing/1", rows.tobytes(), 404, "tiny-nothing"),
+                ("/lean/tiny-cloud-packed/7", rows.tobytes(), 404, "7")):
+            r = client.post(path, content=body)
+            assert r.status_code == status and message in r.json()["error"], (path, r.text)
+    with pytest.raises(oip.OipError, match="does not hold 3 rows"):
+        oip.decode_raw_response(want.tobytes()[:-4], 3, "FP32")
+    metrics = httpx.get(f"{cloud_tiny_url}/metrics").text
+    assert 'code="200",encoding="lean",model="tiny-cloud-packed",version="1"} 2' in metrics
+
+
 # --- the edge's client --------------------------------------------------------------------------
 
 
@@ -131,13 +163,21 @@ def test_the_edge_negotiates_packing_per_version(cloud_tiny_url, features):
         assert _same(scores, want) and _same(entropy, want_entropy)
         scores_only, none = packed.infer(features[:5], "1", entropy=False)
         assert none is None and _same(scores_only, want[:5])
-        # A lone frame travels as a raw binary request: its packed row and nothing else.
+        # Scores alone go on the lean route: the packed rows and nothing else, raw scores back;
+        # a lone frame that wants its entropy too goes as a v2 raw binary request.
         sent = []
         request = packed._cloud.request
         packed._cloud.request = lambda *a: sent.append(a) or request(*a)  # a spy on the wire
         one, none = packed.infer(features[7:8], "1", entropy=False)
         assert none is None and _same(one, want[7:8])
-        ((method, path, body, headers),) = sent
+        two, _ = packed.infer(features[7:9], "1", entropy=False)
+        assert _same(two, want[7:9])
+        one, one_entropy = packed.infer(features[7:8], "1")
+        assert _same(one, want[7:8]) and _same(one_entropy, want_entropy[7:8])
+        (_, lean, _, lean_headers), (_, lean2, body2, _), (method, path, body, headers) = sent
+        assert lean == lean2 == "/lean/tiny-cloud-packed/1"
+        assert not {oip.HEADER_LENGTH, "Content-Type"} & set(lean_headers)
+        assert body2 == FeatureCodec("binary").encode_rows(features[7:9]).tobytes()
         assert method == "POST" and path.endswith("/v2/models/tiny-cloud-packed/versions/1/infer")
         assert body == FeatureCodec("binary").encode_rows(features[7:8]).tobytes()
         assert headers[oip.HEADER_LENGTH] == "0" and "Content-Type" not in headers

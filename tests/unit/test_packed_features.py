@@ -190,7 +190,12 @@ def _metadata(model=None, **change) -> bytes:
 
 def test_the_edge_reads_the_advertised_packed_input():
     packing = _advertised(_metadata(), FeatureCodec("binary"))
-    assert packing == _Packing(FeatureCodec("binary"), SAMPLE, ROW)
+    assert packing == _Packing(FeatureCodec("binary"), SAMPLE, ROW, lean=True)
+    # A cloud without the lean route (or whose first output is not FP32 scores): packed, v2.
+    for change in ({"parameters": {}}, {"outputs": [{"name": "entropy", "datatype": "FP32"}]}):
+        meta = {**json.loads(_metadata()), **change}
+        packing = _advertised(json.dumps(meta).encode(), FeatureCodec("binary"))
+        assert packing == _Packing(FeatureCodec("binary"), SAMPLE, ROW, lean=False)
 
 
 @pytest.mark.parametrize("metadata", [
