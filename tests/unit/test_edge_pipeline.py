@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -202,3 +204,20 @@ def test_one_frame_averaged_in_plain_floats_is_numpy_bit_for_bit():
         assert np.array(agg, np.float32).tobytes() == expected[0].tobytes()
         assert got == pytest.approx(eta, rel=0, abs=1e-12)
         assert local_avg(x[0][present[0]].tolist(), threshold=got) is None
+
+
+def test_an_averaging_bundle_answers_one_frame_as_its_batch_does(tiny_bundle, wire):
+    """A bundle whose local exit averages: one frame in plain floats (its views come in any
+    order) gives the batch's numpy scores bit for bit, the same views and entropy."""
+    b = load_bundle(tiny_bundle)
+    b = replace(b, manifest=replace(b.manifest, aggregation={**b.manifest.aggregation,
+                                                             "local": "avg"}))
+    p = pipeline(BundleRuntime(b, threads=1), 1.0, 0.0)
+    assert p.plain_local
+    frames = [dict(reversed(frame(wire, i)[0].items())) for i in range(24)]
+    frames = [f for f in frames if f]
+    for scores, batched in zip(frames, p.local_many(frames), strict=True):
+        one = p.local(scores)
+        assert one.scores.tobytes() == batched.scores.tobytes()
+        assert one.entropy == pytest.approx(batched.entropy, rel=0, abs=1e-12)
+        assert one.views == batched.views
