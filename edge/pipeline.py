@@ -15,7 +15,9 @@ no threads, no MQTT, no metrics; compute times go to the ``on_segment`` hook.
 from __future__ import annotations
 
 import math
+import operator
 import time
+from array import array
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -73,7 +75,29 @@ def local_max(rows: Sequence[Sequence[float]], threshold: float
     same wherever η is not within GUARD of the threshold; there numpy decides. One frame costs
     microseconds this way, against tens for two dozen small numpy calls.
     """
-    agg = [max(column) for column in zip(*rows, strict=True)]
+    return _decided([max(column) for column in zip(*rows, strict=True)], threshold)
+
+
+def local_avg(rows: Sequence[Sequence[float]], threshold: float
+              ) -> tuple[list[float], float] | None:
+    """:func:`local_max` under avg aggregation (``rows``: the present views' float32 scores, in
+    view order).
+
+    The scores are exactly numpy's too: ``aggregate`` sums the views in float32, in view order,
+    from +0 (an absent view's zero changes no sum), then divides in float64 and rounds to
+    float32. Here each partial sum is taken in float64 and rounded to float32, which is the
+    float32 sum (a double holds more than twice a float's digits: one rounding, the same).
+    """
+    total: Sequence[float] = [0.0] * len(rows[0])
+    for row in rows:
+        total = array("f", map(operator.add, total, row)).tolist()
+    n = len(rows)
+    return _decided(array("f", [s / n for s in total]).tolist(), threshold)
+
+
+def _decided(agg: list[float], threshold: float) -> tuple[list[float], float] | None:
+    """``agg`` and its normalized entropy in plain floats, or None within GUARD of
+    ``threshold``."""
     top = max(agg)
     e = [math.exp(v - top) for v in agg]
     total = sum(e)
@@ -88,6 +112,9 @@ def local_max(rows: Sequence[Sequence[float]], threshold: float
     return agg, eta
 
 
+_PLAIN = {"max": local_max, "avg": local_avg}  # the local aggregations with a plain-float path
+
+
 class ExitPipeline:
     """The exits of one bundle version under one exit policy."""
 
@@ -98,10 +125,11 @@ class ExitPipeline:
         self._feature_shape = tuple(m.devices[0].output("features").sample_shape)
         self._absent = bytes(4 * m.num_classes)  # an absent view's row of scores: zeros
         self._on_segment = on_segment or (lambda step, seconds: None)
-        # One frame's local exit in plain floats where that decides exactly (local_max); then
-        # batching frames buys nothing (setting ``plain_local`` False forces numpy, for tests).
-        self.plain_local = (m.local is None and m.aggregation["local"] == "max"
-                            and m.num_classes >= 2)
+        # One frame's local exit in plain floats where that decides exactly (local_max,
+        # local_avg); then batching frames buys nothing (setting ``plain_local`` False forces
+        # numpy, for tests).
+        self._plain = _PLAIN.get(m.aggregation["local"])
+        self.plain_local = m.local is None and self._plain is not None and m.num_classes >= 2
 
     @property
     def classes(self) -> Sequence[str]:
@@ -117,8 +145,8 @@ class ExitPipeline:
         if self.plain_local and scores:
             t0 = time.perf_counter()
             threshold = self.policy.threshold("local")
-            decided = local_max([np.ravel(s).tolist() if isinstance(s, np.ndarray) else s
-                                 for s in scores.values()], threshold)
+            decided = self._plain([np.ravel(s).tolist() if isinstance(s, np.ndarray) else s
+                                   for _, s in sorted(scores.items())], threshold)
             if decided is not None:
                 agg, eta = decided
                 self._on_segment("local", time.perf_counter() - t0)

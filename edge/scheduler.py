@@ -2,12 +2,12 @@
 
 A frame readied by its last message runs at once on the thread that took that message (no
 queue, no thread to wake: the result is out a fraction of a millisecond after the last view).
-Where the local exit needs numpy or ONNX Runtime (an aggregation other than max, a local
-segment), frames readied less than :data:`INLINE_GAP` apart (a busy edge) go to the worker
-thread instead, which runs all that wait in one batch, their local exits in one vectorised
-call. The worker also expires deadlines. A frame goes as far as it can now: answered at the
-local exit, parked for the features it pulls, answered at the edge exit, or handed to the
-cloud stage.
+Where the local exit needs numpy or ONNX Runtime (concat aggregation, a local segment; max
+and avg run in plain floats), frames readied less than :data:`INLINE_GAP` apart (a busy edge)
+go to the worker thread instead, which runs all that wait in one batch, their local exits in
+one vectorised call. The worker also expires deadlines. A frame goes as far as it can now:
+answered at the local exit, parked for the features it pulls, answered at the edge exit, or
+handed to the cloud stage.
 """
 
 from __future__ import annotations

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
 from ddnn.aggregation import aggregate
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
-from ddnn.edge.pipeline import GUARD, Exit, ExitPipeline, Pull, ToCloud, local_max
+from ddnn.edge.pipeline import GUARD, Exit, ExitPipeline, Pull, ToCloud, local_avg, local_max
 from ddnn.exits import ExitPolicy, entropy_of_logits
 from ddnn.runtime import BundleRuntime, transmit
 
@@ -182,3 +184,40 @@ def test_one_frame_in_plain_floats_decides_as_numpy_does():
         assert got == pytest.approx(eta, rel=0, abs=1e-12)
         assert local_max(x[0].tolist(), threshold=got) is None
         assert local_max(x[0].tolist(), threshold=got + 2 * GUARD) is not None
+
+
+def test_one_frame_averaged_in_plain_floats_is_numpy_bit_for_bit():
+    """Under avg aggregation too: the views present (some absent, zeros and negative zeros
+    among the scores) averaged in plain floats give numpy's float32 scores bit for bit."""
+    rng = np.random.default_rng(8)
+    for _ in range(2000):
+        views, classes = rng.integers(1, 7), rng.integers(2, 12)
+        # scales apart within a frame: float32 sums that round
+        scale = rng.choice([1e-3, 0.1, 3, 3e3], size=(1, views, classes))
+        x = (rng.normal(size=(1, views, classes)) * scale).astype(np.float16).astype(np.float32)
+        x[rng.random(x.shape) < 0.1] = rng.choice([0.0, -0.0])
+        present = rng.random((1, views)) < 0.7
+        present[0, rng.integers(views)] = True
+        expected = aggregate(x, present, "avg")
+        eta = float(entropy_of_logits(expected)[0])
+        agg, got = local_avg(x[0][present[0]].tolist(), threshold=2.0)
+        assert np.array(agg, np.float32).tobytes() == expected[0].tobytes()
+        assert got == pytest.approx(eta, rel=0, abs=1e-12)
+        assert local_avg(x[0][present[0]].tolist(), threshold=got) is None
+
+
+def test_an_averaging_bundle_answers_one_frame_as_its_batch_does(tiny_bundle, wire):
+    """A bundle whose local exit averages: one frame in plain floats (its views come in any
+    order) gives the batch's numpy scores bit for bit, the same views and entropy."""
+    b = load_bundle(tiny_bundle)
+    b = replace(b, manifest=replace(b.manifest, aggregation={**b.manifest.aggregation,
+                                                             "local": "avg"}))
+    p = pipeline(BundleRuntime(b, threads=1), 1.0, 0.0)
+    assert p.plain_local
+    frames = [dict(reversed(frame(wire, i)[0].items())) for i in range(24)]
+    frames = [f for f in frames if f]
+    for scores, batched in zip(frames, p.local_many(frames), strict=True):
+        one = p.local(scores)
+        assert one.scores.tobytes() == batched.scores.tobytes()
+        assert one.entropy == pytest.approx(batched.entropy, rel=0, abs=1e-12)
+        assert one.views == batched.views
