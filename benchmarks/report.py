@@ -145,7 +145,7 @@ def table(result: dict, spec: Spec) -> list[str]:
     return lines
 
 
-def provenance(name: str, result: dict, spec: Spec) -> list[str]:
+def provenance(name: str, result: dict, spec: Spec, out_dir: Path) -> list[str]:
     """Reproduce / ran on / when / which bundle, from the ``run`` block ``ddnn bench`` adds."""
     run = result.get("run")
     lines = []
@@ -170,9 +170,25 @@ def provenance(name: str, result: dict, spec: Spec) -> list[str]:
         else:
             lines.append(f"- **Bundle:** {spec.bundle}")
     else:
-        lines.append(f"- **Ran:** before `ddnn bench` stamped its results: the JSON does not say "
-                     f"when (`git log docs/benchmarks/{name}.json` does); bundle: {spec.bundle}")
+        when = committed(out_dir / f"{name}.json")
+        when = f"last committed {when}" if when else "the JSON does not say when"
+        lines.append(f"- **Ran:** before `ddnn bench` stamped its results ({when}); bundle: "
+                     f"{spec.bundle}")
     return lines
+
+
+def committed(path: Path) -> str | None:
+    """When git last committed ``path`` (UTC), for results without a ``run`` block."""
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "log", "-1", "--date=format-local:%Y-%m-%d %H:%M",
+                              "--format=%cd", "--", path.name], cwd=path.parent,
+                             capture_output=True, text=True, timeout=10,
+                             env={"TZ": "UTC", "PATH": "/usr/bin:/bin"})
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{out.stdout.strip()} UTC" if out.returncode == 0 and out.stdout.strip() else None
 
 
 def aims(result: dict) -> list[str]:
@@ -203,7 +219,7 @@ def section(name: str, result: dict, spec: Spec | None, out_dir: Path) -> str:
     lines += [*table(result, spec), "", f"Baseline: {spec.baseline}", "", *aims(result)]
     plots = spec.plots or tuple(p.name for p in sorted(out_dir.glob(f"{name}*.png")))
     shown = [f"![{Path(p).stem}]({p})" for p in plots if (out_dir / p).exists()]
-    lines += [*shown, *([""] if shown else []), *provenance(name, result, spec),
+    lines += [*shown, *([""] if shown else []), *provenance(name, result, spec, out_dir),
               f"- **All figures:** [{name}.json]({name}.json)", ""]
     return "\n".join(lines)
 
