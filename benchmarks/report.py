@@ -232,18 +232,25 @@ def _setup(v: object) -> str:
     return number(v) if isinstance(v, float) else str(v)
 
 
-def budget(results: dict[str, dict], estimates: dict[str, str]) -> list[str]:
-    """The suite's time budget: measured wall times, and estimates for those without one."""
-    lines = ["| benchmark | wall time (min) | measured |", "|---|---|---|"]
+def index(results: dict[str, dict], specs: dict[str, Spec], estimates: dict[str, str],
+          out_dir: Path) -> list[str]:
+    """One line per benchmark: its question, when it ran, and its wall time (measured where
+    its JSON has a ``run`` block, else the estimate); the measured total is the suite's budget
+    without the estimates."""
+    lines = ["| benchmark | question | ran (UTC) | wall time (min) |", "|---|---|---|---|"]
     total = 0.0
     for name, result in results.items():
+        question = specs[name].question if name in specs else ""
         run = result.get("run")
         if run:
             total += run["wall_seconds"] / 60
-            lines.append(f"| {name} | {run['wall_seconds'] / 60:.1f} | {run['finished_utc']} |")
-        elif name in estimates:
-            lines.append(f"| {name} | {estimates[name]} | estimate |")
-    lines.append(f"| **measured total** | **{total:.0f}** | |")
+            ran, took = run["finished_utc"], f"{run['wall_seconds'] / 60:.1f}"
+        else:
+            when = committed(out_dir / f"{name}.json")
+            ran = f"not stamped; committed {when[:-4]}" if when else "not stamped"
+            took = f"estimate: {estimates[name]}" if name in estimates else "not measured"
+        lines.append(f"| [{name}](#{name}) | {question} | {ran} | {took} |")
+    lines.append(f"| **measured total** | | | **{total:.0f}** |")
     return lines
 
 
@@ -259,9 +266,7 @@ def write_readme(out_dir: Path) -> Path:
             continue
     order = [n for n in SPECS if n in results] + [n for n in results if n not in SPECS]
     results = {n: results[n] for n in order}
-    index = ["| benchmark | question |", "|---|---|"]
-    index += [f"| [{n}](#{n}) | {SPECS[n].question if n in SPECS else ''} |" for n in results]
-    parts = [INTRO, *budget(results, ESTIMATES), "", "## Benchmarks", "", *index, ""]
+    parts = [INTRO, *index(results, SPECS, ESTIMATES, out_dir), ""]
     parts += [section(n, r, SPECS.get(n), out_dir) for n, r in results.items()]
     readme = out_dir / "README.md"
     readme.write_text("\n".join(parts))

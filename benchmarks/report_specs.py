@@ -314,11 +314,12 @@ one (`--quick` for a smoke run of small data); the default generated dataset (15
 1000 test samples of MVMC's shape: 6 cameras, 3 classes, 32×32) and the default bundle are made
 once in `--work` (default `runs/bench`) and reused: delete it to retrain on new defaults.
 
-## Time budget
+## The benchmarks and the suite's time budget
 
-`ddnn bench` prints which benchmark runs (`== [i/n] name`), the time so far, each one's wall
-time and the total. The full suite's budget on the 2 shared cores is the sum below (measured
-where the JSON records it; the first benchmark of a fresh `--work` also trains the default bundle
-and the raw-offload reference, included in its time), plus `tiers`, which takes hours on 2 cores
-(run on a GPU machine: see its section).
+`ddnn bench` prints which benchmark runs and how far the suite is (`== [i/n] name (m min so
+far)`), each one's wall time and the total. The table gives each benchmark's wall time on the 2
+shared cores: measured where its JSON has a `run` block (the first benchmark of a fresh `--work`
+also trains the default bundle and the raw-offload reference, in its time), else an estimate.
+"Not stamped" results ran before `ddnn bench` recorded when and on which bundle: their sections
+say what is known.
 """

@@ -67,8 +67,9 @@ def test_the_readme_covers_every_json_and_sums_the_measured_wall_times(tmp_path)
     (tmp_path / "broken.json").write_text("{")
     readme = write_readme(tmp_path).read_text()
     assert "## soak" in readme and "## mystery" in readme and "broken" not in readme
-    assert "| soak | 1.5 | 2026-11-25 23:40 |" in readme
-    assert "| **measured total** | **2** | |" in readme
+    assert "| [soak](#soak) | Running the full hierarchy" in readme
+    assert "| 2026-11-25 23:40 | 1.5 |" in readme and "| not stamped | not measured |" in readme
+    assert "| **measured total** | | | **2** |" in readme
 
 
 def test_every_registered_benchmark_has_a_spec():
