@@ -113,6 +113,15 @@ def _stamp(out: Path, work: Path, name: str, quick: bool, seconds: float) -> dic
     return result
 
 
+def _last_time(out: Path, name: str) -> str:
+    """How long this benchmark took last time, from its JSON's run block: what to expect."""
+    try:
+        seconds = json.loads((out / f"{name}.json").read_text())["run"]["wall_seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f"; it took {seconds / 60:.1f} min last time"
+
+
 def _bench(args) -> int:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)  # the summary is written even if every run fails
@@ -122,8 +131,8 @@ def _bench(args) -> int:
     began = time.perf_counter()
     for i, name in enumerate(names, 1):
         elapsed = time.perf_counter() - began
-        print(f"== [{i}/{len(names)}] {name} ({elapsed / 60:.1f} min so far)", file=sys.stderr,
-              flush=True)
+        print(f"== [{i}/{len(names)}] {name} ({elapsed / 60:.1f} min so far"
+              f"{_last_time(out, name)})", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             result = _call(name, out, work, args.quick)

@@ -76,3 +76,20 @@ def test_every_registered_benchmark_has_a_spec():
     from ddnn.benchmarks.cli import BENCHMARKS
 
     assert set(BENCHMARKS) == set(SPECS)
+
+
+def test_bench_stamps_each_result_with_its_run_and_says_how_long_it_took_last_time(tmp_path):
+    from ddnn.benchmarks.cli import _last_time, _stamp
+
+    (tmp_path / "bundle").mkdir()
+    (tmp_path / "bundle" / "manifest.json").write_text(json.dumps({
+        "model": {"name": "mvmc", "version": "1"}, "created": "2026-11-25T23:20:00Z",
+        "escalation": {"level": 2, "views": 6}, "training": {"epochs": 60, "device": "cpu"}}))
+    (tmp_path / "soak.json").write_text(json.dumps({"answered": 3}))
+    assert _last_time(tmp_path, "soak") == ""
+    run = _stamp(tmp_path, tmp_path, "soak", False, 120.04)["run"]
+    assert run["wall_seconds"] == 120.0 and run["command"] == "ddnn bench --only soak"
+    assert run["machine"]["cpus"] and run["default_bundle"]["model"] == "mvmc:1"
+    assert run["default_bundle"]["escalation"]["level"] == 2
+    assert json.loads((tmp_path / "soak.json").read_text())["answered"] == 3
+    assert _last_time(tmp_path, "soak") == "; it took 2.0 min last time"
