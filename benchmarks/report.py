@@ -160,8 +160,8 @@ def provenance(name: str, result: dict, spec: Spec, out_dir: Path) -> list[str]:
         lines.append("- **Machine:** not recorded in its JSON (it ran before benchmarks "
                      "recorded one)")
     if run:
-        lines.append(f"- **Ran:** {run['finished_utc']} UTC, {run['wall_seconds'] / 60:.1f} "
-                     "min wall time")
+        lines.append(f"- **Ran:** finished {run['finished_utc']} UTC, "
+                     f"{run['wall_seconds'] / 60:.1f} min wall time")
         b = run.get("default_bundle")
         if b and "default bundle" in spec.bundle:
             esc = b.get("escalation") or {}
