@@ -91,8 +91,10 @@ def expand(result: dict, pattern: str) -> list[tuple[str, ...]]:
 
 def number(v: float) -> str:
     """A figure to about three significant digits, thousands separated."""
-    if isinstance(v, int):
-        return f"{v:,}"
+    if isinstance(v, int) or (v.is_integer() and 100 <= abs(v) < 1e12):
+        return f"{int(v):,}"
+    if v.is_integer() and abs(v) < 100:
+        return f"{int(v)}"
     a = abs(v)
     if a >= 1000:
         return f"{v:,.0f}"

@@ -84,8 +84,9 @@ PAPER_TABLES = Spec(
 
 DEVICE_FOOTPRINT = Spec(
     question="How much memory and time does a device agent need, and how big is its segment?",
-    baseline="per row: a Python process that imported torch; or the agent at an older commit "
-    "(`baseline_*` in the JSON) over the same onnxruntime floor; or a raw 8-bit frame.",
+    baseline="per row: a Python process that imported torch; the agent at an older commit over "
+    "the same onnxruntime floor (only with `DDNN_FOOTPRINT_BASELINE=REV`, `baseline_*` in the "
+    "JSON); a raw 8-bit frame. aarch64 only where `make test-arm64` built its userland.",
     label="figure",
     cols=(Col("this tree", "{0}"), Col("baseline", "{1}"),
           Col("this tree vs baseline", "{0}", base="{1}", how="ratio")),
