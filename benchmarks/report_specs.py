@@ -292,8 +292,8 @@ SPECS = {
 # The suite's time budget for benchmarks without a measured wall time in their JSON
 # (minutes on the 2 shared cores; tiers from its own docstring).
 ESTIMATES = {
-    "tiers": "hours (3 sets × 2 seeds × 3 trainings)",
-    "ablation": "~30 (5 trainings)",
+    "tiers": "hours (18 trainings)",
+    "ablation": "~30 (4 trainings beside the default bundle)",
     "paper_tables": "~15 (3 retrainings)",
     "federated": "~35 (central, FedAvg, DMA)",
     "edge_ingest": "~5",
@@ -315,12 +315,35 @@ one (`--quick` for a smoke run of small data); the default generated dataset (15
 1000 test samples of MVMC's shape: 6 cameras, 3 classes, 32×32) and the default bundle are made
 once in `--work` (default `runs/bench`) and reused: delete it to retrain on new defaults.
 
-## The benchmarks and the suite's time budget
+## The last rerun and what it ran on
+
+On 2026-11-25, 23:05-00:10 UTC, `runs/bench` was made afresh and the default bundle retrained
+with the defaults of the day (live escalation on: `--escalate view`; 60 epochs on the CPU),
+then every benchmark that uses it was rerun, and `drift` (its own small bundle), in up to three
+concurrent `ddnn bench` runs beside other work on the 2 cores (load average 5 to 8): wall times
+and latencies are upper bounds; ratios to the same run's baseline are what to read. Live
+escalation became the default on 2026-11-25 around 22:40 UTC: results committed before then
+("not stamped" below) ran on a bundle without it. Not rerun: `tiers` (run the same evening on a
+GPU machine; its table compares the escalation settings), `ablation`, `paper_tables` and
+`federated` (training-heavy), `edge_ingest` and `edge_cloud_bytes` (being rerun on other branches).
+
+**Time budget of the full suite** (`ddnn bench` in a fresh `--work` on the 2 shared cores):
+training the default bundle and the raw-offload reference, 37 and 40 min side by side under
+tonight's load (`train_seconds` and the reference's `seconds` in `training.json`; the previous
+bundle, without escalation, trained in 1.4 min on a quieter machine), not counted in the
+`training` row below; the nine rerun benchmarks, 19 min measured (the table's total); the
+estimates below for the others, about 1.5 h on a quiet machine and several times that under
+load; and `tiers`, hours on 2 cores (18 trainings), which is why it runs on a GPU machine. In
+all: about 2 h under tonight's load without `ablation`, `paper_tables`, `federated` and
+`tiers`; plan on half a day for everything on 2 cores.
+
+## The benchmarks
 
 `ddnn bench` prints which benchmark runs and how far the suite is (`== [i/n] name (m min so
 far)`), each one's wall time and the total. The table gives each benchmark's wall time on the 2
-shared cores: measured where its JSON has a `run` block (the first benchmark of a fresh `--work`
-also trains the default bundle and the raw-offload reference, in its time), else an estimate.
+shared cores: measured where its JSON has a `run` block (a fresh `--work` trains the default
+bundle and the raw-offload reference in the first benchmark that needs them; tonight they were
+trained apart, above), else an estimate.
 "Not stamped" results ran before `ddnn bench` recorded when and on which bundle: their sections
 say what is known.
 """
