@@ -93,8 +93,6 @@ def number(v: float) -> str:
     """A figure to about three significant digits, thousands separated."""
     if isinstance(v, int) or (v.is_integer() and 100 <= abs(v) < 1e12):
         return f"{int(v):,}"
-    if v.is_integer() and abs(v) < 100:
-        return f"{int(v)}"
     a = abs(v)
     if a >= 1000:
         return f"{v:,.0f}"
@@ -217,7 +215,7 @@ def section(name: str, result: dict, spec: Spec | None, out_dir: Path) -> str:
     shown = [f"{p.split('/')[-1]} {_setup(lookup(result, p))}" for p in spec.setup
              if lookup(result, p) is not None]
     if shown:
-        lines += ["Setup: " + "; ".join(shown) + ".", ""]
+        lines += ["Setup: " + "; ".join(shown).rstrip(".") + ".", ""]
     lines += [*table(result, spec), "", f"Baseline: {spec.baseline}", "", *aims(result)]
     plots = spec.plots or tuple(p.name for p in sorted(out_dir.glob(f"{name}*.png")))
     shown = [f"![{Path(p).stem}]({p})" for p in plots if (out_dir / p).exists()]

@@ -52,7 +52,7 @@ def test_a_section_has_question_table_baseline_aims_plot_command_machine_and_bun
     text = section("latency", RESULT, LATENCY, tmp_path)
     assert "**Question.** How long per exit?" in text
     assert "| exit | frames | p50 (ms) | p50 vs floor |" in text
-    assert "| local | 120 | 8 | 2× |" in text and "| cloud | 9 | 20 | 4× |" in text
+    assert "| local | 120 | 8 | 2× |" in text and "| cloud | 9 | 20.0 | 4× |" in text
     assert "Baseline: the floor." in text
     assert "✓ p50_within_2x (2 vs 2); ✗ fast" in text
     assert "![latency](latency.png)" in text
