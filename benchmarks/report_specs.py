@@ -321,7 +321,9 @@ On 2026-11-25, 23:05-00:10 UTC, `runs/bench` was made afresh and the default bun
 with the defaults of the day (live escalation on: `--escalate view`; 60 epochs on the CPU),
 then every benchmark that uses it was rerun, and `drift` (its own small bundle), in up to three
 concurrent `ddnn bench` runs beside other work on the 2 cores (load average 5 to 8): wall times
-and latencies are upper bounds; ratios to the same run's baseline are what to read. Live
+and latencies are upper bounds; ratios to the same run's baseline are what to read.
+`cloud_throughput` and `hierarchy_latency` were rerun alone at the end, since the concurrent
+runs had disturbed them. Live
 escalation became the default on 2026-11-25 around 22:40 UTC: results committed before then
 ("not stamped" below) ran on a bundle without it. Not rerun: `tiers` (run the same evening on a
 GPU machine; its table compares the escalation settings), `ablation`, `paper_tables` and
