@@ -333,7 +333,7 @@ GPU machine; its table compares the escalation settings), `ablation`, `paper_tab
 training the default bundle and the raw-offload reference, 37 and 40 min side by side under
 tonight's load (`train_seconds` and the reference's `seconds` in `training.json`; the previous
 bundle, without escalation, trained in 1.4 min on a quieter machine), not counted in the
-`training` row below; the nine rerun benchmarks, 19 min measured (the table's total); the
+`training` row below; the nine rerun benchmarks, 18 min measured (the table's total); the
 estimates below for the others, about 1.5 h on a quiet machine and several times that under
 load; and `tiers`, hours on 2 cores (18 trainings), which is why it runs on a GPU machine. In
 all: about 2 h under tonight's load without `ablation`, `paper_tables`, `federated` and
