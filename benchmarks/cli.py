@@ -72,6 +72,56 @@ def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     return module.run(out, ws.bundle, ws.test, quick=quick)
 
 
+def _bundle_facts(bundle: Path) -> dict | None:
+    """Which default bundle the run used: name, version, when made, escalation, training."""
+    try:
+        m = json.loads((bundle / "manifest.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    t = m.get("training", {})
+    return {
+        "path": str(bundle),
+        "model": f"{m['model']['name']}:{m['model']['version']}",
+        "created": m.get("created"),
+        "escalation": m.get("escalation"),  # absent: a bundle without live escalation
+        "training": {k: t.get(k) for k in ("preset", "samples", "epochs", "device", "precision")
+                     if k in t},
+    }
+
+
+def _stamp(out: Path, work: Path, name: str, quick: bool, seconds: float) -> dict | None:
+    """Add a ``run`` block to ``<name>.json``: when and where it ran, how long, which bundle,
+    and the command that reproduces it (the report shows these beside the figures)."""
+    from datetime import UTC, datetime
+
+    from ddnn.benchmarks.common import machine
+
+    path = out / f"{name}.json"
+    try:
+        result = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    result["run"] = {
+        "finished_utc": datetime.now(UTC).strftime("%Y-%m-%d %H:%M"),
+        "wall_seconds": round(seconds, 1),
+        "command": f"ddnn bench --only {name}" + (" --quick" if quick else ""),
+        "quick": quick,
+        "machine": result.get("machine") or machine(),
+        "default_bundle": _bundle_facts(work / "bundle"),
+    }
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
+def _last_time(out: Path, name: str) -> str:
+    """How long this benchmark took last time, from its JSON's run block: what to expect."""
+    try:
+        seconds = json.loads((out / f"{name}.json").read_text())["run"]["wall_seconds"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return ""
+    return f"; it took {seconds / 60:.1f} min last time"
+
+
 def _bench(args) -> int:
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)  # the summary is written even if every run fails
@@ -81,8 +131,8 @@ def _bench(args) -> int:
     began = time.perf_counter()
     for i, name in enumerate(names, 1):
         elapsed = time.perf_counter() - began
-        print(f"== [{i}/{len(names)}] {name} ({elapsed / 60:.1f} min so far)", file=sys.stderr,
-              flush=True)
+        print(f"== [{i}/{len(names)}] {name} ({elapsed / 60:.1f} min so far"
+              f"{_last_time(out, name)})", file=sys.stderr, flush=True)
         start = time.perf_counter()
         try:
             result = _call(name, out, work, args.quick)
@@ -101,6 +151,7 @@ def _bench(args) -> int:
             failed.append(name)
             continue
         took = time.perf_counter() - start
+        result = _stamp(out, work, name, args.quick, took) or result
         brief = {k: v for k, v in result.items() if k in ("ratios", "aims", "skipped", "summary")}
         print(f"   done in {took:.0f} s: {json.dumps(brief)[:400]}", file=sys.stderr)
     from ddnn.benchmarks.report import write_readme

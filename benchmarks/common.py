@@ -56,10 +56,10 @@ def workspace(root: Path, quick: bool = False, epochs: int | None = None) -> Wor
 def reference_bundle(ws: Workspace, quick: bool = False) -> Path:
     """The raw-offload reference (``ddnn train --baseline``) of the workspace's bundle: the same
     training file, name and epochs; trained once, unless already there."""
-    out = ws.root / "reference"
+    out = ws.root / "raw_reference"  # one reference for `training` and `raw_vs_hierarchy`
     if not (out / "manifest.json").exists():
-        args = ["train", "--baseline", "--data", str(ws.train), "--out", str(out), "--name",
-                "mvmc"]
+        args = ["train", "--baseline", "--data", str(ws.train), "--test", str(ws.test),
+                "--out", str(out), "--name", "mvmc", "--no-progress"]
         ddnn(*args, *(["--epochs", "5"] if quick else []))
     return out
 

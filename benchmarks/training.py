@@ -14,7 +14,7 @@ import json
 import time
 from pathlib import Path
 
-from ddnn.benchmarks.common import ddnn, machine, workspace, write_json
+from ddnn.benchmarks.common import machine, reference_bundle, workspace, write_json
 from ddnn.tools.evaluate import evaluate
 
 
@@ -58,9 +58,5 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
 def reference(ws, quick: bool) -> dict:
     """Train (once, cached) the raw-offload reference bundle on the same files and return its
     training summary, with ``test_accuracy`` on the test file."""
-    out = ws.root / "raw_reference"
-    if not (out / "manifest.json").is_file():
-        args = ["train", "--baseline", "--data", str(ws.train), "--test", str(ws.test),
-                "--out", str(out), "--name", "mvmc", "--no-progress"]
-        ddnn(*args, *(["--epochs", "5"] if quick else []))
+    out = reference_bundle(ws, quick)
     return json.loads((out / "manifest.json").read_text())["training"]
