@@ -325,9 +325,10 @@ and latencies are upper bounds; ratios to the same run's baseline are what to re
 `cloud_throughput` and `hierarchy_latency` were rerun alone at the end, since the concurrent
 runs had disturbed them. Live
 escalation became the default on 2026-11-25 around 22:40 UTC: results committed before then
-("not stamped" below) ran on a bundle without it. Not rerun: `tiers` (run the same evening on a
-GPU machine; its table compares the escalation settings), `ablation`, `paper_tables` and
-`federated` (training-heavy), `edge_ingest` and `edge_cloud_bytes` (being rerun on other branches).
+("not stamped" below) ran on a bundle without it. Not rerun with the others: `tiers` (run the
+same evening on a GPU machine; its table compares the escalation settings), `edge_ingest` and
+`edge_cloud_bytes` (rerun the same evening with the changes they measure, unstamped), and
+`ablation`, `paper_tables` and `federated` (training-heavy: still on the bundle of 2026-11-23).
 
 **Time budget of the full suite** (`ddnn bench` in a fresh `--work` on the 2 shared cores):
 training the default bundle and the raw-offload reference, 37 and 40 min side by side under
