@@ -130,7 +130,10 @@ class FeatureCodec:
                 raise CodecError(f"int8 scale {scale!r} overflows float32")
             return (q.astype(np.float32) * np.float32(scale)).reshape(shape)
         dtype = "<f2" if self.kind == "float16" else "<f4"
-        x = np.frombuffer(payload, dtype=dtype).astype(np.float32).reshape(shape)
+        # A NaN widened to float32 warns "invalid value" on some CPUs (aarch64): it is refused
+        # just below, so the warning says nothing more.
+        with np.errstate(invalid="ignore"):
+            x = np.frombuffer(payload, dtype=dtype).astype(np.float32).reshape(shape)
         if not np.isfinite(x).all():
             raise CodecError("decoded tensor holds NaN or infinite values")
         return x
