@@ -121,3 +121,10 @@ def test_few_bit_codecs_match_the_training_quantizer():
         rows = codec.encode_rows(q)
         assert rows.shape == (4, 16 * 4 * 4 * bits // 8)
         assert codec.decode_rows(rows, q.shape[1:]).tobytes() == q.tobytes()
+
+
+def test_a_float16_nan_is_refused_without_a_warning():
+    """0x7D00 is a float16 NaN: widening it warns "invalid value" on aarch64's numpy, which
+    pytest's -W error turned into a failure there (found by hypothesis on the emulated board)."""
+    with pytest.raises(CodecError, match="NaN"):
+        FeatureCodec("float16").decode(bytes(16) + b"\x00\x7d", (9,))
