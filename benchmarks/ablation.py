@@ -20,6 +20,7 @@ from ddnn.benchmarks.training import reference
 from ddnn.tools.evaluate import evaluate
 
 VARIANTS = {  # name → `ddnn train` flags on top of the defaults
+    "no_escalation": ["--escalate", "none"],  # the default before live escalation
     "no_distillation": ["--distill", "0"],
     "no_augmentation": ["--no-augment"],
     "narrow_device_stem": ["--device-stem", "8,8"],  # the default before float16 weights

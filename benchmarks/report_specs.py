@@ -327,8 +327,10 @@ runs had disturbed them. Live
 escalation became the default on 2026-11-25 around 22:40 UTC: results committed before then
 ("not stamped" below) ran on a bundle without it. Not rerun with the others: `tiers` (run the
 same evening on a GPU machine; its table compares the escalation settings), `edge_ingest` and
-`edge_cloud_bytes` (rerun the same evening with the changes they measure, unstamped), and
-`ablation`, `paper_tables` and `federated` (training-heavy: still on the bundle of 2026-11-23).
+`edge_cloud_bytes` (rerun the same evening with the changes they measure, unstamped),
+`ablation` (rerun at 00:14 on the lent GPU machine: its seven trainings at once there in 66 s,
+then the benchmark on them; escalation added to its variants), and `paper_tables` and
+`federated` (training-heavy: still on the bundle of 2026-11-23).
 
 **Time budget of the full suite** (`ddnn bench` in a fresh `--work` on the 2 shared cores):
 training the default bundle and the raw-offload reference, 37 and 40 min side by side under
