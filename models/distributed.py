@@ -128,8 +128,14 @@ class Distributed:
             tdist.barrier()
 
     def close(self) -> None:
+        """Leave the group together: every rank waits until all have finished (rank 0 exports
+        the bundle first). A rank that tore its group down while the other still ran aborted
+        now and then ("terminate called without an active exception", gloo, under load)."""
         if self.world > 1 and tdist.is_initialized():
-            tdist.destroy_process_group()
+            try:
+                tdist.barrier()
+            finally:
+                tdist.destroy_process_group()
 
 
 def _starts(n: int, step: int) -> list[int]:
