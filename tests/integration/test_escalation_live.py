@@ -4,7 +4,6 @@ the details on the wire as its byte accounting does."""
 
 from __future__ import annotations
 
-import functools
 import json
 import shutil
 from pathlib import Path
@@ -14,21 +13,16 @@ import pytest
 
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
-from ddnn.device.gateway.service import GatewayService
-from ddnn.device.gateway.settings import GatewaySettings
 from ddnn.edge.escalation import senders
 from ddnn.exits import entropy_of_logits
 from ddnn.runtime import BundleRuntime
 from ddnn.tools.broker import start_broker
 from tests.support.cloud import real_cloud
-from tests.support.data import mixed, mixed_thresholds
-from tests.support.hierarchy import REPLAY_WAIT, Edge, check_against_evaluate, run_devices
-from tests.support.polling import wait_for
+from tests.support.data import mixed_thresholds
+from tests.support.hierarchy import check_against_evaluate, replay
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
-
-wait_for = functools.partial(wait_for, timeout=REPLAY_WAIT)
 
 
 def at_level(src: Path, dst: Path, level: int, views: int = 0) -> Path:
@@ -54,26 +48,16 @@ def two_surest(tiny_data, tmp_path_factory) -> Path:
     return out
 
 
-def run_hierarchy(bundle: Path, data: Path, broker: str, deployment: str,
-                  thresholds: dict[str, float]) -> tuple[list[dict], object]:
-    with real_cloud(bundle) as cloud:
-        edge = Edge(bundle, broker, cloud.url, deployment=deployment, **mixed(thresholds))
-        try:
-            run_devices(bundle, data, broker, deployment=deployment)
-            wait_for(lambda: edge.agg.answered >= 120, what="120 results")
-        finally:
-            edge.stop()
-    return edge.agg.results, edge.agg.metrics
-
-
 @pytest.mark.parametrize("k", [0, 2], ids=["every-view", "two-surest"])
 def test_escalated_frames_answer_like_evaluate(mosquitto, kinds_repository, two_surest,
                                                tiny_data, tmp_path, k):
     trained = two_surest if k else kinds_repository / "esc"
     bundle = at_level(trained, tmp_path / "esc", 1, k)
     thresholds = mixed_thresholds(bundle, tiny_data.test)
-    results, m = run_hierarchy(bundle, tiny_data.test, mosquitto.url, f"esc{k}",
-                               thresholds)
+    with real_cloud(bundle) as cloud:
+        edge, _ = replay(bundle, tiny_data.test, mosquitto.url, cloud.url,
+                         deployment=f"esc{k}", thresholds=thresholds)
+    results, m = edge.agg.results, edge.agg.metrics
     expected = check_against_evaluate(results, bundle, tiny_data.test, thresholds)
     assert expected["escalation"]["level"] == 1
     assert load_bundle(bundle).manifest.escalation_views == k
@@ -109,12 +93,8 @@ def test_a_cloud_without_the_escalated_model_answers_degraded(mosquitto, kinds_r
     d["segments"].pop("escalated", None)
     (plain / "manifest.json").write_text(json.dumps(d, indent=2))
     with real_cloud(plain) as cloud:
-        edge = Edge(bundle, mosquitto.url, cloud.url, deployment="plain", **mixed(thresholds))
-        try:
-            run_devices(bundle, tiny_data.test, mosquitto.url, deployment="plain")
-            wait_for(lambda: edge.agg.answered >= 120, what="120 results")
-        finally:
-            edge.stop()
+        edge, _ = replay(bundle, tiny_data.test, mosquitto.url, cloud.url, deployment="plain",
+                         thresholds=thresholds)
     results, m = edge.agg.results, edge.agg.metrics
     assert sorted(r["frame"] for r in results) == list(range(120))
     up = [r for r in results if r["exit"] == "cloud"]
@@ -139,18 +119,9 @@ def test_devices_behind_a_gateway_escalate_too(mosquitto, kinds_repository, tiny
     groups pulled features: the answers are evaluate's, no detail misses its deadline."""
     bundle = at_level(kinds_repository / "esc", tmp_path / "esc", 1)
     thresholds = mixed_thresholds(bundle, tiny_data.test)
-    devices = ("cam0", "cam1", "cam2")
     with start_broker(prefer="mosquitto") as site, real_cloud(bundle) as cloud:
-        edge = Edge(bundle, mosquitto.url, cloud.url, deployment="gwesc",
-                    gateways=(("gw0", devices),), **mixed(thresholds))
-        gateway = GatewayService(GatewaySettings(local=site.url, broker=mosquitto.url,
-                                                 deployment="gwesc", coalesce_ms=200))
-        try:
-            with gateway:
-                run_devices(bundle, tiny_data.test, site.url, deployment="gwesc")
-                wait_for(lambda: edge.agg.answered >= 120, what="120 results")
-        finally:
-            edge.stop()
+        edge, _ = replay(bundle, tiny_data.test, mosquitto.url, cloud.url, deployment="gwesc",
+                         thresholds=thresholds, site=site.url)
     check_against_evaluate(list(edge.agg.results), bundle, tiny_data.test, thresholds)
     m = edge.agg.metrics
     assert m.detail_requests.value() > 0 and m.missing.value(stage="detail") == 0

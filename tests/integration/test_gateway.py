@@ -16,8 +16,13 @@ from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import start_broker
 from ddnn.topics import Topics
 from tests.support.cloud import real_cloud
-from tests.support.data import mixed, mixed_thresholds
-from tests.support.hierarchy import REPLAY_WAIT, Edge, check_against_evaluate, run_devices
+from tests.support.data import mixed_thresholds
+from tests.support.hierarchy import (
+    REPLAY_WAIT,
+    Edge,
+    check_against_evaluate,
+    replay,
+)
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.filterwarnings(
@@ -46,16 +51,8 @@ def site_broker(mosquitto):  # (mosquitto: skips the test where it is not instal
 
 def test_devices_behind_a_gateway_answer_like_offline_evaluation(
         mosquitto, site_broker, tiny_bundle, tiny_data, cloud, thresholds):
-    edge = Edge(tiny_bundle, mosquitto.url, cloud.url, deployment="gw",
-                gateways=(("gw0", DEVICES),), **mixed(thresholds))
-    gateway = GatewayService(GatewaySettings(local=site_broker.url, broker=mosquitto.url,
-                                             deployment="gw", coalesce_ms=200))
-    try:
-        with gateway:
-            run_devices(tiny_bundle, tiny_data.test, site_broker.url, deployment="gw")
-            wait_for(lambda: edge.agg.answered >= 120, what="120 results")
-    finally:
-        edge.stop()
+    edge, gateway = replay(tiny_bundle, tiny_data.test, mosquitto.url, cloud.url,
+                           deployment="gw", thresholds=thresholds, site=site_broker.url)
     check_against_evaluate(list(edge.agg.results), tiny_bundle, tiny_data.test, thresholds)
     sent = gateway.forwarded
     # A frame's three score messages went as one batch (pulled features likewise).

@@ -13,6 +13,8 @@ import pytest
 
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
+from ddnn.device.gateway.service import GatewayService
+from ddnn.device.gateway.settings import GatewaySettings
 from ddnn.device.service import DeviceService
 from ddnn.device.settings import DeviceSettings
 from ddnn.edge.service import EdgeService
@@ -20,6 +22,8 @@ from ddnn.edge.settings import EdgeSettings
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
 from ddnn.tools.evaluate import evaluate
+from tests.support.data import mixed
+from tests.support.polling import wait_for
 
 REPLAY_WAIT = 60.0  # seconds: whole replays through a broker take longer than other waits
 
@@ -64,6 +68,31 @@ def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", de
         for t in threads:
             t.join(timeout=120)
     return services
+
+
+def replay(bundle: Path, data: Path, broker: str, cloud: str, *, deployment: str,
+           thresholds: dict[str, float], site: str | None = None, frames: int = 120
+           ) -> tuple[Edge, GatewayService | None]:
+    """Every view of ``data`` replayed to an edge on ``broker`` with these thresholds, straight
+    or (``site``: the site broker the devices use) behind one gateway, until the edge answered
+    ``frames``; returns the stopped edge and the gateway."""
+    gateways = ()
+    if site is not None:
+        views = load_bundle(bundle).manifest.views
+        gateways = (("gw0", tuple(f"cam{v}" for v in range(views))),)
+    edge = Edge(bundle, broker, cloud, deployment=deployment, gateways=gateways,
+                **mixed(thresholds))
+    gateway = None
+    try:
+        with contextlib.ExitStack() as stack:
+            if site is not None:
+                gateway = stack.enter_context(GatewayService(GatewaySettings(
+                    local=site, broker=broker, deployment=deployment, coalesce_ms=200)))
+            run_devices(bundle, data, site or broker, deployment=deployment)
+            wait_for(lambda: edge.agg.answered >= frames, REPLAY_WAIT, f"{frames} results")
+    finally:
+        edge.stop()
+    return edge, gateway
 
 
 def check_against_evaluate(results: list[dict], bundle: Path, data: Path,
