@@ -28,7 +28,6 @@ from tests.support.polling import wait_for
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
-DEVICES = ("cam0", "cam1", "cam2")
 wait_for = functools.partial(wait_for, timeout=REPLAY_WAIT)  # whole replays through brokers
 
 
