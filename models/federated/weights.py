@@ -76,27 +76,23 @@ def set_weights(model: torch.nn.Module, weights: Weights) -> None:
             t.copy_(torch.from_numpy(np.array(value, dtype=np.float32)))  # a copy: may be read-only
 
 
-def _initializers(path: Path) -> dict[str, np.ndarray]:
-    import onnx
+def _initializers(graph) -> dict[str, np.ndarray]:
+    """An ONNX graph's weights by name, float32 (a float16 copy's ``.f16`` suffix dropped)."""
     from onnx import numpy_helper
 
-    model = onnx.load(str(path))
     out = {}
-    for init in model.graph.initializer:
+    for init in graph.initializer:
         name = init.name.removesuffix(".f16")
         out[name] = numpy_helper.to_array(init).astype(np.float32)
     return out
 
 
-def _unfolded(trunk: torch.nn.Module, path: Path) -> dict[str, np.ndarray]:
-    """The escalated cloud's view trunk as weights of its modules: its export folded each batch
-    norm into the convolution before it (unnamed ``onnx::Conv_*`` weight and bias, in graph
-    order), which a batch norm of unit scale and variance and zero mean gives back exactly."""
-    import onnx
-    from onnx import numpy_helper
-
-    graph = onnx.load(str(path)).graph
-    inits = {i.name: numpy_helper.to_array(i).astype(np.float32) for i in graph.initializer}
+def _unfolded(trunk: torch.nn.Module, graph, inits: dict[str, np.ndarray], path: Path
+              ) -> dict[str, np.ndarray]:
+    """The escalated cloud's view trunk as weights of its modules: its export (``graph``, whose
+    weights are ``inits``) folded each batch norm into the convolution before it (unnamed
+    ``onnx::Conv_*`` weight and bias, in graph order), which a batch norm of unit scale and
+    variance and zero mean gives back exactly."""
     folded = [(inits[n.input[1]], inits[n.input[2]]) for n in graph.node
               if n.op_type == "Conv" and len(n.input) == 3 and n.input[1].startswith("onnx::")]
     pairs, conv = [], None
@@ -136,13 +132,17 @@ def _segments(model: DDNN, bundle: Bundle) -> list[tuple[torch.nn.Module, Path, 
 
 def model_from_bundle(path: str | Path, check: bool = True) -> DDNN:
     """The bundle's network with its weights, ready to train (see the module docstring)."""
+    import onnx
+
     bundle = load_bundle(path)
     model = build_model(architecture(bundle))
     with torch.no_grad():
         for module, onnx_file, prefix in _segments(model, bundle):
-            inits = _initializers(onnx_file)
+            graph = onnx.load(str(onnx_file)).graph
+            inits = _initializers(graph)
             if module is model.escalated:
-                inits.update(_unfolded(module.trunk, onnx_file))  # type: ignore[union-attr]
+                inits.update(_unfolded(module.trunk, graph, inits,  # type: ignore[union-attr]
+                                       onnx_file))
             for name, t in [*module.named_parameters(), *module.named_buffers()]:
                 if not t.is_floating_point():
                     continue
