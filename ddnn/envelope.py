@@ -2,11 +2,13 @@
 
 Layout (see ``docs/wire-protocol.md`` for the byte-by-byte table)::
 
-    u8 format (0xD0 | envelope version) | u8 codec << 4 | identity flag << 3 | message type
+    u8 format (0xD0 | envelope version)
+    | u8 deflate flag << 7 | codec << 4 | identity flag << 3 | message type
     | frame id (unsigned LEB128 varint) | u32 capture time (100 µs ticks of Unix time, mod 2**32)
     | u8 length + ASCII model version
     | [identity: 3 × (u8 length + ASCII): model name, deployment, device id]
-    | payload (the tensor packed by :class:`ddnn.codec.FeatureCodec`, to the end)
+    | payload (the tensor packed by :class:`ddnn.codec.FeatureCodec`, to the end; raw DEFLATE
+      of those bytes where the deflate flag is set, :mod:`ddnn.deflate`)
 
 What never changes on a channel is not repeated per message: an MQTT topic names the deployment
 and the device (the edge for a request), the device's retained status names its model, and the
@@ -27,6 +29,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from ddnn import deflate
 from ddnn.codec import CODECS, FeatureCodec
 from ddnn.errors import CodecError
 from ddnn.names import MAX_NAME, RULE, is_name
@@ -42,8 +45,10 @@ TICK = 1e-4  # seconds per capture-time tick
 _WRAP = 1 << 32  # ticks before the capture time wraps: about 4.97 days
 _TIME = struct.Struct("<I")
 _IDENTITY = 0x08
-# Codec ids on the wire; 0 means "no tensor" (absent views).
+_DEFLATED = 0x80  # the high bit of the codec nibble: the payload travels deflated
+# Codec ids on the wire (three bits: the fourth is the deflate flag); 0 means "no tensor".
 _CODEC_IDS = {name: i + 1 for i, name in enumerate(CODECS)}
+assert max(_CODEC_IDS.values()) < 8, "codec ids have three bits on the wire"
 _CODEC_NAMES = {i: name for name, i in _CODEC_IDS.items()}
 
 
@@ -81,6 +86,9 @@ class Envelope:
     model: str | None = None
     deployment: str | None = None
     device: str | None = None
+    # The payload travels deflated where that is shorter (and a decoded one did): pixels do
+    # (an escalated frame's detail); features of a few bits a value seldom shrink.
+    deflate: bool = False
 
     @property
     def has_identity(self) -> bool:
@@ -115,9 +123,11 @@ def pack(
     model: str | None = None,
     deployment: str | None = None,
     device: str | None = None,
+    deflate: bool = False,
 ) -> Envelope:
     """Build an envelope, packing ``tensor`` with ``codec`` (both or neither). Give ``model``,
-    ``deployment`` and ``device`` together to carry the identity in the message."""
+    ``deployment`` and ``device`` together to carry the identity in the message; ``deflate``:
+    send the payload deflated where that is shorter (:mod:`ddnn.deflate`)."""
     if (tensor is None) != (codec is None):
         raise CodecError("give both a tensor and its codec, or neither")
     if len({model is None, deployment is None, device is None}) != 1:
@@ -125,7 +135,7 @@ def pack(
     payload = b"" if tensor is None else FeatureCodec(codec).encode(tensor)
     ts = time.time() if timestamp is None else float(timestamp)
     return Envelope(MessageType(kind), version, int(frame), ts, codec, payload, model,
-                    deployment, device)
+                    deployment, device, deflate and bool(payload))
 
 
 def encode(env: Envelope) -> bytes:
@@ -140,11 +150,16 @@ def encode(env: Envelope) -> bytes:
     if bool(codec_id) != bool(env.payload):  # what decode would refuse
         raise CodecError("a tensor needs a codec and a payload, no tensor neither")
     flags = _IDENTITY if env.has_identity else 0
+    payload = deflate.deflated(env.payload) if env.deflate and env.payload else None
+    if payload is None:
+        payload = env.payload
+    else:
+        flags |= _DEFLATED
     parts = [bytes([FORMAT, codec_id << 4 | flags | int(env.kind)]), varint_bytes(env.frame),
              _TIME.pack(round(env.timestamp / TICK) % _WRAP), name_bytes(env.version)]
     if env.has_identity:
         parts += [name_bytes(env.model), name_bytes(env.deployment), name_bytes(env.device)]
-    parts.append(env.payload)
+    parts.append(payload)
     data = b"".join(parts)
     if len(data) > MAX_MESSAGE:
         raise CodecError(f"message of {len(data)} bytes exceeds the limit of {MAX_MESSAGE}")
@@ -240,7 +255,8 @@ def decode(data: bytes, now: float | None = None) -> Envelope:
     _check_format(data)
     r = Reader(data, pos=1)
     head = r.take(1, "header")[0]
-    codec_id, identity, kind = head >> 4, head & _IDENTITY, head & 0x07
+    codec_id, identity, kind = (head >> 4) & 0x07, head & _IDENTITY, head & 0x07
+    deflated = bool(head & _DEFLATED)
     try:
         kind = MessageType(kind)
     except ValueError:
@@ -259,8 +275,30 @@ def decode(data: bytes, now: float | None = None) -> Envelope:
         raise DecodeError("a message without a codec cannot carry a tensor")
     if codec is not None and not payload:
         raise DecodeError(f"a {codec} tensor needs a payload")
+    if deflated:
+        if codec is None:
+            raise DecodeError("a message without a tensor cannot be deflated")
+        try:  # bounded: a few hostile bytes cannot inflate past what a message may hold
+            payload = deflate.inflate(payload, MAX_MESSAGE)
+        except CodecError as e:
+            raise DecodeError(f"{kind.name.lower()} payload: {e}") from None
+        if not payload:
+            raise DecodeError(f"a {codec} tensor needs a payload")
     ts = capture_time(ticks, time.time() if now is None else now)
-    return Envelope(kind, version, frame, ts, codec, payload, **ids)
+    return Envelope(kind, version, frame, ts, codec, payload, **ids, deflate=deflated)
+
+
+def payload_offset(data: bytes) -> int:
+    """Where the payload of an encoded envelope starts: its bytes on the wire are the rest
+    (deflated or not), its header the bytes before. Raises :class:`DecodeError`."""
+    _check_format(data)
+    r = Reader(data, pos=1)
+    identity = r.take(1, "header")[0] & _IDENTITY
+    r.varint("frame id")
+    r.take(_TIME.size, "capture time")
+    for what in ("model version", *(("model", "deployment", "device") if identity else ())):
+        r.name(what)
+    return r.pos
 
 
 def _check_format(data: bytes) -> None:

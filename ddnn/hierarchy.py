@@ -85,13 +85,25 @@ class UplinkCost:
             return present_views
         return np.minimum(present_views, self.detail_views)
 
-    def per_frame(self, present_views: np.ndarray, tier: np.ndarray, level: int = 0
-                  ) -> np.ndarray:
-        """Payload bytes each frame puts on the device uplink (message envelopes excluded)."""
+    def details(self, exits: dict[str, np.ndarray], present_views: np.ndarray) -> np.ndarray:
+        """The detail payload bytes each frame's senders send if it escalates: as sent (the
+        devices deflate details, so :meth:`BundleRuntime.all_exits` measures them in
+        ``exits["detail_bytes"]``), else the codec's size per sender."""
+        if "detail_bytes" in exits:
+            return np.asarray(exits["detail_bytes"], np.int64)
+        return self.detail_senders(present_views) * self.detail
+
+    def per_frame(self, present_views: np.ndarray, tier: np.ndarray, level: int = 0,
+                  details: np.ndarray | None = None) -> np.ndarray:
+        """Payload bytes each frame puts on the device uplink (message envelopes excluded);
+        ``details``: each frame's detail bytes if it escalates (default: :meth:`details` by
+        the codec's size)."""
         past_local = (tier > LOCAL).astype(np.int64)
-        escalated = (tier > EDGE).astype(np.int64) * (self.detail if level >= 1 else 0)
+        if details is None:
+            details = self.detail_senders(present_views) * self.detail
+        escalated = (tier > EDGE) & (level >= 1)
         return (present_views * (self.sent_scores + past_local * self.features)
-                + self.detail_senders(present_views) * escalated)
+                + escalated * details)
 
 
 def surest_views(detail: np.ndarray, scores: np.ndarray, present: np.ndarray, k: int
@@ -133,7 +145,8 @@ def summarize(
     preds = {"local": exits["local"], "edge": exits["edge"], "cloud": cloud_exit(exits, level)}
     device_pred = np.argmax(exits["device"], axis=-1)
     cost = UplinkCost.of(manifest)
-    ddnn_bytes = cost.per_frame(n_present, tier, level)
+    details = cost.details(exits, n_present)
+    ddnn_bytes = cost.per_frame(n_present, tier, level, details)
     raw = raw_offload_bytes(n_present, manifest.input_shape)
 
     def accuracy(pred: np.ndarray) -> float:
@@ -153,9 +166,11 @@ def summarize(
         "thresholds": {t: policy.threshold(t) for t in EXIT_TIERS[:-1]},
     }
     if manifest.escalated is not None:
+        senders = int(cost.detail_senders(n_present).sum())
         out["escalation"] = {
             "level": level,
-            "detail_bytes_per_view": cost.detail,
+            "detail_bytes_per_view": cost.detail,  # the codec's size; deflated as sent:
+            "detail_bytes_per_view_sent": float(details.sum() / senders) if senders else 0.0,
             "cloud_accuracy": [accuracy(np.argmax(cloud_exit(exits, v), axis=-1))
                                for v in (0, 1)],
         }

@@ -80,7 +80,7 @@ def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
     h_edge = entropy_of_logits(exits["edge"])[seen]
     right = {k: (np.argmax(exits[k], axis=-1) == labels)[seen] for k in ("local", "edge")}
     n = n_present[seen]
-    senders = cost.detail_senders(n)
+    details = cost.details(exits, n_present)[seen]  # bytes of a frame's details, escalated
     shape = (levels, grid, grid)
     correct, local, edge, payload = (np.zeros(shape, np.int64) for _ in range(4))
     edge_exits = h_edge[None, :] < ts[:, None]  # (T_edge, N)
@@ -91,7 +91,6 @@ def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
     for level in range(levels):
         right_cloud = (np.argmax(cloud_exit(exits, level), axis=-1) == labels)[seen]
         best = max(best, share(right_cloud))
-        detail = cost.detail if level else 0
         for i, t in enumerate(ts):
             loc = h_local < t
             edg = ~loc[None, :] & edge_exits
@@ -101,7 +100,7 @@ def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
             local[level, i] = loc.sum()
             edge[level, i] = edg.sum(1)
             payload[level, i] = (n.sum() * cost.sent_scores + ((edg | cld) @ n) * cost.features
-                                 + (cld @ senders) * detail)
+                                 + ((cld @ details) if level else 0))
     return Sweep(ts, correct, local, edge, payload, len(labels), int(seen.sum()), float(best))
 
 

@@ -18,6 +18,7 @@ import numpy as np
 from ddnn.aggregation import aggregate
 from ddnn.bundle import Bundle, SegmentSpec
 from ddnn.codec import FeatureCodec
+from ddnn.deflate import wire_size
 from ddnn.errors import BundleError, ConfigError
 from ddnn.hierarchy import surest_views
 
@@ -176,6 +177,7 @@ class BundleRuntime:
         detail = None
         if self.detail_codec is not None:
             detail = np.zeros((b, v, *m.devices[0].output("detail").sample_shape), np.float32)
+            detail_bytes = np.zeros((b, v), np.int64)  # each detail's payload on the wire
         for i in range(v):
             rows = np.flatnonzero(present[:, i])
             if rows.size == 0:
@@ -185,6 +187,8 @@ class BundleRuntime:
             dev_feats[rows, i] = transmit(out["features"], self.device_codec)
             if detail is not None:
                 detail[rows, i] = transmit(out["detail"], self.detail_codec)
+                detail_bytes[rows, i] = [wire_size(self.detail_codec.encode(d[None]))
+                                         for d in out["detail"]]
         local = self.local(dev_scores, present)
         edge_scores, edge_feats = self.edge(dev_feats, present)
         edge_feats = transmit(edge_feats, self.edge_codec)
@@ -197,8 +201,12 @@ class BundleRuntime:
         if detail is not None:
             sent = present
             if m.escalation_views:  # only the surest devices send theirs
+                detail_bytes, _ = surest_views(detail_bytes, dev_scores, present,
+                                               m.escalation_views)
                 detail, sent = surest_views(detail, dev_scores, present, m.escalation_views)
             exits["escalated"] = self.escalated(edge_feats, detail, sent)
+            # The payload bytes the senders' details of each frame take, were it to escalate.
+            exits["detail_bytes"] = np.where(sent, detail_bytes, 0).sum(axis=1)
         return exits
 
     def run_dataset(

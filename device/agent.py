@@ -139,7 +139,7 @@ class DeviceAgent:
         if self.runtime.detail_codec is not None:  # the bundle escalates: keep the detail too
             detail = env.encode(env.pack(MessageType.DETAIL, frame=frame, timestamp=ts,
                                          tensor=out["detail"], codec=m.codec["device_detail"],
-                                         **self._ids))
+                                         deflate=True, **self._ids))
         push = self.settings.mode == "push"  # the features go up with the scores, unasked
         if not push or detail is not None:
             self._keep(frame, None if push else env.encode(feat_msg), detail)
@@ -229,11 +229,9 @@ class DeviceAgent:
         self._emit(OutMessage("features", data, req.frame))
         self.stats.pulls_answered += 1
         self.stats.sent[what] += 1
-        codec = self.runtime.detail_codec if detail else self.runtime.device_codec
-        payload = codec.payload_size(  # type: ignore[union-attr]
-            (1, *self.manifest.devices[view].output(what).sample_shape))
-        self.stats.payload_bytes += payload
-        self.stats.header_bytes += len(data) - payload
+        header = env.payload_offset(data)  # a detail's payload travels deflated: count it so
+        self.stats.payload_bytes += len(data) - header
+        self.stats.header_bytes += header
 
     def seconds_since_request(self) -> float:
         return time.monotonic() - self._last_request

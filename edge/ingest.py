@@ -274,7 +274,9 @@ class Ingest:
         e = self._decode(payload, device)
         view = self.views[e.device]
         kind = e.kind.name.lower()
-        self._count(kind, len(e.payload), len(payload) - len(e.payload))
+        # (a deflated payload counts as sent: the bytes after the header)
+        sent = len(payload) - env.payload_offset(payload) if e.deflate else len(e.payload)
+        self._count(kind, sent, len(payload) - sent)
         m, a, now = self.manifest, self.assembler, time.monotonic()
         captured = self._capture_time(e.device, e.timestamp, time.time())
         if e.kind == MessageType.SCORES and not a.single_view:

@@ -24,10 +24,10 @@ def threshold_curves(
     level = manifest.escalation_level
     s = sweep(exits, labels, grid, manifest.thresholds.get("edge", 0.0), level)
     cost = UplinkCost.of(manifest)
-    n_present = present.sum(1).mean()
-    detail = cost.detail if level else 0
-    bytes_pf = n_present * (cost.sent_scores + (1.0 - s["local"]) * cost.features
-                            + s["cloud"] * detail)
+    n_present = present.sum(1)
+    detail = cost.details(exits, n_present).mean() if level else 0.0  # a frame's, escalated
+    bytes_pf = (n_present.mean() * (cost.sent_scores + (1.0 - s["local"]) * cost.features)
+                + s["cloud"] * detail)
     return {
         "threshold": grid.tolist(),
         "accuracy": s["accuracy"].tolist(),

@@ -57,6 +57,31 @@ def test_an_escalating_bundle_describes_its_detail_and_level(escalating, tiny_da
     assert result["curve"]["bytes_per_frame"] == sorted(result["curve"]["bytes_per_frame"])
 
 
+def test_evaluate_counts_each_detail_deflated_as_its_device_sends_it(escalating, tiny_data):
+    """The details' bytes are those of the devices' own DETAIL messages, counted apart."""
+    from ddnn import envelope as env
+    from ddnn.dataset import load_dataset
+    from ddnn.envelope import MessageType
+    from ddnn.runtime import BundleRuntime
+
+    bundle = load_bundle(escalating)
+    m, runtime = bundle.manifest, BundleRuntime(bundle, threads=1)
+    ds = load_dataset(tiny_data.test)
+    sent, views = 0, 0
+    for frame, (images, present) in enumerate(zip(ds.X, ds.present, strict=True)):
+        for view in map(int, present.nonzero()[0]):
+            detail = runtime.device_outputs(view, images[view][None])["detail"]
+            data = env.encode(env.pack(MessageType.DETAIL, version=m.version, frame=frame,
+                                       tensor=detail, codec="bits4", deflate=True))
+            sent += len(data) - env.payload_offset(data)
+            views += 1
+    exits = runtime.run_dataset(ds.X, ds.present)
+    assert exits["detail_bytes"].sum() == sent
+    escalation = evaluate(escalating, tiny_data.test, level=1)["escalation"]
+    assert escalation["detail_bytes_per_view_sent"] == pytest.approx(sent / views)
+    assert escalation["detail_bytes_per_view_sent"] < escalation["detail_bytes_per_view"]
+
+
 def test_evaluate_repicks_the_point_for_a_byte_budget(escalating, tiny_data):
     m = load_bundle(escalating).manifest
     least = min(m.calibration["curve"]["bytes_per_frame"])

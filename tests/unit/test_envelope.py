@@ -1,6 +1,7 @@
 """The message envelope: exact round trips, and nothing but DecodeError on bad bytes."""
 
 import contextlib
+import zlib
 from dataclasses import replace
 
 import numpy as np
@@ -11,6 +12,7 @@ from hypothesis.extra.numpy import array_shapes, arrays
 
 from ddnn import envelope as env
 from ddnn.codec import CODECS, FeatureCodec
+from ddnn.deflate import wire_size
 from ddnn.envelope import MAX_MESSAGE, DecodeError, Envelope, MessageType
 from ddnn.errors import CodecError
 
@@ -34,13 +36,17 @@ def _valid(kind=MessageType.SCORES, tensor=None, codec="float16", **kw) -> Envel
     model=names, version=names, deployment=names, device=names, identity=st.booleans(),
     frame=st.integers(0, 2**64 - 1), ts=st.floats(1e9, 4e9), codec=st.sampled_from(CODECS),
     x=arrays(np.float32, shapes, elements=st.floats(-100, 100, width=32)),
+    deflate=st.booleans(),
 )
-def test_round_trip(kind, model, version, deployment, device, identity, frame, ts, codec, x):
+def test_round_trip(kind, model, version, deployment, device, identity, frame, ts, codec, x,
+                    deflate):
     ids = dict(model=model, deployment=deployment, device=device) if identity else {}
-    e = env.pack(kind, version=version, frame=frame, tensor=x, codec=codec, timestamp=ts, **ids)
+    e = env.pack(kind, version=version, frame=frame, tensor=x, codec=codec, timestamp=ts,
+                 deflate=deflate, **ids)
     data = env.encode(e)
     d = env.decode(data, now=ts + 3600)  # an hour in flight: still placed exactly
-    assert d == replace(e, timestamp=d.timestamp)
+    assert d.deflate <= e.deflate  # deflated only where asked (and where shorter)
+    assert d == replace(e, timestamp=d.timestamp, deflate=d.deflate)
     assert abs(d.timestamp - ts) <= env.TICK / 2 + 1e-6
     assert env.encode(d) == data
     expected = FeatureCodec(codec).decode(FeatureCodec(codec).encode(x), x.shape)
@@ -121,7 +127,13 @@ def test_mutated_messages_raise_only_decode_error(data):
     (bytes([0xD9, 1]), "envelope version 9 is not supported"),
     (bytes([0xD2]), "truncated inside its header"),
     (bytes([0xD2, 0x37]), "message type 7"),
-    (bytes([0xD2, 0x91]), "codec id 9"),
+    (bytes([0xD2, 0x71]), "codec id 7"),
+    (bytes([0xD2, 0xF1]), "codec id 7"),  # the deflate flag does not make an unknown codec
+    (bytes([0xD2, 0x83, 7, 0, 0, 0, 0, 1]) + b"1x", "without a codec"),
+    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1\xff\xff\xff", "invalid deflate stream"),
+    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1" + zlib.compress(b"x")[2:-4] + b"!",
+     "follow the deflate stream"),
+    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1" + zlib.compress(b"")[2:-4], "needs a payload"),
     (bytes([0xD2, 0x31, 0x80]), "truncated inside its frame id"),
     (bytes([0xD2, 0x31]) + b"\xff" * 11, "longer than 10 bytes"),
     (bytes([0xD2, 0x31, 0x80, 0x00]), "not minimal"),
@@ -173,3 +185,36 @@ def test_the_frame_header_is_read_in_place(frame):
     assert int.from_bytes(data[at : at + 4], "little") == round(1234.5 / env.TICK) % 2**32
     with pytest.raises(DecodeError):
         env.frame_header(data[:2])
+
+
+def test_a_detail_travels_deflated_where_that_is_shorter():
+    ramp = np.linspace(-1, 1, 3 * 16 * 16, dtype=np.float32).reshape(1, 3, 16, 16)
+    e = _valid(MessageType.DETAIL, tensor=ramp, codec="bits4", deflate=True)
+    data = env.encode(e)
+    plain = env.encode(replace(e, deflate=False))
+    assert len(data) < len(plain) - 100  # a ramp of 16 levels repeats
+    at = env.payload_offset(data)
+    assert data[:at] != plain[:at] and len(data) - at == wire_size(e.payload)
+    d = env.decode(data)
+    assert d.deflate and d.payload == e.payload and env.encode(d) == data
+    noise = np.random.default_rng(0).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)
+    e = _valid(MessageType.DETAIL, tensor=noise, codec="bits4", deflate=True)
+    assert env.encode(e) == env.encode(replace(e, deflate=False))  # noise never grows
+    assert not env.decode(env.encode(e)).deflate
+
+
+def test_a_deflate_bomb_is_refused_without_inflating_it():
+    bomb = zlib.compressobj(9, zlib.DEFLATED, -15)
+    stream = bomb.compress(bytes(8 * MAX_MESSAGE)) + bomb.flush()
+    assert len(stream) < 16 * 1024
+    data = bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1" + stream
+    with pytest.raises(DecodeError, match="past the limit"):
+        env.decode(data)
+
+
+def test_the_payload_offset_skips_the_identity():
+    e = _valid()
+    data = env.encode(e)
+    assert data[env.payload_offset(data):] == e.payload
+    bare = env.encode(replace(e, model=None, deployment=None, device=None))
+    assert bare[env.payload_offset(bare):] == e.payload
