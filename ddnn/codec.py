@@ -80,6 +80,16 @@ class FeatureCodec:
             return _SCALE.size + n
         return n * (2 if self.kind == "float16" else 4)
 
+    def row_bytes(self, shape: tuple[int, ...]) -> int:
+        """Bytes one row (the last axis) of a packed tensor of ``shape`` takes, or 0 where it
+        has no rows or a row does not end on a byte (int8's rows sit after its 4-byte scale)."""
+        if len(shape) < 2:
+            return 0
+        bits = 1 if self.kind == "binary" else LEVEL_BITS.get(self.kind, 0)
+        bits = bits or {"int8": 8, "float16": 16, "float32": 32}[self.kind]
+        n = int(shape[-1]) * bits
+        return n // 8 if n % 8 == 0 else 0
+
     def encode(self, x: np.ndarray) -> bytes:
         """Pack a float tensor; raises :class:`CodecError` on NaN or infinity."""
         x = np.asarray(x, dtype=np.float32)

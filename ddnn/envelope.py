@@ -7,8 +7,8 @@ Layout (see ``docs/wire-protocol.md`` for the byte-by-byte table)::
     | frame id (unsigned LEB128 varint) | u32 capture time (100 µs ticks of Unix time, mod 2**32)
     | u8 length + ASCII model version
     | [identity: 3 × (u8 length + ASCII): model name, deployment, device id]
-    | payload (the tensor packed by :class:`ddnn.codec.FeatureCodec`, to the end; raw DEFLATE
-      of those bytes where the deflate flag is set, :mod:`ddnn.deflate`)
+    | payload (the tensor packed by :class:`ddnn.codec.FeatureCodec`, to the end; coded by
+      :mod:`ddnn.deflate` where the deflate flag is set: a filter byte, then raw DEFLATE)
 
 What never changes on a channel is not repeated per message: an MQTT topic names the deployment
 and the device (the edge for a request), the device's retained status names its model, and the
@@ -25,12 +25,12 @@ import enum
 import math
 import struct
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ddnn import deflate
 from ddnn.codec import CODECS, FeatureCodec
+from ddnn.deflate import deflated, inflate
 from ddnn.errors import CodecError
 from ddnn.names import MAX_NAME, RULE, is_name
 
@@ -89,6 +89,9 @@ class Envelope:
     # The payload travels deflated where that is shorter (and a decoded one did): pixels do
     # (an escalated frame's detail); features of a few bits a value seldom shrink.
     deflate: bool = False
+    # The tensor's row length in bytes, for the filter deflate tries (:mod:`ddnn.deflate`);
+    # how a payload was coded, not what it says, so it takes no part in equality.
+    row: int = field(default=0, compare=False)
 
     @property
     def has_identity(self) -> bool:
@@ -134,8 +137,11 @@ def pack(
         raise CodecError("give the model, deployment and device together, or none of them")
     payload = b"" if tensor is None else FeatureCodec(codec).encode(tensor)
     ts = time.time() if timestamp is None else float(timestamp)
+    deflate = deflate and bool(payload)
+    row = FeatureCodec(codec).row_bytes(np.shape(tensor)) if deflate else 0
     return Envelope(MessageType(kind), version, int(frame), ts, codec, payload, model,
-                    deployment, device, deflate and bool(payload))
+                    deployment, device, deflate, row)
+
 
 
 def encode(env: Envelope) -> bytes:
@@ -150,7 +156,7 @@ def encode(env: Envelope) -> bytes:
     if bool(codec_id) != bool(env.payload):  # what decode would refuse
         raise CodecError("a tensor needs a codec and a payload, no tensor neither")
     flags = _IDENTITY if env.has_identity else 0
-    payload = deflate.deflated(env.payload) if env.deflate and env.payload else None
+    payload = deflated(env.payload, env.row) if env.deflate and env.payload else None
     if payload is None:
         payload = env.payload
     else:
@@ -256,7 +262,7 @@ def decode(data: bytes, now: float | None = None) -> Envelope:
     r = Reader(data, pos=1)
     head = r.take(1, "header")[0]
     codec_id, identity, kind = (head >> 4) & 0x07, head & _IDENTITY, head & 0x07
-    deflated = bool(head & _DEFLATED)
+    is_deflated = bool(head & _DEFLATED)
     try:
         kind = MessageType(kind)
     except ValueError:
@@ -275,17 +281,19 @@ def decode(data: bytes, now: float | None = None) -> Envelope:
         raise DecodeError("a message without a codec cannot carry a tensor")
     if codec is not None and not payload:
         raise DecodeError(f"a {codec} tensor needs a payload")
-    if deflated:
+    if is_deflated:
         if codec is None:
             raise DecodeError("a message without a tensor cannot be deflated")
+        row = payload[0]  # the filter the sender chose (0: none)
         try:  # bounded: a few hostile bytes cannot inflate past what a message may hold
-            payload = deflate.inflate(payload, MAX_MESSAGE)
+            payload = inflate(payload, MAX_MESSAGE)
         except CodecError as e:
             raise DecodeError(f"{kind.name.lower()} payload: {e}") from None
         if not payload:
             raise DecodeError(f"a {codec} tensor needs a payload")
     ts = capture_time(ticks, time.time() if now is None else now)
-    return Envelope(kind, version, frame, ts, codec, payload, **ids, deflate=deflated)
+    return Envelope(kind, version, frame, ts, codec, payload, **ids, deflate=is_deflated,
+                    row=row if is_deflated else 0)
 
 
 def payload_offset(data: bytes) -> int:

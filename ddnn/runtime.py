@@ -187,7 +187,8 @@ class BundleRuntime:
             dev_feats[rows, i] = transmit(out["features"], self.device_codec)
             if detail is not None:
                 detail[rows, i] = transmit(out["detail"], self.detail_codec)
-                detail_bytes[rows, i] = [wire_size(self.detail_codec.encode(d[None]))
+                row = self.detail_codec.row_bytes(out["detail"].shape)
+                detail_bytes[rows, i] = [wire_size(self.detail_codec.encode(d[None]), row)
                                          for d in out["detail"]]
         local = self.local(dev_scores, present)
         edge_scores, edge_feats = self.edge(dev_feats, present)

@@ -130,10 +130,12 @@ def test_mutated_messages_raise_only_decode_error(data):
     (bytes([0xD2, 0x71]), "codec id 7"),
     (bytes([0xD2, 0xF1]), "codec id 7"),  # the deflate flag does not make an unknown codec
     (bytes([0xD2, 0x83, 7, 0, 0, 0, 0, 1]) + b"1x", "without a codec"),
-    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1\xff\xff\xff", "invalid deflate stream"),
-    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1" + zlib.compress(b"x")[2:-4] + b"!",
+    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1\x00\xff\xff\xff", "invalid deflate stream"),
+    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1\x00" + zlib.compress(b"x")[2:-4] + b"!",
      "follow the deflate stream"),
-    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1" + zlib.compress(b"")[2:-4], "needs a payload"),
+    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1\x00" + zlib.compress(b"")[2:-4],
+     "needs a payload"),
+    (bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1", "needs a payload"),
     (bytes([0xD2, 0x31, 0x80]), "truncated inside its frame id"),
     (bytes([0xD2, 0x31]) + b"\xff" * 11, "longer than 10 bytes"),
     (bytes([0xD2, 0x31, 0x80, 0x00]), "not minimal"),
@@ -194,7 +196,7 @@ def test_a_detail_travels_deflated_where_that_is_shorter():
     plain = env.encode(replace(e, deflate=False))
     assert len(data) < len(plain) - 100  # a ramp of 16 levels repeats
     at = env.payload_offset(data)
-    assert data[:at] != plain[:at] and len(data) - at == wire_size(e.payload)
+    assert data[:at] != plain[:at] and e.row == 8 and len(data) - at == wire_size(e.payload, 8)
     d = env.decode(data)
     assert d.deflate and d.payload == e.payload and env.encode(d) == data
     noise = np.random.default_rng(0).uniform(-1, 1, (1, 3, 16, 16)).astype(np.float32)
@@ -207,7 +209,7 @@ def test_a_deflate_bomb_is_refused_without_inflating_it():
     bomb = zlib.compressobj(9, zlib.DEFLATED, -15)
     stream = bomb.compress(bytes(8 * MAX_MESSAGE)) + bomb.flush()
     assert len(stream) < 16 * 1024
-    data = bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1" + stream
+    data = bytes([0xD2, 0x95, 7, 0, 0, 0, 0, 1]) + b"1\x08" + stream
     with pytest.raises(DecodeError, match="past the limit"):
         env.decode(data)
 
