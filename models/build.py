@@ -151,7 +151,7 @@ def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data,
         ort_val = onnx_exits(staging, val_ds)
         parity = check_parity(torch_val, ort_val, val_ds.present)
         cal = calibrate(ort_val, val_ds.label, val_ds.present, UplinkCost.of(provisional),
-                        cfg.tolerance, cfg.max_bytes, cfg.threshold_grid)
+                        cfg.tolerance, cfg.max_bytes, cfg.threshold_grid, cfg.agreement)
         calibration = {**cal.to_dict(), "parity": parity.to_dict(),
                        "scores": scores_record(ort_val["device"], val_ds.present)}
         final = manifest(cal.point.thresholds, calibration, cal.level)

@@ -3,8 +3,10 @@ operating curve (``ddnn.operating_curve``) by the user's budget.
 
 * an accuracy ``tolerance`` (the default, 0): the cheapest point (fewest uplink bytes per frame;
   then the most local exits, the most edge exits, the highest accuracy) whose accuracy is at least
-  the best single tier's minus the tolerance. Sending every frame to the best tier always
-  qualifies, so calibration never fails;
+  the best single tier's minus the tolerance, and whose answers are the best tier's on at least
+  ``agreement`` minus the tolerance of the frames (so that it does not merely tie with the best
+  tier by luck on a few hundred frames). Sending every frame to the best tier always qualifies,
+  so calibration never fails;
 * a byte budget ``max_bytes`` per frame: the most accurate point within it.
 
 The chosen point and the held-out curve both go into the manifest; ``ddnn evaluate --max-bytes``
@@ -20,6 +22,7 @@ import numpy as np
 from ddnn.exits import entropy_of_logits
 from ddnn.hierarchy import UplinkCost, cloud_exit
 from ddnn.operating_curve import (
+    AGREEMENT,
     OperatingPoint,
     curve_table,
     frontier,
@@ -39,6 +42,7 @@ class Calibration:
     best_tier_accuracy: float
     samples: int
     curve: dict[str, list]
+    agreement: float = AGREEMENT  # with the tolerance: the share answered as the best tier
 
     @property
     def local(self) -> float:
@@ -55,8 +59,9 @@ class Calibration:
     def to_dict(self) -> dict:
         if self.max_bytes is None:
             objective = ("fewest uplink bytes per frame (then most local, then most edge exits) "
-                         "with accuracy >= the best tier's - tolerance, on held-out data")
-            budget = {"tolerance": self.tolerance}
+                         "with accuracy >= the best tier's - tolerance and the best tier's "
+                         "answers on >= agreement - tolerance of the frames, on held-out data")
+            budget = {"tolerance": self.tolerance, "agreement": self.agreement}
         else:
             objective = "highest accuracy within max_bytes uplink bytes per frame, on held-out data"
             budget = {"max_bytes": self.max_bytes}
@@ -77,12 +82,14 @@ class Calibration:
 def calibrate(
     exits: dict[str, np.ndarray], labels: np.ndarray, present: np.ndarray, cost: UplinkCost,
     tolerance: float = 0.0, max_bytes: float | None = None, grid: int = 201,
+    agreement: float = AGREEMENT,
 ) -> Calibration:
     """Pick thresholds and escalation level from held-out per-exit scores (module docstring)."""
     s = sweep_grid(exits, labels, present, cost, grid)
-    point = pick_tolerance(s, tolerance) if max_bytes is None else pick_max_bytes(s, max_bytes)
+    point = (pick_tolerance(s, tolerance, agreement) if max_bytes is None
+             else pick_max_bytes(s, max_bytes))
     return Calibration(point, None if max_bytes is not None else tolerance, max_bytes,
-                       s.best_tier, len(labels), curve_table(frontier(s)))
+                       s.best_tier, len(labels), curve_table(frontier(s)), agreement)
 
 
 def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, grid: np.ndarray, edge_t: float,

@@ -92,6 +92,13 @@ def _register_train(sub, formatter) -> None:
         "held-out data; the cheapest operating point within it is chosen",
     )
     t.add_argument(
+        "--agreement",
+        type=float,
+        default=d.agreement,
+        help="with --tolerance: the share of held-out frames (less the tolerance) on which the "
+        "chosen point must answer as the best tier does (1: every frame; 0: accuracy alone)",
+    )
+    t.add_argument(
         "--max-bytes",
         type=float,
         default=None,
@@ -315,6 +322,7 @@ def _train(args) -> int:
         batch_size=args.batch_size,
         lr=args.lr,
         tolerance=args.tolerance,
+        agreement=args.agreement,
         max_bytes=args.max_bytes,
         val_fraction=args.val_fraction,
         seed=args.seed,

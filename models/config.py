@@ -108,6 +108,9 @@ class DDNNConfig:
     # stopping when no separate validation file is given
     tolerance: float = 0.0  # the budget, as accuracy the hierarchy may lose against its best
     # tier alone on the calibration split in exchange for fewer uplink bytes (0: none)
+    agreement: float = 0.995  # ... and the share of that split (less the tolerance) it must
+    # answer as the best tier does: a point that only ties with it there by a frame or two of
+    # luck loses on new data (the 3-class set: 0.978 against 0.989; docs/training.md)
     max_bytes: float | None = None  # or as uplink payload bytes per frame: the most accurate
     # operating point within it (replaces the tolerance)
     threshold_grid: int = 201  # thresholds tried per exit, evenly spaced in [0, 1]
@@ -148,8 +151,8 @@ class DDNNConfig:
             raise ConfigError("epochs, batch size and learning rate must be positive")
         if not 0.0 < self.val_fraction < 1.0:
             raise ConfigError("val_fraction must lie strictly between 0 and 1")
-        if not 0.0 <= self.tolerance <= 1.0:
-            raise ConfigError("tolerance must lie in [0, 1]")
+        if not 0.0 <= self.tolerance <= 1.0 or not 0.0 <= self.agreement <= 1.0:
+            raise ConfigError("tolerance and agreement must lie in [0, 1]")
         if self.max_bytes is not None and not self.max_bytes >= 0:
             raise ConfigError("max_bytes must be a non-negative number of bytes per frame")
         if self.schedule not in SCHEDULES or self.comm_hook not in COMM_HOOKS:

@@ -86,32 +86,44 @@ def test_tolerance_picks_the_cheapest_point_within_it():
     s = sweep(exits, labels, present, COST, grid=51)
     assert s.best_tier == pytest.approx(((exits["escalated"].argmax(1) == labels)[5:]).mean())
     for tol in (0.0, 0.02, 0.1):
-        p = pick_tolerance(s, tol)
-        assert p.accuracy >= s.best_tier - tol - 1e-9
-        within = s.correct >= (s.best_tier - tol) * s.seen - 1e-9
-        assert p.bytes_per_frame * s.frames == pytest.approx(s.payload[within].min())
+        for agreement in (0.0, 0.995):
+            p = pick_tolerance(s, tol, agreement)
+            assert p.accuracy >= s.best_tier - tol - 1e-9
+            within = ((s.correct >= (s.best_tier - tol) * s.seen - 1e-9)
+                      & (s.agree >= (agreement - tol) * s.seen - 1e-9))
+            assert p.bytes_per_frame * s.frames == pytest.approx(s.payload[within].min())
     # A looser budget never costs more bytes.
     assert pick_tolerance(s, 0.1).bytes_per_frame <= pick_tolerance(s, 0.0).bytes_per_frame
+    assert pick_tolerance(s, 0.0, 0.0).bytes_per_frame <= pick_tolerance(s, 0.0).bytes_per_frame
 
 
-def test_a_byte_budget_picks_the_most_accurate_point_within_it():
+def test_agreement_counts_the_frames_answered_as_the_best_tier_answers_them():
     exits, labels, present = _exits()
-    s = sweep(exits, labels, present, COST, grid=51)
-    table = curve_table(frontier(s))
-    for budget in (50, 300, 1000, 5000):
-        p = pick_max_bytes(s, budget)
-        assert p.bytes_per_frame <= budget
-        assert p.accuracy * s.seen == s.correct[s.payload <= budget * s.frames].max()
-        # Re-picked from the stored curve (what ddnn evaluate --max-bytes does): the same.
-        q = pick_from_table(table, budget)
-        assert q.accuracy == pytest.approx(p.accuracy, abs=1e-5)
-        assert q.bytes_per_frame == pytest.approx(p.bytes_per_frame, abs=1e-4)
-    with pytest.raises(ConfigError, match="no operating point sends at most 1 bytes"):
-        pick_max_bytes(s, 1)
-    with pytest.raises(ConfigError, match="no operating point"):
-        pick_from_table(table, 1)
+    s = sweep(exits, labels, present, COST, grid=21)
+    seen = present.any(1)
+    best = exits["escalated"].argmax(1)  # this data's best tier
+    rng = np.random.default_rng(2)
+    for level, i, j in zip(rng.integers(0, 2, 25), rng.integers(0, 21, 25),
+                           rng.integers(0, 21, 25), strict=True):
+        p = s.point(int(level), int(i), int(j))
+        pred, _ = hierarchy_predictions(exits, ExitPolicy(p.thresholds), p.level)
+        assert s.agree[level, i, j] == (pred == best)[seen].sum()
 
 
-def test_a_malformed_stored_curve_is_refused():
-    with pytest.raises(ConfigError, match="malformed"):
-        pick_from_table({"level": [0]}, 100)
+def test_a_point_that_ties_with_the_best_tier_by_luck_is_not_picked():
+    """A sure local exit as accurate as the best tier (80%), but wrong on other frames: it
+    answers 40% of the frames differently, so new frames would not find it as accurate."""
+    n = 200
+    labels = np.zeros(n, int)
+    onehot = 9.0 * np.eye(2)
+    local = onehot[(np.arange(n) < 40).astype(int)]  # wrong on the first 40 frames
+    escalated = onehot[(np.arange(n) >= 160).astype(int)]  # wrong on the last 40
+    unsure = np.tile([0.0, 1e-3], (n, 1))  # the edge and the plain cloud: unsure and wrong
+    exits = {"local": local, "edge": unsure, "cloud": unsure, "escalated": escalated,
+             "device": np.zeros((n, 1, 2))}
+    s = sweep(exits, labels, np.ones((n, 1), bool), COST, grid=11)
+    assert s.best_tier == pytest.approx(0.8)
+    lucky = pick_tolerance(s, 0.0, agreement=0.0)
+    assert lucky.exit_fraction["local"] == 1.0 and lucky.accuracy == pytest.approx(0.8)
+    careful = pick_tolerance(s, 0.0)
+    assert careful.level == 1 and careful.exit_fraction["cloud"] == 1.0
