@@ -127,3 +127,26 @@ def test_a_point_that_ties_with_the_best_tier_by_luck_is_not_picked():
     assert lucky.exit_fraction["local"] == 1.0 and lucky.accuracy == pytest.approx(0.8)
     careful = pick_tolerance(s, 0.0)
     assert careful.level == 1 and careful.exit_fraction["cloud"] == 1.0
+
+
+def test_a_byte_budget_picks_the_most_accurate_point_within_it():
+    exits, labels, present = _exits()
+    s = sweep(exits, labels, present, COST, grid=51)
+    table = curve_table(frontier(s))
+    for budget in (50, 300, 1000, 5000):
+        p = pick_max_bytes(s, budget)
+        assert p.bytes_per_frame <= budget
+        assert p.accuracy * s.seen == s.correct[s.payload <= budget * s.frames].max()
+        # Re-picked from the stored curve (what ddnn evaluate --max-bytes does): the same.
+        q = pick_from_table(table, budget)
+        assert q.accuracy == pytest.approx(p.accuracy, abs=1e-5)
+        assert q.bytes_per_frame == pytest.approx(p.bytes_per_frame, abs=1e-4)
+    with pytest.raises(ConfigError, match="no operating point sends at most 1 bytes"):
+        pick_max_bytes(s, 1)
+    with pytest.raises(ConfigError, match="no operating point"):
+        pick_from_table(table, 1)
+
+
+def test_a_malformed_stored_curve_is_refused():
+    with pytest.raises(ConfigError, match="malformed"):
+        pick_from_table({"level": [0]}, 100)
