@@ -143,7 +143,6 @@ def pack(
                     deployment, device, deflate, row)
 
 
-
 def encode(env: Envelope) -> bytes:
     """Serialize an envelope; raises :class:`CodecError` for fields the format cannot hold."""
     if not 0 <= env.frame < 1 << 64:
