@@ -46,12 +46,14 @@ def browser():
 def _text(driver, element_id: str) -> str | None:
     """An element's text on a page that reloads itself every 2 s: None when the element is not
     there, or was replaced by a reload between finding it and reading it (poll again)."""
-    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
 
     try:
         return driver.find_element(By.ID, element_id).text
-    except (NoSuchElementException, StaleElementReferenceException):
+    except WebDriverException:
+        # Not found, stale, or (Chromium's word for a reload caught mid-read) "Node with given
+        # id does not belong to the document": all mean poll again.
         return None
 
 
