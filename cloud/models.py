@@ -249,7 +249,9 @@ class FullModel(ServedModel):
         _check_images("views", arrays["views"])
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        return self.runtime.all_exits(inputs["views"], inputs["present"])["cloud"]
+        # (answers only: no byte counts, which would code every view's detail per request)
+        return self.runtime.all_exits(inputs["views"], inputs["present"],
+                                      detail_bytes=False)["cloud"]
 
 
 def _check_images(name: str, x: np.ndarray) -> None:

@@ -160,13 +160,15 @@ class BundleRuntime:
 
     # --- every exit of a batch, as the live hierarchy would compute it -----------------------
 
-    def all_exits(self, X: np.ndarray, present: np.ndarray) -> dict[str, np.ndarray]:
+    def all_exits(self, X: np.ndarray, present: np.ndarray, *, detail_bytes: bool = True
+                  ) -> dict[str, np.ndarray]:
         """Run every segment on a batch of multi-view samples (B, V, 3, H, W).
 
         Tensors pass through the bundle's codecs exactly as they would on the wire, so these
         numbers equal the live hierarchy's. Absent views are not run (their devices send
         nothing); their slots hold zeros. A bundle that can escalate adds ``escalated``, the
-        cloud's answer with every present view's detail.
+        cloud's answer with every present view's detail, and (unless ``detail_bytes`` is
+        False) ``detail_bytes``, each frame's details' payload as its devices would code them.
         """
         b, v = X.shape[:2]
         m = self.manifest
@@ -177,7 +179,7 @@ class BundleRuntime:
         detail = None
         if self.detail_codec is not None:
             detail = np.zeros((b, v, *m.devices[0].output("detail").sample_shape), np.float32)
-            detail_bytes = np.zeros((b, v), np.int64)  # each detail's payload on the wire
+            sizes = np.zeros((b, v), np.int64)  # each detail's payload on the wire
         for i in range(v):
             rows = np.flatnonzero(present[:, i])
             if rows.size == 0:
@@ -187,9 +189,10 @@ class BundleRuntime:
             dev_feats[rows, i] = transmit(out["features"], self.device_codec)
             if detail is not None:
                 detail[rows, i] = transmit(out["detail"], self.detail_codec)
-                row = self.detail_codec.row_bytes(out["detail"].shape)
-                detail_bytes[rows, i] = [wire_size(self.detail_codec.encode(d[None]), row)
-                                         for d in out["detail"]]
+                if detail_bytes:  # coding every detail: for byte counts, not for answers
+                    row = self.detail_codec.row_bytes(out["detail"].shape)
+                    sizes[rows, i] = [wire_size(self.detail_codec.encode(d[None]), row)
+                                      for d in out["detail"]]
         local = self.local(dev_scores, present)
         edge_scores, edge_feats = self.edge(dev_feats, present)
         edge_feats = transmit(edge_feats, self.edge_codec)
@@ -202,12 +205,11 @@ class BundleRuntime:
         if detail is not None:
             sent = present
             if m.escalation_views:  # only the surest devices send theirs
-                detail_bytes, _ = surest_views(detail_bytes, dev_scores, present,
-                                               m.escalation_views)
+                sizes, _ = surest_views(sizes, dev_scores, present, m.escalation_views)
                 detail, sent = surest_views(detail, dev_scores, present, m.escalation_views)
             exits["escalated"] = self.escalated(edge_feats, detail, sent)
-            # The payload bytes the senders' details of each frame take, were it to escalate.
-            exits["detail_bytes"] = np.where(sent, detail_bytes, 0).sum(axis=1)
+            if detail_bytes:  # the payload bytes of each frame's senders' details
+                exits["detail_bytes"] = np.where(sent, sizes, 0).sum(axis=1)
         return exits
 
     def run_dataset(
