@@ -137,6 +137,7 @@ def test_fit_from_given_weights_learns_labelled_data_and_experience(tiny_bundle,
     assert any(not np.array_equal(done.weights[k], start[k]) for k in start)
     correct, counts = evaluate(arch, done.weights, site.holdout, grid=11)
     assert correct["samples"] == site.holdout.num_samples and counts["correct"].shape == (11, 11)
+    assert all(counts[f"agree_{t}"].shape == (11, 11) for t in ("local", "edge", "cloud"))
 
     # Experience: the cloud's soft labels teach the layers above the device stem.
     model = build_model(arch)
