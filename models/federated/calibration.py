@@ -5,12 +5,16 @@ counts over samples (frames that exit locally, at the edge, answered right, upli
 each site computes those counts for every threshold pair of the grid on its own held-out split
 (:func:`exit_counts`), the server adds the sites' tables and takes the same decision
 (:func:`calibrate_counts`): the point a central calibration on the union of the held-out splits
-would choose, while neither samples nor logits leave a site. Escalation level 0 only (the cloud
-on the edge features): a federated bundle answers at level 0. Numpy only.
+would choose, while neither samples nor logits leave a site. No site knows which tier is best
+over all sites, so each counts, for every tier, the frames answered as that tier answers them
+(``agree_local``, ``agree_edge``, ``agree_cloud``); the server keeps the best tier's table for
+the agreement rule. Escalation level 0 only (the cloud on the edge features): a federated
+bundle answers at level 0. Numpy only.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -18,10 +22,14 @@ import numpy as np
 from ddnn.exits import entropy_of_logits
 from ddnn.hierarchy import UplinkCost
 from ddnn.models.calibrate import Calibration
-from ddnn.operating_curve import Sweep, curve_table, frontier, pick_tolerance
+from ddnn.operating_curve import AGREEMENT, Sweep, curve_table, frontier, pick_tolerance
 
+log = logging.getLogger(__name__)
+
+TIERS = ("local", "edge", "cloud")
 COUNT_NAMES = ("samples", "seen", "views", "tier_correct", "local_exits", "edge_exits",
                "past_local_views", "correct")
+AGREE_NAMES = tuple(f"agree_{t}" for t in TIERS)  # absent from the tables of older sites
 
 
 def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
@@ -30,51 +38,74 @@ def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray, present: np
 
     Over the samples some view saw: ``local_exits[i]`` have local entropy < T_i, and their
     views ``past_local_views[i]`` the others; ``edge_exits[i, j]``: of the others, those with
-    edge entropy < T_j; ``correct[i, j]``: right answers at (T_i, T_j); ``tier_correct``: right
-    answers of the local, edge and cloud exit alone.
+    edge entropy < T_j; ``correct[i, j]``: right answers at (T_i, T_j); ``agree_<t>[i, j]``:
+    answers equal to tier t's own at (T_i, T_j); ``tier_correct``: right answers of the local,
+    edge and cloud exit alone.
     """
     n_present = present.sum(axis=1).astype(np.int64)
     seen = n_present > 0
     n = n_present[seen]
     ts = np.linspace(0.0, 1.0, grid)
-    correct = {k: (exits[k].argmax(-1) == labels)[seen] for k in ("local", "edge", "cloud")}
+    preds = {k: exits[k].argmax(-1)[seen] for k in TIERS}
+    truth = np.asarray(labels)[seen]
     h_local = entropy_of_logits(exits["local"])[seen]
     h_edge = entropy_of_logits(exits["edge"])[seen]
     loc = h_local[None, :] < ts[:, None]  # (T_local, N)
     edge_ok = h_edge[None, :] < ts[:, None]  # (T_edge, N)
-    # Integer matrix products: (T_local, N) x (N, T_edge) sums over samples exactly.
     not_loc = (~loc).astype(np.int64)
-    right = (loc & correct["local"]).sum(1)[:, None]
-    right = right + not_loc @ (edge_ok & correct["edge"]).T.astype(np.int64)
-    right = right + not_loc @ (~edge_ok & correct["cloud"]).T.astype(np.int64)
+
+    def answered(hit: Mapping[str, np.ndarray]) -> np.ndarray:
+        """(T_local, T_edge): the frames whose answer there has ``hit`` (per exit, per frame).
+        Integer matrix products: (T_local, N) x (N, T_edge) sums over samples exactly."""
+        total = (loc & hit["local"]).sum(1)[:, None]
+        total = total + not_loc @ (edge_ok & hit["edge"]).T.astype(np.int64)
+        total = total + not_loc @ (~edge_ok & hit["cloud"]).T.astype(np.int64)
+        return total.astype(np.int64)
+
+    right = {k: p == truth for k, p in preds.items()}
     return {
         "samples": np.array([len(labels)], dtype=np.int64),
         "seen": np.array([int(seen.sum())], dtype=np.int64),
         "views": np.array([int(n.sum())], dtype=np.int64),
-        "tier_correct": np.array([int(correct[k].sum()) for k in ("local", "edge", "cloud")],
-                                 dtype=np.int64),
+        "tier_correct": np.array([int(right[k].sum()) for k in TIERS], dtype=np.int64),
         "local_exits": loc.sum(1).astype(np.int64),
         "edge_exits": (not_loc @ edge_ok.T.astype(np.int64)).astype(np.int64),
         "past_local_views": (not_loc @ n).astype(np.int64),
-        "correct": right.astype(np.int64),
+        "correct": answered(right),
+        **{f"agree_{t}": answered({k: p == preds[t] for k, p in preds.items()}) for t in TIERS},
     }
 
 
 def add_counts(tables: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The sum of several sites' tables (same grid)."""
+    """The sum of several sites' tables (same grid); the agreement tables only when every site
+    sent them (an older site's table has none)."""
+    tables = list(tables)
+    names = COUNT_NAMES + (AGREE_NAMES if all(k in t for t in tables for k in AGREE_NAMES)
+                           else ())
     total: dict[str, np.ndarray] = {}
     for t in tables:
-        for k in COUNT_NAMES:
+        for k in names:
             total[k] = total[k] + t[k] if k in total else np.asarray(t[k], dtype=np.int64)
     return total
 
 
 def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
-                     tolerance: float = 0.0) -> Calibration:
-    """``models.calibrate.calibrate``'s choice at level 0, from summed tables, not logits."""
+                     tolerance: float = 0.0, agreement: float = AGREEMENT) -> Calibration:
+    """``models.calibrate.calibrate``'s choice at level 0, from summed tables, not logits.
+
+    The best tier is the one with most right answers (ties: the higher one, as ``sweep``
+    has it); without agreement tables (a site too old to count them) accuracy alone decides,
+    and the calibration says so with an agreement of 0.
+    """
     frames, seen = int(counts["samples"][0]), int(counts["seen"][0])
     if frames < 1:
         raise ValueError("no held-out samples to calibrate on")
+    tier_correct = counts["tier_correct"].astype(np.int64)
+    top = TIERS[len(TIERS) - 1 - int(np.argmax(tier_correct[::-1]))]
+    agree = counts.get(f"agree_{top}")
+    if agree is None:
+        log.warning("a site sent no agreement tables: calibrating on accuracy alone")
+        agreement = 0.0
     local = counts["local_exits"].astype(np.int64)
     edge = counts["edge_exits"].astype(np.int64)
     grid = len(local)
@@ -86,6 +117,8 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
               edge=edge[None],
               payload=np.broadcast_to(payload, (grid, grid))[None],
               frames=frames, seen=seen,
-              best_tier=float(counts["tier_correct"].max()) / max(seen, 1))
-    point = pick_tolerance(s, tolerance)
-    return Calibration(point, tolerance, None, s.best_tier, frames, curve_table(frontier(s)))
+              best_tier=float(tier_correct.max()) / max(seen, 1),
+              agree=None if agree is None else np.asarray(agree, dtype=np.int64)[None])
+    point = pick_tolerance(s, tolerance, agreement)
+    return Calibration(point, tolerance, None, s.best_tier, frames, curve_table(frontier(s)),
+                       agreement)

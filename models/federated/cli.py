@@ -88,7 +88,10 @@ def _federation_options(p) -> None:
     p.add_argument("--round-timeout", type=float, default=D.round_timeout,
                    help="seconds a round waits for the sites (a silent site is left out)")
     p.add_argument("--tolerance", type=float, default=D.tolerance,
-                   help="accuracy the hierarchy may lose against the cloud exit (calibration)")
+                   help="accuracy the hierarchy may lose against its best tier (calibration)")
+    p.add_argument("--agreement", type=float, default=D.agreement,
+                   help="with --tolerance: the share of held-out frames (less the tolerance) "
+                   "the chosen point must answer as the best tier does (0: accuracy alone)")
     p.add_argument("--threads", type=int, default=D.threads, help="torch threads per site")
     p.add_argument("--seed", type=int, default=D.seed, help="seeds splits and batches")
     p.add_argument("--model-version", default="", help="the new bundle's version (default: "
@@ -109,7 +112,8 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         holdout=args.holdout, seed=args.seed, threshold=args.dma_threshold,
         check_steps=args.dma_check_steps, min_sites=args.min_sites, wait_sites=wait_sites,
         join_timeout=args.join_timeout, round_timeout=args.round_timeout,
-        tolerance=args.tolerance, threads=args.threads, version=args.model_version)
+        tolerance=args.tolerance, agreement=args.agreement,
+        threads=args.threads, version=args.model_version)
 
 
 def _progress(args):

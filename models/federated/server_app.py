@@ -154,7 +154,8 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     samples = sum(float(c[METRICS]["samples"]) for c in answers.values())
     accuracy = {k: sum(float(c[METRICS].get(k, 0.0)) for c in answers.values()) / samples
                 for k in ("local", "edge", "cloud")} if samples else {}
-    cal = calibrate_counts(add_counts(tables), cost, s.tolerance) if tables else None
+    cal = (calibrate_counts(add_counts(tables), cost, s.tolerance, s.agreement) if tables
+           else None)
     if cal is not None:
         accuracy["overall"] = cal.point.accuracy
     return cal, {"sites": len(answers), "samples": int(samples), "accuracy": accuracy}

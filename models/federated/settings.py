@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from ddnn.errors import ConfigError
 from ddnn.models.federated.strategy import DMA_CHECK_STEPS, DMA_THRESHOLD
+from ddnn.operating_curve import AGREEMENT
 
 STRATEGIES = ("fedavg", "dma")
 
@@ -37,6 +38,7 @@ class FederationSettings:
     join_timeout: float = 300.0  # seconds to wait for them
     round_timeout: float = 600.0  # seconds a round waits for replies (a silent site is dropped)
     tolerance: float = 0.0  # calibration: accuracy the hierarchy may lose against its best tier
+    agreement: float = AGREEMENT  # calibration: share of frames answered as the best tier does
     grid: int = 201  # calibration: thresholds tried per exit
     threads: int = 1  # torch threads on each site
     version: str = ""  # the new bundle's version (default: the next after the starting one)
@@ -54,8 +56,10 @@ class FederationSettings:
             raise ConfigError("min_sites and wait_sites must be at least 1")
         if self.join_timeout <= 0 or self.round_timeout <= 0:
             raise ConfigError("timeouts must be positive")
-        if not 0.0 <= self.tolerance <= 1.0 or self.grid < 2 or self.threads < 1:
-            raise ConfigError("tolerance in [0, 1], grid >= 2, threads >= 1")
+        if not (0.0 <= self.tolerance <= 1.0 and 0.0 <= self.agreement <= 1.0):
+            raise ConfigError("tolerance and agreement must lie in [0, 1]")
+        if self.grid < 2 or self.threads < 1:
+            raise ConfigError("grid >= 2, threads >= 1")
 
     def run_config(self) -> dict:
         """Flower's run config: kebab-case keys, plain values."""

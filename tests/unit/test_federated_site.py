@@ -16,10 +16,10 @@ from ddnn.models.calibrate import calibrate
 from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
 
 
-def _exits(rng, n: int, c: int = 3, v: int = 3):
+def _exits(rng, n: int, skills=(1.0, 1.5, 2.5), c: int = 3, v: int = 3):
     labels = rng.integers(0, c, n)
     exits = {}
-    for k, skill in (("local", 1.0), ("edge", 1.5), ("cloud", 2.5)):
+    for k, skill in zip(("local", "edge", "cloud"), skills, strict=True):
         logits = rng.normal(0, 1, (n, c))
         logits[np.arange(n), labels] += skill * rng.random(n) * 2
         exits[k] = logits.astype(np.float32)
@@ -27,23 +27,46 @@ def _exits(rng, n: int, c: int = 3, v: int = 3):
     return exits, labels, present
 
 
-@pytest.mark.parametrize("tolerance", [0.0, 0.03])
-def test_summed_site_tables_choose_what_central_calibration_chooses(tolerance):
-    rng = np.random.default_rng(4)
-    sites = [_exits(rng, n) for n in (70, 130, 41)]
+def _pooled(sites):
     pooled = {k: np.concatenate([e[k] for e, _, _ in sites]) for k in sites[0][0]}
-    labels = np.concatenate([y for _, y, _ in sites])
-    present = np.concatenate([p for _, _, p in sites])
-    cost = UplinkCost(scores=6, features=32, single_view=False)
-    # (federated counts hold no agreement with the best tier: central calibration compares
-    # accuracy alone too, for this equality)
-    central = calibrate(pooled, labels, present, cost, tolerance, grid=51, agreement=0.0)
-    federated = calibrate_counts(add_counts(exit_counts(e, y, p, 51) for e, y, p in sites),
-                                 cost, tolerance)
-    assert federated.point == central.point
+    return (pooled, np.concatenate([y for _, y, _ in sites]),
+            np.concatenate([p for _, _, p in sites]))
+
+
+COST = UplinkCost(scores=6, features=32, single_view=False)
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.03])
+@pytest.mark.parametrize(("skills", "best"), [((1.0, 1.5, 2.5), 2), ((1.0, 2.5, 1.5), 1)])
+def test_summed_site_tables_choose_what_central_calibration_chooses(tolerance, skills, best):
+    rng = np.random.default_rng(4)
+    sites = [_exits(rng, n, skills) for n in (70, 130, 41)]
+    pooled, labels, present = _pooled(sites)
+    central = calibrate(pooled, labels, present, COST, tolerance, grid=51)
+    counts = add_counts(exit_counts(e, y, p, 51) for e, y, p in sites)
+    assert int(np.argmax(counts["tier_correct"])) == best  # the cloud, or the edge
+    federated = calibrate_counts(counts, COST, tolerance)
+    assert federated.point == central.point and federated.agreement == central.agreement
     assert federated.best_tier_accuracy == central.best_tier_accuracy
     assert federated.samples == central.samples and federated.curve == central.curve
     assert 0 < central.point.exit_fraction["local"] < 1  # a point inside the grid
+    # The agreement decides here: accuracy alone would pick a cheaper point.
+    alone = calibrate(pooled, labels, present, COST, tolerance, grid=51, agreement=0.0)
+    assert alone.point.bytes_per_frame < central.point.bytes_per_frame
+
+
+def test_a_site_without_agreement_tables_leaves_accuracy_alone(caplog):
+    rng = np.random.default_rng(4)
+    sites = [_exits(rng, n) for n in (70, 130, 41)]
+    tables = [exit_counts(e, y, p, 51) for e, y, p in sites]
+    old = {k: v for k, v in tables[1].items() if not k.startswith("agree_")}  # an older site
+    counts = add_counts([tables[0], old, tables[2]])
+    assert not any(k.startswith("agree_") for k in counts)
+    federated = calibrate_counts(counts, COST, 0.0)
+    central = calibrate(*_pooled(sites), COST, 0.0, grid=51, agreement=0.0)
+    assert federated.point == central.point and federated.agreement == 0.0
+    assert federated.to_dict()["agreement"] == 0.0
+    assert "calibrating on accuracy alone" in caplog.text
 
 
 def _chunk(tmp_path, n=8, classes=("a", "b", "c"), shape=(4, 2, 2), views=2, seed=0, **kw):
@@ -114,6 +137,7 @@ def test_fit_from_given_weights_learns_labelled_data_and_experience(tiny_bundle,
     assert any(not np.array_equal(done.weights[k], start[k]) for k in start)
     correct, counts = evaluate(arch, done.weights, site.holdout, grid=11)
     assert correct["samples"] == site.holdout.num_samples and counts["correct"].shape == (11, 11)
+    assert all(counts[f"agree_{t}"].shape == (11, 11) for t in ("local", "edge", "cloud"))
 
     # Experience: the cloud's soft labels teach the layers above the device stem.
     model = build_model(arch)
