@@ -212,6 +212,11 @@ def _register_training_extras(t, d) -> None:
     t.add_argument("--test", default=None, help="with --baseline: also report accuracy on this")
     t.add_argument("--distill", type=float, default=d.distill,
                    help="weight of online distillation from the cloud exit (0: off)")
+    t.add_argument("--teacher", default=None, metavar="BUNDLE",
+                   help="a raw-offload bundle (--baseline) whose answers every exit also "
+                   "learns from (knowledge distillation)")
+    t.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
+                   help="weight of the teacher's distillation loss")
     t.add_argument("--distill-device", action="store_true",
                    help="distillation teaches the device exits too (the paper preset does)")
     t.add_argument("--no-augment", action="store_true",
@@ -328,6 +333,7 @@ def _train(args) -> int:
         seed=args.seed,
         threads=args.threads,
         distill=args.distill,
+        teacher_weight=args.teacher_weight,
         augment=not args.no_augment,
         schedule=args.schedule,
         patience=args.patience,
@@ -351,6 +357,7 @@ def _train(args) -> int:
         log=log,
         checkpoint=args.checkpoint,
         resume=args.resume,
+        teacher=args.teacher,
     )
     if metrics is None:  # a torchrun process other than rank 0: rank 0 reports
         return 0

@@ -86,6 +86,7 @@ class DDNNConfig:
     # the local and edge exits by KL to its softened predictions; 0 turns it off
     distill_device: bool = False  # distillation teaches each device exit too: a single view
     # cannot be as sure as the fused cloud, and copying its confidence spoils their product
+    teacher_weight: float = 1.0  # weight of distillation from a raw-view teacher (--teacher)
     distill_temperature: float = 2.0  # softening of the teacher and students in distillation
     augment: bool = True  # random shift, brightness and view dropout on training batches
     shift: float = 0.1  # largest translation, as a fraction of the image side
