@@ -32,9 +32,13 @@ SETS = {  # name → (`ddnn data synth` flags, train seed, test seed)
     "P": (["--classes", "10", "--zoom", "2"], 31, 32),
 }
 SEEDS = (0, 1)
-VARIANTS = {  # name → `ddnn train` flags on top of the defaults (escalation is the default)
-    "no_escalation": ["--escalate", "none"],
+VARIANTS = {  # name → `ddnn train` flags on top of the defaults (escalation is the default);
+    # {reference}: the path of the same set and seed's reference bundle
     "escalate_view": ["--escalate", "view"],
+    "teacher": ["--escalate", "view", "--teacher", "{reference}"],
+    "learned": ["--escalate", "view", "--escalate-transform", "learned"],
+    "learned_teacher": ["--escalate", "view", "--escalate-transform", "learned", "--teacher",
+                        "{reference}"],
 }
 TRAIN, TEST = 1500, 1000
 QUICK = {"sets": ("A",), "seeds": (0,), "train": 300, "test": 200, "epochs": "3"}
@@ -60,6 +64,37 @@ def _train(out: Path, train: Path, flags: list[str], seed: int, quick: bool) -> 
          str(seed), "--no-progress", *flags, *(["--epochs", QUICK["epochs"]] if quick else []),
          quiet=True)
     return time.perf_counter() - start
+
+
+def _bundles(root: Path, name: str, seed: int) -> tuple[Path, dict[str, tuple[Path, list[str]]]]:
+    """The reference's path, and each variant's path and `ddnn train` flags."""
+    reference = root / f"{name}-s{seed}-reference"
+    return reference, {v: (root / f"{name}-s{seed}-{v}",
+                           [f.format(reference=reference) for f in flags])
+                       for v, flags in VARIANTS.items()}
+
+
+def train_all(work: Path, quick: bool = False, jobs: int = 2) -> None:
+    """Train every bundle the benchmark needs, ``jobs`` at a time (the references first: a
+    variant may learn from one), so that :func:`run` then only evaluates. For a machine with
+    many cores or a GPU; the trainings' wall times are not recorded."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    root = work / ("tiers-quick" if quick else "tiers")
+    root.mkdir(parents=True, exist_ok=True)
+    sets, seeds = (QUICK["sets"], QUICK["seeds"]) if quick else (tuple(SETS), SEEDS)
+    data = {name: _data(root, name, quick) for name in sets}
+    refs, rest = [], []
+    for name in sets:
+        for seed in seeds:
+            reference, variants = _bundles(root, name, seed)
+            one = ["--threads", "1"]  # many trainings at once: one CPU thread each
+            refs.append((reference, data[name][0], ["--baseline", *one], seed))
+            rest += [(out, data[name][0], [*flags, *one], seed)
+                     for out, flags in variants.values()]
+    with ThreadPoolExecutor(jobs) as pool:
+        for wave in (refs, rest):
+            list(pool.map(lambda job: _train(*job, quick), wave))
 
 
 def _evaluate(bundle: Path, test: Path, *flags: str) -> dict:
@@ -114,12 +149,11 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         train, test = _data(root, name, quick)
         refs, variants = {}, {v: {} for v in VARIANTS}
         for seed in seeds:
-            out = root / f"{name}-s{seed}-reference"
+            out, planned = _bundles(root, name, seed)
             seconds = _train(out, train, ["--baseline"], seed, quick)
             refs[seed] = {"overall": _evaluate(out, test)["accuracy"]["overall"],
                           "train_seconds": seconds}
-            for variant, flags in VARIANTS.items():
-                out = root / f"{name}-s{seed}-{variant}"
+            for variant, (out, flags) in planned.items():
                 seconds = _train(out, train, flags, seed, quick)
                 variants[variant][seed] = _row(out, test, seconds)
         reference = sum(r["overall"] for r in refs.values()) / len(refs)
@@ -142,3 +176,15 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
     }
     write_json(out_dir, "tiers", result)
     return result
+
+
+if __name__ == "__main__":  # python -m ddnn.benchmarks.tiers --work W [--quick] [--jobs N]
+    import argparse
+
+    p = argparse.ArgumentParser(description="train the tiers benchmark's bundles in parallel; "
+                                "`ddnn bench --only tiers --work W` then evaluates them")
+    p.add_argument("--work", default="runs/bench", help="as `ddnn bench --work`")
+    p.add_argument("--quick", action="store_true")
+    p.add_argument("--jobs", type=int, default=2, help="trainings at a time")
+    a = p.parse_args()
+    train_all(Path(a.work), a.quick, a.jobs)

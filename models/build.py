@@ -79,6 +79,7 @@ def _training_summary(data, val_data, cfg: DDNNConfig, train_ds: MultiViewDatase
         "seconds": round(result.seconds, 2),
         "val_accuracy": exit_accuracy(torch_val, val_ds),
         "config": cfg.to_dict(),
+        "teacher": result.teacher,  # the raw-view reference it learned from (--teacher), if any
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
@@ -95,6 +96,7 @@ def build_bundle(
     log=print,
     checkpoint: str | Path | None = None,
     resume: bool = False,
+    teacher: str | Path | None = None,
 ) -> dict | None:
     """Train on ``data`` and write a calibrated bundle to ``out``; returns the training metrics.
 
@@ -111,8 +113,14 @@ def build_bundle(
             f"{stop_ds.num_samples}, calibrating on {val_ds.num_samples}; scheme {cfg.scheme}, "
             f"{cfg.epochs} epochs, {dist.world} process(es) on {dist.device}"
         )
+    soft, taught_by = None, None
+    if teacher is not None:
+        from ddnn.models.teacher import teacher_logits
+
+        soft, taught_by = teacher_logits(teacher, train_ds, cfg.threads)
     result = train(train_ds, stop_ds, cfg, progress=progress, checkpoint=checkpoint,
-                   resume=resume)
+                   resume=resume, teacher=soft)
+    result.teacher = taught_by
     if not dist.main:
         dist.close()
         return None

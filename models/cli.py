@@ -167,6 +167,10 @@ def _register_architecture(t, d) -> None:
     t.add_argument("--escalate-pool", type=int, default=SUPPRESS,
                    help=f"the view's reduction, K x K average pooling (default: "
                    f"{d.escalate_pool})")
+    t.add_argument("--escalate-transform", default=SUPPRESS, choices=["pool", "learned"],
+                   help="the view's reduction: 'pool', average pooling; 'learned', a K x K "
+                   "convolution trained with the network, starting as the average (default: "
+                   f"{d.escalate_transform})")
     t.add_argument("--escalate-bits", type=int, default=SUPPRESS, choices=[8, 4, 2, 1],
                    help=f"bits a detail value travels with (default: {d.escalate_bits})")
     t.add_argument("--escalate-views", type=int, default=SUPPRESS,
@@ -199,6 +203,7 @@ def _architecture(args) -> dict:
         "escalate": given.get("escalate"),
         "escalate_pool": given.get("escalate_pool"),
         "escalate_bits": given.get("escalate_bits"),
+        "escalate_transform": given.get("escalate_transform"),
         "escalate_views": given.get("escalate_views"),
         "escalate_widths": ints(given.get("escalate_widths")),
     }
@@ -212,6 +217,11 @@ def _register_training_extras(t, d) -> None:
     t.add_argument("--test", default=None, help="with --baseline: also report accuracy on this")
     t.add_argument("--distill", type=float, default=d.distill,
                    help="weight of online distillation from the cloud exit (0: off)")
+    t.add_argument("--teacher", default=None, metavar="BUNDLE",
+                   help="a raw-offload bundle (--baseline) whose answers every exit also "
+                   "learns from (knowledge distillation)")
+    t.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
+                   help="weight of the teacher's distillation loss")
     t.add_argument("--distill-device", action="store_true",
                    help="distillation teaches the device exits too (the paper preset does)")
     t.add_argument("--no-augment", action="store_true",
@@ -328,6 +338,7 @@ def _train(args) -> int:
         seed=args.seed,
         threads=args.threads,
         distill=args.distill,
+        teacher_weight=args.teacher_weight,
         augment=not args.no_augment,
         schedule=args.schedule,
         patience=args.patience,
@@ -351,6 +362,7 @@ def _train(args) -> int:
         log=log,
         checkpoint=args.checkpoint,
         resume=args.resume,
+        teacher=args.teacher,
     )
     if metrics is None:  # a torchrun process other than rank 0: rank 0 reports
         return 0

@@ -51,6 +51,7 @@ class TrainResult:
     best_epoch: int = 0
     seconds: float = 0.0
     stopped_early: bool = False
+    teacher: dict | None = None  # the raw-view reference it learned from (models.teacher)
 
 
 def _distill(student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Tensor:
@@ -63,6 +64,7 @@ def _distill(student: torch.Tensor, teacher: torch.Tensor, t: float) -> torch.Te
 def joint_loss(
     out: dict[str, torch.Tensor], y: torch.Tensor, label: torch.Tensor, weights,
     distill: float = 0.0, temperature: float = 2.0, distill_device: bool = True,
+    soft: torch.Tensor | None = None, teacher_weight: float = 0.0,
 ) -> torch.Tensor:
     """Weighted sum of the exits' cross-entropies; device exits learn each present view's label.
 
@@ -92,6 +94,10 @@ def joint_loss(
             per_view = teacher[:, None].expand(-1, y.shape[1], -1)[present]
             kd = kd + _distill(out["device"][present].float(), per_view, temperature)
         loss = loss + distill * kd
+    if soft is not None and teacher_weight > 0:
+        exits = ["local", "edge", "cloud"] + ([top] if top == "escalated" else [])
+        loss = loss + teacher_weight * sum(_distill(out[k].float(), soft.float(), temperature)
+                                           for k in exits)
     return loss
 
 
@@ -125,9 +131,9 @@ def _ddnn_score(model: nn.Module, ds: MultiViewDataset) -> tuple[float, dict[str
 
 
 def _ddnn_loss(cfg: DDNNConfig):
-    def loss(out, y, label):
+    def loss(out, y, label, soft=None):
         return joint_loss(out, y, label, cfg.exit_weights, cfg.distill, cfg.distill_temperature,
-                          cfg.distill_device)
+                          cfg.distill_device, soft, cfg.teacher_weight)
 
     return loss
 
@@ -169,7 +175,8 @@ def _batch(ds: MultiViewDataset, idx: np.ndarray, cfg: DDNNConfig, gen, dev):
     return x.to(dev), present.to(dev), y.to(dev), label.to(dev)
 
 
-def _epoch(model, opt, sched, ds, cfg, dist: Distributed, epoch: int, loss_fn) -> float:
+def _epoch(model, opt, sched, ds, cfg, dist: Distributed, epoch: int, loss_fn,
+           teacher: torch.Tensor | None = None) -> float:
     model.train()
     gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch * 7919 + dist.rank)
     total, steps = 0.0, 0
@@ -177,7 +184,11 @@ def _epoch(model, opt, sched, ds, cfg, dist: Distributed, epoch: int, loss_fn) -
         x, present, y, label = _batch(ds, idx, cfg, gen, dist.device)
         with dist.autocast():
             out = model(x, present)
-        loss = loss_fn({k: v.float() for k, v in out.items()}, y, label)
+        out = {k: v.float() for k, v in out.items()}
+        if teacher is None:
+            loss = loss_fn(out, y, label)
+        else:  # the teacher's logits of these samples (sorted, as _batch reads them)
+            loss = loss_fn(out, y, label, teacher[np.sort(idx)].to(dist.device))
         opt.zero_grad(set_to_none=True)
         dist.backward(loss, opt)
         sched.step()
@@ -195,6 +206,7 @@ def train(
     score_fn: Callable = _ddnn_score,
     checkpoint: str | Path | None = None,
     resume: bool = False,
+    teacher: np.ndarray | None = None,
 ) -> TrainResult:
     """Train on ``train_ds``; keep the epoch with the best score on ``stop_ds``.
 
@@ -214,12 +226,13 @@ def train(
     if resume and checkpoint and Path(checkpoint).is_file():
         run = _Run(**load_checkpoint(checkpoint, model, opt, sched))
     wrapped = dist.wrap(model)
+    soft = None if teacher is None else torch.from_numpy(np.asarray(teacher, np.float32))
     start = time.perf_counter()
     bar = tqdm(range(run.epoch + 1, cfg.epochs + 1), desc="training", unit="epoch",
                disable=not progress or not dist.main, file=sys.stderr)
     for epoch in bar:
         loss = _epoch(wrapped, opt, sched, train_ds, cfg, dist, epoch,
-                      loss_fn or _ddnn_loss(cfg))
+                      loss_fn or _ddnn_loss(cfg), soft)
         stop, run.epoch = False, epoch
         if dist.main:
             key, acc = score_fn(model, stop_ds)

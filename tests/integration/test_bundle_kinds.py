@@ -159,3 +159,23 @@ def test_a_changed_reference_is_refused(reference, tmp_path):
     with pytest.raises(BundleError, match="raw views has per-sample shape"):
         load_bundle(edited, kind="raw")
 
+
+
+def test_a_reference_teaches_a_hierarchy(reference, escalating, tiny_data, tmp_path):
+    cfg = DDNNConfig(epochs=1, batch_size=32, escalate="view")  # as `escalating`, same seed
+    out = tmp_path / "taught"
+    build_bundle(tiny_data.train, out, cfg, name="tiny", progress=False, log=lambda *_: None,
+                 teacher=reference)
+    taught, plain = (load_bundle(b).manifest for b in (out, escalating))
+    assert taught.training["teacher"] == {"bundle": str(reference), "name": "tiny",
+                                          "version": "1"}
+    assert plain.training["teacher"] is None
+    # The teacher's answers reached training: the same seed learned other weights.
+    assert taught.escalated.sha256 != plain.escalated.sha256
+    with pytest.raises(BundleError, match="hierarchy bundle, not a raw-offload reference"):
+        build_bundle(tiny_data.train, tmp_path / "x", cfg, progress=False, log=lambda *_: None,
+                     teacher=escalating)
+    other = _edited(reference, tmp_path / "o", lambda d: d.update(classes=["p", "q", "r"]))
+    with pytest.raises(ConfigError, match="the teacher was made for"):
+        build_bundle(tiny_data.train, tmp_path / "y", cfg, progress=False, log=lambda *_: None,
+                     teacher=other)

@@ -206,3 +206,39 @@ def test_the_surest_views_are_picked_alike_in_torch_and_numpy():
         assert sent.sum(1).tolist() == np.minimum(present.sum(1).numpy(), k).tolist()
     _, sent = surest_views(detail, scores, present, 2)
     assert sent[1].tolist() == [True, False]
+
+
+def test_a_teacher_teaches_every_exit_but_the_devices():
+    model = _model(views=3, escalate="view")
+    model.train()
+    x, present = _inputs(views=3)
+    y = torch.where(present, torch.tensor(1), torch.tensor(-1))
+    label = torch.ones(len(x), dtype=torch.long)
+    out = model(x, present)
+    w = (1.0, 1.0, 1.0, 1.0)
+    soft = torch.randn(len(x), 3)
+    plain = joint_loss(out, y, label, w)
+    taught = joint_loss(out, y, label, w, soft=soft, teacher_weight=0.5)
+    kd = sum(_distill(out[k], soft, 2.0) for k in ("local", "edge", "cloud", "escalated"))
+    torch.testing.assert_close(taught - plain, 0.5 * kd)
+    # An exit that already answers as the teacher does learns nothing more from it.
+    agreeing = {**out, **{k: soft.clone() for k in ("local", "edge", "cloud", "escalated")}}
+    torch.testing.assert_close(joint_loss(agreeing, y, label, w, soft=soft, teacher_weight=1.0),
+                               joint_loss(agreeing, y, label, w))
+
+
+def test_a_learned_detail_reduction_starts_as_the_average_and_learns():
+    pooled = _model(views=3, escalate="view")
+    learned = _model(views=3, escalate="view", escalate_transform="learned")
+    x, present = _inputs(views=3)
+    image = x[:, 0]
+    _, _, a = pooled.devices[0].outputs(image)
+    _, _, b = learned.devices[0].outputs(image)
+    torch.testing.assert_close(a, b)  # the same 4-bit levels before any training
+    reduce = learned.devices[0].reduce
+    learned.train()
+    out = learned(x, present)
+    out["escalated"].sum().backward()
+    assert reduce.weight.grad is not None and reduce.weight.grad.abs().sum() > 0
+    with pytest.raises(ConfigError, match="escalate_transform"):
+        DDNNConfig(escalate_transform="dct")
