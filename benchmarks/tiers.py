@@ -75,25 +75,26 @@ def _bundles(root: Path, name: str, seed: int) -> tuple[Path, dict[str, tuple[Pa
 
 
 def train_all(work: Path, quick: bool = False, jobs: int = 2) -> None:
-    """Train every bundle the benchmark needs, ``jobs`` at a time (the references first: a
-    variant may learn from one), so that :func:`run` then only evaluates. For a machine with
-    many cores or a GPU; the trainings' wall times are not recorded."""
+    """Train every bundle the benchmark needs, ``jobs`` at a time (a variant that learns from
+    its reference after the references), so that :func:`run` then only evaluates. For a
+    machine with many cores or a GPU; the trainings' wall times are not recorded."""
     from concurrent.futures import ThreadPoolExecutor
 
     root = work / ("tiers-quick" if quick else "tiers")
     root.mkdir(parents=True, exist_ok=True)
     sets, seeds = (QUICK["sets"], QUICK["seeds"]) if quick else (tuple(SETS), SEEDS)
     data = {name: _data(root, name, quick) for name in sets}
-    refs, rest = [], []
+    first, taught = [], []
+    one = ["--threads", "1"]  # many trainings at once: one CPU thread each
     for name in sets:
         for seed in seeds:
             reference, variants = _bundles(root, name, seed)
-            one = ["--threads", "1"]  # many trainings at once: one CPU thread each
-            refs.append((reference, data[name][0], ["--baseline", *one], seed))
-            rest += [(out, data[name][0], [*flags, *one], seed)
-                     for out, flags in variants.values()]
+            first.append((reference, data[name][0], ["--baseline", *one], seed))
+            for v, (out, flags) in variants.items():
+                wave = taught if "{reference}" in " ".join(VARIANTS[v]) else first
+                wave.append((out, data[name][0], [*flags, *one], seed))
     with ThreadPoolExecutor(jobs) as pool:
-        for wave in (refs, rest):
+        for wave in (first, taught):
             list(pool.map(lambda job: _train(*job, quick), wave))
 
 
