@@ -34,11 +34,9 @@ SETS = {  # name → (`ddnn data synth` flags, train seed, test seed)
 SEEDS = (0, 1)
 VARIANTS = {  # name → `ddnn train` flags on top of the defaults (escalation is the default);
     # {reference}: the path of the same set and seed's reference bundle
+    "no_escalation": ["--escalate", "none"],
     "escalate_view": ["--escalate", "view"],
     "teacher": ["--escalate", "view", "--teacher", "{reference}"],
-    "learned": ["--escalate", "view", "--escalate-transform", "learned"],
-    "learned_teacher": ["--escalate", "view", "--escalate-transform", "learned", "--teacher",
-                        "{reference}"],
 }
 TRAIN, TEST = 1500, 1000
 QUICK = {"sets": ("A",), "seeds": (0,), "train": 300, "test": 200, "epochs": "3"}

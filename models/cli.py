@@ -167,10 +167,6 @@ def _register_architecture(t, d) -> None:
     t.add_argument("--escalate-pool", type=int, default=SUPPRESS,
                    help=f"the view's reduction, K x K average pooling (default: "
                    f"{d.escalate_pool})")
-    t.add_argument("--escalate-transform", default=SUPPRESS, choices=["pool", "learned"],
-                   help="the view's reduction: 'pool', average pooling; 'learned', a K x K "
-                   "convolution trained with the network, starting as the average (default: "
-                   f"{d.escalate_transform})")
     t.add_argument("--escalate-bits", type=int, default=SUPPRESS, choices=[8, 4, 2, 1],
                    help=f"bits a detail value travels with (default: {d.escalate_bits})")
     t.add_argument("--escalate-views", type=int, default=SUPPRESS,
@@ -203,7 +199,6 @@ def _architecture(args) -> dict:
         "escalate": given.get("escalate"),
         "escalate_pool": given.get("escalate_pool"),
         "escalate_bits": given.get("escalate_bits"),
-        "escalate_transform": given.get("escalate_transform"),
         "escalate_views": given.get("escalate_views"),
         "escalate_widths": ints(given.get("escalate_widths")),
     }

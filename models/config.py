@@ -67,8 +67,6 @@ class DDNNConfig:
     # resolution; "stem", its last stem block's activations; "none": nothing more. "view" pays
     # on every generated set and seed (+0.9, +20, +15 points on A, B, P: docs/training.md)
     escalate_pool: int = 2  # the view's reduction, k x k average pooling (32 x 32 → 16 x 16)
-    escalate_transform: str = "pool"  # the view's reduction: "pool" (average) or "learned" (a
-    # k x k stride-k convolution that starts as the average)
     escalate_bits: int = 4  # bits a detail value travels with: 8 (int8), 4, 2 or 1; 4 halves
     # int8's bytes for 3 points of the escalated exit, 2 loses the colours (docs/training.md)
     escalate_widths: tuple[int, ...] = (24, 48, 96)  # double-conv blocks of the cloud's CNN
@@ -135,8 +133,6 @@ class DDNNConfig:
             raise ConfigError("device stem filters must be positive, device_exit_pool >= 0")
         if self.escalate not in ESCALATIONS or self.escalate_pool < 1:
             raise ConfigError(f"escalate must be one of {ESCALATIONS}, escalate_pool >= 1")
-        if self.escalate_transform not in ("pool", "learned"):
-            raise ConfigError("escalate_transform must be 'pool' or 'learned'")
         if self.escalate_bits not in DETAIL_CODECS:
             raise ConfigError(f"escalate_bits must be one of {sorted(DETAIL_CODECS)}")
         if self.escalate_views < 0:

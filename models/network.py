@@ -111,21 +111,6 @@ class ExitHead(nn.Module):
         return self.fc(torch.flatten(x, 1))
 
 
-def _reduction(k: int, transform: str) -> nn.Module:
-    """The view's reduction to a detail: k x k average pooling, or ("learned") a k x k,
-    stride-k convolution over the colours that starts as that pooling and learns which mix of
-    each patch's pixels and colours the escalated cloud needs most at few bits."""
-    if transform == "pool":
-        return nn.AvgPool2d(k)
-    conv = nn.Conv2d(3, 3, k, stride=k)
-    with torch.no_grad():
-        conv.weight.zero_()
-        for c in range(3):
-            conv.weight[c, c] = 1.0 / (k * k)
-        conv.bias.zero_()
-    return conv
-
-
 class DeviceSegment(nn.Module):
     """What one end device runs: image (B, 3, H, W) → (scores (B, C), features (B, F, h, w)).
 
@@ -157,8 +142,7 @@ class DeviceSegment(nn.Module):
         # resolution, or its last stem block before the ReLU; few-bit levels where
         # cfg.escalate_bits < 8 (int8 otherwise, see int8_roundtrip).
         self.escalate = cfg.escalate
-        self.reduce = (_reduction(cfg.escalate_pool, cfg.escalate_transform)
-                       if cfg.escalate == "view" else None)
+        self.reduce = nn.AvgPool2d(cfg.escalate_pool) if cfg.escalate == "view" else None
         self.detail_act = (Quantize(cfg.escalate_bits)
                            if cfg.escalate != "none" and cfg.escalate_bits < 8 else None)
 

@@ -225,20 +225,3 @@ def test_a_teacher_teaches_every_exit_but_the_devices():
     agreeing = {**out, **{k: soft.clone() for k in ("local", "edge", "cloud", "escalated")}}
     torch.testing.assert_close(joint_loss(agreeing, y, label, w, soft=soft, teacher_weight=1.0),
                                joint_loss(agreeing, y, label, w))
-
-
-def test_a_learned_detail_reduction_starts_as_the_average_and_learns():
-    pooled = _model(views=3, escalate="view")
-    learned = _model(views=3, escalate="view", escalate_transform="learned")
-    x, present = _inputs(views=3)
-    image = x[:, 0]
-    _, _, a = pooled.devices[0].outputs(image)
-    _, _, b = learned.devices[0].outputs(image)
-    torch.testing.assert_close(a, b)  # the same 4-bit levels before any training
-    reduce = learned.devices[0].reduce
-    learned.train()
-    out = learned(x, present)
-    out["escalated"].sum().backward()
-    assert reduce.weight.grad is not None and reduce.weight.grad.abs().sum() > 0
-    with pytest.raises(ConfigError, match="escalate_transform"):
-        DDNNConfig(escalate_transform="dct")
