@@ -292,7 +292,7 @@ SPECS = {
 # The suite's time budget for benchmarks without a measured wall time in their JSON
 # (minutes on the 2 shared cores; tiers from its own docstring).
 ESTIMATES = {
-    "tiers": "hours (18 trainings)",
+    "tiers": "hours (24 trainings); 6 min on a GPU machine (--jobs)",
     "ablation": "~30 (4 trainings beside the default bundle)",
     "paper_tables": "~15 (3 retrainings)",
     "federated": "~35 (central, FedAvg, DMA)",
@@ -326,8 +326,9 @@ and latencies are upper bounds; ratios to the same run's baseline are what to re
 runs had disturbed them. Live
 escalation became the default on 2026-11-25 around 22:40 UTC: results committed before then
 ("not stamped" below) ran on a bundle without it. Not rerun with the others: `tiers` (rerun on
-2026-11-26 on these 2 cores with coded details and calibration's agreement, its trainings two at
-a time with one thread each: 47 min without the escalation-off variant), `edge_ingest` and
+2026-11-26 with a teacher among its variants: its 30 trainings at once on the lent GPU machine in
+5 min, `python -m ddnn.benchmarks.tiers --jobs 30`, then evaluated here in 91 s; without the
+escalation-off variant, measured the day before), `edge_ingest` and
 `edge_cloud_bytes` (rerun the same evening with the changes they measure, unstamped),
 `ablation` (rerun at 00:14 on the lent GPU machine: its seven trainings at once there in 66 s,
 then the benchmark on them; escalation added to its variants), and `paper_tables` and
@@ -339,9 +340,8 @@ tonight's load (`train_seconds` and the reference's `seconds` in `training.json`
 bundle, without escalation, trained in 1.4 min on a quieter machine), not counted in the
 `training` row below; the nine rerun benchmarks, 18 min measured (the table's total); the
 estimates below for the others, about 1.5 h on a quiet machine and several times that under
-load; and `tiers`, about 1.5 h on 2 cores (18 trainings one after another; its last run trained
-them two at a time with `--threads 1` each, as two 2-thread trainings on 2 cores ran five times
-slower), minutes on a GPU machine. In
+load; and `tiers`, about 2 h on 2 cores (24 trainings; two at a time with `--threads 1` each, as
+two 2-thread trainings on 2 cores ran five times slower), minutes on a GPU machine. In
 all: about 2 h under tonight's load without `ablation`, `paper_tables`, `federated` and
 `tiers`; plan on half a day for everything on 2 cores.
 
