@@ -6,9 +6,10 @@ Sets, made by ``ddnn data synth`` (1500 training and 1000 test samples, 6 views 
 3 classes, **B** 10 classes, **P** 10 classes with partial views (``--zoom 2``: each camera sees
 part of the object). For each set and seed: the reference (``ddnn train --baseline``) and each
 variant (escalation off, the defaults, and the defaults taught by that reference:
-``--teacher``), all evaluated by ``ddnn evaluate --json`` on the test file. The aims, per set: the cloud exit at least the edge exit at least the local
-exit (each on every frame); the calibrated overall accuracy at least the reference's minus 0.3
-points (mean of the seeds); at least 20x fewer device uplink bytes than raw 8-bit offload.
+``--teacher``), all evaluated by ``ddnn evaluate --json`` on the test file. The aims, per set:
+the cloud exit at least the edge exit at least the local exit (each on every frame); the
+calibrated overall accuracy at least the reference's minus 0.3 points (mean of the seeds); at
+least 20x fewer device uplink bytes than raw 8-bit offload.
 
     ddnn bench --only tiers [--quick]
 
