@@ -60,7 +60,7 @@ def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     from ddnn.benchmarks.common import workspace
 
     ws = workspace(work, quick=quick)
-    if name in ("cloud_throughput", "edge_cloud_bytes"):
+    if name == "cloud_throughput":
         return module.run(out, ws.bundle, quick=quick)
     if name == "raw_vs_hierarchy":
         from ddnn.benchmarks.common import reference_bundle

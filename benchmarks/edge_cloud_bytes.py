@@ -16,6 +16,11 @@ edge codec) in three ways, one after another on the same server:
   the packed rows in, the scores' FP32 bytes out, no JSON and no header but the lengths and
   the host; docs/cloud.md).
 
+A bundle that escalates (and a test file to take frames from) adds the escalated requests: the
+edge features and every present view's detail of test frames, to ``{name}-escalated``, plain
+(``escalated_plain``, the client before it deflated them) and deflated (``escalated``, today's
+client: ``Content-Encoding: deflate``), their scores checked to be bit-identical.
+
 Bytes per frame are a request's bytes divided by its frames; the scores of the packed and FP32
 paths are checked to be bit-identical. For a lone packed frame the exchange is also split into
 its parts (request line and headers, JSON header, tensor bytes; each way), so what remains is
@@ -169,10 +174,45 @@ def _ways(url: str, model: str, codec: str):
     return ways, (before, fp32, packed), packed
 
 
-def _run_all(bundle: Path, requests: int) -> tuple[dict, dict]:
+def _escalated_ways(url: str, bundle, test: Path, requests: int, relay: CountingRelay
+                    ) -> tuple[dict, dict]:
+    """The escalated requests of the first test frames, plain and deflated, per batch."""
+    from ddnn.dataset import load_dataset
+    from ddnn.edge.cloud_client import CloudClient
+    from ddnn.runtime import BundleRuntime
+
+    m = bundle.manifest
+    ds = load_dataset(test, num_classes=m.num_classes)
+    seen = np.flatnonzero(ds.present.any(axis=1))[: max(BATCHES)]
+    features, detail = BundleRuntime(bundle).escalation_request(ds.X[seen], ds.present[seen])
+    clients = {way: CloudClient(url, f"{m.name}-cloud", timeout=10.0,
+                                escalated=f"{m.name}-escalated")
+               for way in ("escalated_plain", "escalated")}
+    clients["escalated_plain"].deflate_escalated = False
+    results: dict[str, dict] = {way: {} for way in clients}
+    for b in BATCHES:
+        for way, client in clients.items():
+            results[way][str(b)] = _measure(
+                relay, lambda idx, c=client: c.infer_escalated(features[idx], detail[idx],
+                                                               m.version),
+                np.arange(b), requests)
+    scores = {(way, b): r.pop("scores").view(np.uint32)
+              for way, by_batch in results.items() for b, r in by_batch.items()}
+    identical = all(np.array_equal(scores["escalated", str(b)], scores["escalated_plain", str(b)])
+                    for b in BATCHES)
+    deflated = clients["escalated"].deflate_escalated
+    for c in clients.values():
+        c.close()
+    return results, {"escalated_frames": len(seen), "escalated_went_deflated": deflated,
+                     "escalated_scores_bit_identical": identical,
+                     "detail_shape": list(detail.shape[1:])}
+
+
+def _run_all(bundle: Path, requests: int, test: Path | None = None) -> tuple[dict, dict]:
     from ddnn.bundle import load_bundle
 
-    m = load_bundle(bundle).manifest
+    loaded = load_bundle(bundle)
+    m = loaded.manifest
     model, codec = f"{m.name}-cloud", m.codec["edge_features"]
     sample = tuple(m.cloud.inputs[0].sample_shape)
     rng = np.random.default_rng(0)
@@ -200,6 +240,11 @@ def _run_all(bundle: Path, requests: int) -> tuple[dict, dict]:
                 "scores_bit_identical": identical, "lone_frame_breakdown": breakdown}
         for c in clients:
             c.close()
+        if m.escalated is not None and test is not None:
+            escalated, about = _escalated_ways(f"http://{HOST}:{relay.port}", loaded, test,
+                                               requests, relay)
+            results.update(escalated)
+            info.update(about)
         return results, info
     finally:
         if relay is not None:
@@ -207,10 +252,11 @@ def _run_all(bundle: Path, requests: int) -> tuple[dict, dict]:
         stop_process(proc)
 
 
-def run(out_dir: Path, bundle: Path, quick: bool = False) -> dict:
-    """Measure; writes ``edge_cloud_bytes.json``."""
+def run(out_dir: Path, bundle: Path, test: Path | None = None, quick: bool = False) -> dict:
+    """Measure; writes ``edge_cloud_bytes.json``. ``test``: frames for the escalated requests
+    (a bundle that escalates)."""
     requests = 20 if quick else 200
-    results, info = _run_all(Path(bundle), requests)
+    results, info = _run_all(Path(bundle), requests, test)
 
     def ratio(a: str, b: str, key: str, batch: int) -> float:
         return results[a][str(batch)][key] / results[b][str(batch)][key]
@@ -220,6 +266,9 @@ def run(out_dir: Path, bundle: Path, quick: bool = False) -> dict:
         "before_over_packed_requests_only": ratio("fp32_before", "packed",
                                                   "request_bytes_per_frame", b),
         "fp32_over_packed": ratio("fp32", "packed", "bytes_per_frame", b),
+        **({"escalated_plain_over_deflated": ratio("escalated_plain", "escalated",
+                                                   "bytes_per_frame", b)}
+           if "escalated" in results else {}),
     } for b in BATCHES}
     summary = {f"batch_{b}": {w: round(results[w][str(b)]["bytes_per_frame"], 1)
                               for w in results} for b in BATCHES}
@@ -256,9 +305,11 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--bundle", required=True, type=Path)
     p.add_argument("--out", default="runs/bench/edge_cloud_bytes", type=Path)
+    p.add_argument("--test", type=Path, default=None,
+                   help="a dataset file to take escalated frames from (a bundle that escalates)")
     p.add_argument("--quick", action="store_true")
     args = p.parse_args(argv)
-    result = run(args.out, args.bundle, quick=args.quick)
+    result = run(args.out, args.bundle, args.test, quick=args.quick)
     print(json.dumps({"summary": result["summary"], "ratios": result["ratios"]}, indent=1))
 
 

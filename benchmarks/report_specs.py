@@ -127,7 +127,7 @@ CLOUD_THROUGHPUT = Spec(
 
 EDGE_CLOUD_BYTES = Spec(
     question="How many HTTP bytes does a frame the edge sends to the cloud cost, packed "
-    "against FP32 features?",
+    "against FP32 features, and an escalated frame deflated against plain?",
     baseline="FP32 features, and FP32 as the server sent them before (`fp32_before`), same "
     "run, counted through a loopback relay.",
     label="frames per request",
@@ -137,8 +137,12 @@ EDGE_CLOUD_BYTES = Spec(
           Col("FP32 before (B/frame)", "summary/{0}/fp32_before"),
           Col("packed vs FP32", "summary/{0}/packed", base="summary/{0}/fp32", how="fewer"),
           Col("packed vs before", "summary/{0}/packed", base="summary/{0}/fp32_before",
+              how="fewer"),
+          Col("escalated, deflated (B/frame)", "summary/{0}/escalated"),
+          Col("escalated, plain (B/frame)", "summary/{0}/escalated_plain"),
+          Col("deflated vs plain", "summary/{0}/escalated", base="summary/{0}/escalated_plain",
               how="fewer")),
-    setup=("model", "codec", "features_shape", "requests_per_point"),
+    setup=("model", "codec", "features_shape", "detail_shape", "requests_per_point"),
 )
 
 HIERARCHY_LATENCY = Spec(
@@ -328,8 +332,9 @@ escalation became the default on 2026-11-25 around 22:40 UTC: results committed 
 ("not stamped" below) ran on a bundle without it. Not rerun with the others: `tiers` (rerun on
 2026-11-26 with a teacher among its variants: its 30 trainings at once on the lent GPU machine in
 5 min, `python -m ddnn.benchmarks.tiers --jobs 30`, then evaluated here in 91 s; without the
-escalation-off variant, measured the day before), `edge_ingest` and
-`edge_cloud_bytes` (rerun the same evening with the changes they measure, unstamped),
+escalation-off variant, measured the day before), `edge_ingest` (rerun the same evening with
+the change it measures, unstamped), `edge_cloud_bytes` (rerun on 2026-11-26 with the escalated
+requests, on the defaults that run trained for set A, seed 0: the default set and seed),
 `ablation` (rerun at 00:14 on the lent GPU machine: its seven trainings at once there in 66 s,
 then the benchmark on them; escalation added to its variants), and `paper_tables` and
 `federated` (training-heavy: still on the bundle of 2026-11-23).

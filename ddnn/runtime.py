@@ -149,6 +149,30 @@ class BundleRuntime:
             raise BundleError(f"bundle {self.bundle.ref} does not escalate: no device detail")
         return self.runner(f"device-{view}")(image=images)["detail"]
 
+    def escalation_request(self, X: np.ndarray, present: np.ndarray
+                           ) -> tuple[np.ndarray, np.ndarray]:
+        """What the edge sends the escalated model for frames (B, V, 3, H, W) that escalate:
+        the edge features and the senders' details concatenated over the slots (B, S·c, r, r),
+        each as it left its codec (the devices' scores pick the senders where the bundle
+        escalates only the surest views)."""
+        b, v = X.shape[:2]
+        m = self.manifest
+        scores = np.zeros((b, v, m.num_classes), np.float32)
+        feats = np.zeros((b, v, *m.devices[0].output("features").sample_shape), np.float32)
+        detail = np.zeros((b, v, *m.devices[0].output("detail").sample_shape), np.float32)
+        for i in range(v):
+            rows = np.flatnonzero(present[:, i])
+            if rows.size:
+                out = self.device_outputs(i, X[rows, i])
+                scores[rows, i] = transmit(out["scores"], self.scores_codec)
+                feats[rows, i] = transmit(out["features"], self.device_codec)
+                detail[rows, i] = transmit(out["detail"], self.detail_codec)
+        _, edge_feats = self.edge(feats, present)
+        sent = present
+        if m.escalation_views:
+            detail, sent = surest_views(detail, scores, present, m.escalation_views)
+        return transmit(edge_feats, self.edge_codec), aggregate(detail, sent, "concat")
+
     def escalated(self, features: np.ndarray, detail: np.ndarray, present: np.ndarray
                   ) -> np.ndarray:
         """The cloud's answer to an escalated frame: edge features and the details

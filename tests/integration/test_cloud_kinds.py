@@ -5,15 +5,20 @@ Answers over v2 equal the offline runtime's on the same inputs."""
 
 from __future__ import annotations
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import httpx
 import numpy as np
 import pytest
 
 pytest.importorskip("torch")  # the repository's bundles are trained here
 
+from ddnn import oip
 from ddnn.aggregation import aggregate
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
+from ddnn.edge.cloud_client import CloudClient
 from ddnn.raw_runtime import RawRuntime
 from ddnn.runtime import BundleRuntime, transmit
 from tests.support.cloud import cloud_wait_ready
@@ -52,11 +57,13 @@ def test_the_repository_lists_every_kind(url):
     assert [t["name"] for t in meta["inputs"]] == ["edge_features", "device_detail"]
 
 
-def test_the_escalated_model_answers_as_the_offline_runtime(url, kinds_repository, tiny_data):
+def _escalated_inputs(kinds_repository, tiny_data, frames: int = 4):
+    """Edge features and the senders' details of a few test frames, as the edge has them, and
+    the offline runtime's escalated answer."""
     runtime = BundleRuntime(load_bundle(kinds_repository / "esc"))
     m = runtime.manifest
     ds = load_dataset(tiny_data.test, num_classes=m.num_classes)
-    X, present = ds.X[:4], ds.present[:4]
+    X, present = ds.X[:frames], ds.present[:frames]
     feats = np.stack([transmit(runtime.device(v, X[:, v])[1], runtime.device_codec)
                       for v in range(m.views)], axis=1)
     _, edge_features = runtime.edge(feats, present)
@@ -64,9 +71,72 @@ def test_the_escalated_model_answers_as_the_offline_runtime(url, kinds_repositor
     detail = np.stack([transmit(runtime.device_detail(v, X[:, v]), runtime.detail_codec)
                        for v in range(m.views)], axis=1)
     want = runtime.escalated(edge_features, detail, present)
+    detail = aggregate(detail, present, "concat")
+    for got, expected in zip(runtime.escalation_request(X, present), (edge_features, detail),
+                             strict=True):  # the runtime's own helper (benchmarks use it)
+        np.testing.assert_array_equal(got, expected)
+    return edge_features, detail, want, m.version
+
+
+def test_the_escalated_model_answers_as_the_offline_runtime(url, kinds_repository, tiny_data):
+    edge_features, detail, want, _ = _escalated_inputs(kinds_repository, tiny_data)
     got = _scores(_infer(url, "esc-escalated", edge_features=edge_features,
-                         device_detail=aggregate(detail, present, "concat")))
+                         device_detail=detail))
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+class _NoEncodings(ThreadingHTTPServer):
+    """A relay to the cloud that refuses any Content-Encoding (415), as a plain server may."""
+
+    def __init__(self, upstream: str):
+        self.upstream, self.refused = upstream, 0
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                if self.headers.get("Content-Encoding"):
+                    self.server.refused += 1
+                    status, headers, data = 415, {}, b"unsupported media type"
+                else:
+                    r = httpx.post(self.server.upstream + self.path, content=body, timeout=30,
+                                   headers={k: v for k, v in self.headers.items()
+                                            if k.lower() not in ("host", "content-length")})
+                    status, headers, data = r.status_code, r.headers, r.content
+                self.send_response(status)
+                for k in ("content-type", oip.HEADER_LENGTH.lower()):
+                    if k in headers:
+                        self.send_header(k, headers[k])
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_the_edge_sends_escalated_frames_deflated_or_plain_where_refused(url, kinds_repository,
+                                                                          tiny_data):
+    edge_features, detail, want, version = _escalated_inputs(kinds_repository, tiny_data)
+    client = CloudClient(url, "esc-cloud", timeout=30, escalated="esc-escalated")
+    got = client.infer_escalated(edge_features, detail, version)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    assert client.deflate_escalated  # the cloud took the deflated body
+    client.close()
+    relay = _NoEncodings(url)
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
+    try:
+        client = CloudClient(f"http://127.0.0.1:{relay.server_address[1]}", "esc-cloud",
+                             timeout=30, escalated="esc-escalated")
+        for _ in range(2):
+            got = client.infer_escalated(edge_features, detail, version)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert not client.deflate_escalated and relay.refused == 1  # asked once, then plain
+        client.close()
+    finally:
+        relay.shutdown()
+        relay.server_close()
 
 
 def test_the_escalated_model_needs_both_inputs(url, kinds_repository):
