@@ -219,6 +219,9 @@ def _register_training_extras(t, d) -> None:
                    help="weight of the teacher's distillation loss")
     t.add_argument("--distill-device", action="store_true",
                    help="distillation teaches the device exits too (the paper preset does)")
+    t.add_argument("--lowres-epochs", type=int, default=d.lowres_epochs,
+                   help="incremental low-to-high resolution training: the first N epochs see "
+                   "the views at half resolution (0: off)")
     t.add_argument("--no-augment", action="store_true",
                    help="no shift, brightness or view-dropout augmentation")
     t.add_argument("--schedule", default=d.schedule, choices=["cosine", "onecycle", "constant"],
@@ -334,6 +337,7 @@ def _train(args) -> int:
         threads=args.threads,
         distill=args.distill,
         teacher_weight=args.teacher_weight,
+        lowres_epochs=args.lowres_epochs,
         augment=not args.no_augment,
         schedule=args.schedule,
         patience=args.patience,

@@ -88,6 +88,8 @@ class DDNNConfig:
     # cannot be as sure as the fused cloud, and copying its confidence spoils their product
     teacher_weight: float = 1.0  # weight of distillation from a raw-view teacher (--teacher)
     distill_temperature: float = 2.0  # softening of the teacher and students in distillation
+    lowres_epochs: int = 0  # incremental low-to-high resolution training: the first N epochs
+    # see every view at half resolution (2 x 2 blocks averaged, at the input size), then full
     augment: bool = True  # random shift, brightness and view dropout on training batches
     shift: float = 0.1  # largest translation, as a fraction of the image side
     brightness: float = 0.2  # images scaled by a factor in [1 - b, 1 + b] per view
@@ -162,6 +164,8 @@ class DDNNConfig:
             raise ConfigError("device must be auto, cpu or cuda")
         if self.distill < 0 or self.distill_temperature <= 0 or self.patience < 0:
             raise ConfigError("distill and patience must be >= 0, the temperature positive")
+        if self.lowres_epochs < 0:
+            raise ConfigError("lowres_epochs must be >= 0")
         if not 0.0 <= self.view_dropout < 1.0 or not 0.0 <= self.shift < 0.5:
             raise ConfigError("view_dropout must lie in [0, 1) and shift in [0, 0.5)")
         if not 0.0 < self.stop_fraction < 1.0 or self.val_fraction + self.stop_fraction >= 0.9:

@@ -164,10 +164,24 @@ class _Run:
     history: list[dict] = field(default_factory=list)
 
 
-def _batch(ds: MultiViewDataset, idx: np.ndarray, cfg: DDNNConfig, gen, dev):
+def half_resolution(x: torch.Tensor) -> torch.Tensor:
+    """Views (B, V, 3, H, W) at half resolution, at their own size: each 2 x 2 block averaged
+    (odd sizes keep their last row and column as they are)."""
+    b, v, c, h, w = x.shape
+    flat = x.reshape(b * v, c, h, w)
+    low = nn.functional.interpolate(nn.functional.avg_pool2d(flat, 2), scale_factor=2,
+                                    mode="nearest")
+    out = flat.clone()
+    out[..., : low.shape[-2], : low.shape[-1]] = low
+    return out.reshape(x.shape)
+
+
+def _batch(ds: MultiViewDataset, idx: np.ndarray, cfg: DDNNConfig, gen, dev, low: bool = False):
     idx = np.sort(idx)  # sorted rows read a memory-mapped file sequentially
     x = torch.from_numpy(ds.images(idx))
     present = torch.from_numpy(ds.present[idx])
+    if low:  # incremental low-to-high resolution training (cfg.lowres_epochs)
+        x = half_resolution(x)
     if cfg.augment:
         x, present = augment(x, present, cfg.shift, cfg.brightness, cfg.view_dropout, gen)
     y = torch.from_numpy(ds.y[idx]).masked_fill(~present, -1)
@@ -181,7 +195,8 @@ def _epoch(model, opt, sched, ds, cfg, dist: Distributed, epoch: int, loss_fn,
     gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch * 7919 + dist.rank)
     total, steps = 0.0, 0
     for idx in dist.batches(ds.num_samples, cfg.batch_size, cfg.seed, epoch):
-        x, present, y, label = _batch(ds, idx, cfg, gen, dist.device)
+        x, present, y, label = _batch(ds, idx, cfg, gen, dist.device,
+                                      low=epoch <= cfg.lowres_epochs)
         with dist.autocast():
             out = model(x, present)
         out = {k: v.float() for k, v in out.items()}

@@ -225,3 +225,17 @@ def test_a_teacher_teaches_every_exit_but_the_devices():
     agreeing = {**out, **{k: soft.clone() for k in ("local", "edge", "cloud", "escalated")}}
     torch.testing.assert_close(joint_loss(agreeing, y, label, w, soft=soft, teacher_weight=1.0),
                                joint_loss(agreeing, y, label, w))
+
+
+def test_half_resolution_averages_each_two_by_two_block_at_the_same_size():
+    from ddnn.models.train import half_resolution
+
+    x = torch.arange(2 * 3 * 3 * 4 * 5, dtype=torch.float32).reshape(2, 3, 3, 4, 5)
+    low = half_resolution(x)
+    assert low.shape == x.shape
+    block = x[0, 0, 0, :2, :2].mean()
+    assert torch.all(low[0, 0, 0, :2, :2] == block)
+    torch.testing.assert_close(low[..., :4], half_resolution(x[..., :4]))  # the even part
+    assert torch.equal(low[..., 4], x[..., 4])  # an odd last column stays as it was
+    with pytest.raises(ConfigError, match="lowres_epochs"):
+        DDNNConfig(lowres_epochs=-1)
