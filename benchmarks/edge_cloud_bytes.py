@@ -17,7 +17,8 @@ edge codec) in three ways, one after another on the same server:
   the host; docs/cloud.md).
 
 A bundle that escalates (and a test file to take frames from) adds the escalated requests: the
-edge features and every present view's detail of test frames, to ``{name}-escalated``, plain
+edge features and every present view's detail of 64 test frames in turn (their bytes vary with
+the frame), to ``{name}-escalated``, plain
 (``escalated_plain``, the client before it deflated them) and deflated (``escalated``, today's
 client: ``Content-Encoding: deflate``), their scores checked to be bit-identical.
 
@@ -45,6 +46,7 @@ from ddnn.benchmarks.common import stop_process, write_json
 from ddnn.tools.broker import free_port
 
 BATCHES = (1, 8)
+ESCALATED_FRAMES = 64  # test frames the escalated requests take in turn (bytes vary by frame)
 AIM = 16.0  # issues 13, 21: edge → cloud bytes per forwarded frame ≥ 16× fewer than FP32
 
 
@@ -174,6 +176,18 @@ def _ways(url: str, model: str, codec: str):
     return ways, (before, fp32, packed), packed
 
 
+def _in_turn(client, features: np.ndarray, detail: np.ndarray, version: str):
+    """An infer function whose every call sends the next frames (as many as it is given
+    indices), round the frames given, to the escalated model."""
+    calls = iter(range(2**62))
+
+    def infer(idx: np.ndarray) -> np.ndarray:
+        rows = (idx + next(calls) * len(idx)) % len(features)
+        return client.infer_escalated(features[rows], detail[rows], version)
+
+    return infer
+
+
 def _escalated_ways(url: str, bundle, test: Path, requests: int, relay: CountingRelay
                     ) -> tuple[dict, dict]:
     """The escalated requests of the first test frames, plain and deflated, per batch."""
@@ -183,7 +197,7 @@ def _escalated_ways(url: str, bundle, test: Path, requests: int, relay: Counting
 
     m = bundle.manifest
     ds = load_dataset(test, num_classes=m.num_classes)
-    seen = np.flatnonzero(ds.present.any(axis=1))[: max(BATCHES)]
+    seen = np.flatnonzero(ds.present.any(axis=1))[:ESCALATED_FRAMES]
     features, detail = BundleRuntime(bundle).escalation_request(ds.X[seen], ds.present[seen])
     clients = {way: CloudClient(url, f"{m.name}-cloud", timeout=10.0,
                                 escalated=f"{m.name}-escalated")
@@ -191,11 +205,9 @@ def _escalated_ways(url: str, bundle, test: Path, requests: int, relay: Counting
     clients["escalated_plain"].deflate_escalated = False
     results: dict[str, dict] = {way: {} for way in clients}
     for b in BATCHES:
-        for way, client in clients.items():
-            results[way][str(b)] = _measure(
-                relay, lambda idx, c=client: c.infer_escalated(features[idx], detail[idx],
-                                                               m.version),
-                np.arange(b), requests)
+        for way, client in clients.items():  # both ways send the same frames in the same order
+            infer = _in_turn(client, features, detail, m.version)
+            results[way][str(b)] = _measure(relay, infer, np.arange(b), requests)
     scores = {(way, b): r.pop("scores").view(np.uint32)
               for way, by_batch in results.items() for b, r in by_batch.items()}
     identical = all(np.array_equal(scores["escalated", str(b)], scores["escalated_plain", str(b)])

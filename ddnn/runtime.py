@@ -155,22 +155,13 @@ class BundleRuntime:
         the edge features and the senders' details concatenated over the slots (B, S·c, r, r),
         each as it left its codec (the devices' scores pick the senders where the bundle
         escalates only the surest views)."""
-        b, v = X.shape[:2]
-        m = self.manifest
-        scores = np.zeros((b, v, m.num_classes), np.float32)
-        feats = np.zeros((b, v, *m.devices[0].output("features").sample_shape), np.float32)
-        detail = np.zeros((b, v, *m.devices[0].output("detail").sample_shape), np.float32)
-        for i in range(v):
-            rows = np.flatnonzero(present[:, i])
-            if rows.size:
-                out = self.device_outputs(i, X[rows, i])
-                scores[rows, i] = transmit(out["scores"], self.scores_codec)
-                feats[rows, i] = transmit(out["features"], self.device_codec)
-                detail[rows, i] = transmit(out["detail"], self.detail_codec)
+        if self.detail_codec is None:
+            raise BundleError(f"bundle {self.bundle.ref} does not escalate: no device detail")
+        scores, feats, detail, _ = self._device_pass(X, present, detail_bytes=False)
         _, edge_feats = self.edge(feats, present)
         sent = present
-        if m.escalation_views:
-            detail, sent = surest_views(detail, scores, present, m.escalation_views)
+        if self.manifest.escalation_views:
+            detail, sent = surest_views(detail, scores, present, self.manifest.escalation_views)
         return transmit(edge_feats, self.edge_codec), aggregate(detail, sent, "concat")
 
     def escalated(self, features: np.ndarray, detail: np.ndarray, present: np.ndarray
@@ -194,29 +185,8 @@ class BundleRuntime:
         cloud's answer with every present view's detail, and (unless ``detail_bytes`` is
         False) ``detail_bytes``, each frame's details' payload as its devices would code them.
         """
-        b, v = X.shape[:2]
         m = self.manifest
-        c = m.num_classes
-        dev_scores = np.zeros((b, v, c), np.float32)
-        feat_shape = m.devices[0].output("features").sample_shape
-        dev_feats = np.zeros((b, v, *feat_shape), np.float32)
-        detail = None
-        if self.detail_codec is not None:
-            detail = np.zeros((b, v, *m.devices[0].output("detail").sample_shape), np.float32)
-            sizes = np.zeros((b, v), np.int64)  # each detail's payload on the wire
-        for i in range(v):
-            rows = np.flatnonzero(present[:, i])
-            if rows.size == 0:
-                continue
-            out = self.runner(f"device-{i}")(image=X[rows, i])
-            dev_scores[rows, i] = transmit(out["scores"], self.scores_codec)
-            dev_feats[rows, i] = transmit(out["features"], self.device_codec)
-            if detail is not None:
-                detail[rows, i] = transmit(out["detail"], self.detail_codec)
-                if detail_bytes:  # coding every detail: for byte counts, not for answers
-                    row = self.detail_codec.row_bytes(out["detail"].shape)
-                    sizes[rows, i] = [wire_size(self.detail_codec.encode(d[None]), row)
-                                      for d in out["detail"]]
+        dev_scores, dev_feats, detail, sizes = self._device_pass(X, present, detail_bytes)
         local = self.local(dev_scores, present)
         edge_scores, edge_feats = self.edge(dev_feats, present)
         edge_feats = transmit(edge_feats, self.edge_codec)
@@ -229,12 +199,40 @@ class BundleRuntime:
         if detail is not None:
             sent = present
             if m.escalation_views:  # only the surest devices send theirs
-                sizes, _ = surest_views(sizes, dev_scores, present, m.escalation_views)
+                if sizes is not None:
+                    sizes, _ = surest_views(sizes, dev_scores, present, m.escalation_views)
                 detail, sent = surest_views(detail, dev_scores, present, m.escalation_views)
             exits["escalated"] = self.escalated(edge_feats, detail, sent)
             if detail_bytes:  # the payload bytes of each frame's senders' details
                 exits["detail_bytes"] = np.where(sent, sizes, 0).sum(axis=1)
         return exits
+
+    def _device_pass(self, X: np.ndarray, present: np.ndarray, detail_bytes: bool):
+        """Every present view's device segment on a batch: (scores, features, detail or None,
+        each detail's payload bytes as its device codes it or None), as they leave their
+        codecs; absent views' slots hold zeros."""
+        b, v = X.shape[:2]
+        m = self.manifest
+        scores = np.zeros((b, v, m.num_classes), np.float32)
+        feats = np.zeros((b, v, *m.devices[0].output("features").sample_shape), np.float32)
+        detail = sizes = None
+        if self.detail_codec is not None:
+            detail = np.zeros((b, v, *m.devices[0].output("detail").sample_shape), np.float32)
+            sizes = np.zeros((b, v), np.int64) if detail_bytes else None
+        for i in range(v):
+            rows = np.flatnonzero(present[:, i])
+            if rows.size == 0:
+                continue
+            out = self.runner(f"device-{i}")(image=X[rows, i])
+            scores[rows, i] = transmit(out["scores"], self.scores_codec)
+            feats[rows, i] = transmit(out["features"], self.device_codec)
+            if detail is not None:
+                detail[rows, i] = transmit(out["detail"], self.detail_codec)
+            if sizes is not None:  # coding every detail: for byte counts, not for answers
+                row = self.detail_codec.row_bytes(out["detail"].shape)
+                sizes[rows, i] = [wire_size(self.detail_codec.encode(d[None]), row)
+                                  for d in out["detail"]]
+        return scores, feats, detail, sizes
 
     def run_dataset(
         self, X: np.ndarray, present: np.ndarray, batch: int = 256

@@ -113,14 +113,13 @@ def build_bundle(
             f"{stop_ds.num_samples}, calibrating on {val_ds.num_samples}; scheme {cfg.scheme}, "
             f"{cfg.epochs} epochs, {dist.world} process(es) on {dist.device}"
         )
-    soft, taught_by = None, None
+    taught_by = None
     if teacher is not None:
-        from ddnn.models.teacher import teacher_logits
+        from ddnn.models.teacher import load_teacher
 
-        soft, taught_by = teacher_logits(teacher, train_ds, cfg.threads)
+        taught_by = load_teacher(teacher, train_ds, cfg.threads)
     result = train(train_ds, stop_ds, cfg, progress=progress, checkpoint=checkpoint,
-                   resume=resume, teacher=soft)
-    result.teacher = taught_by
+                   resume=resume, teacher=taught_by)
     if not dist.main:
         dist.close()
         return None

@@ -317,14 +317,20 @@ def _baseline(args, cfg) -> int:
     return 0
 
 
-def _train(args) -> int:
-    from ddnn.models.build import build_bundle
+def _config(args):
+    """The DDNNConfig of ``ddnn train``'s arguments."""
+    from ddnn.errors import ConfigError
     from ddnn.models.config import DDNNConfig
 
+    if args.teacher and args.baseline:
+        raise ConfigError("--teacher teaches a hierarchy; the reference (--baseline) learns "
+                          "from the labels alone")
+    if args.teacher and args.teacher_weight == 0:
+        raise ConfigError("--teacher with --teacher-weight 0 would run the teacher for nothing")
     arch = _architecture(args)
     if args.distill_device:
         arch["distill_device"] = True
-    cfg = (DDNNConfig.paper if args.paper else DDNNConfig)(
+    return (DDNNConfig.paper if args.paper else DDNNConfig)(
         **arch,
         epochs=args.epochs,
         batch_size=args.batch_size,
@@ -347,6 +353,12 @@ def _train(args) -> int:
         cpu_amp=args.cpu_amp,
         comm_hook=args.comm_hook,
     )
+
+
+def _train(args) -> int:
+    from ddnn.models.build import build_bundle
+
+    cfg = _config(args)
     if args.baseline:
         return _baseline(args, cfg)
     log = (lambda *a, **k: None) if args.json else (lambda msg: print(msg, file=sys.stderr))

@@ -164,8 +164,11 @@ class DDNNConfig:
             raise ConfigError("device must be auto, cpu or cuda")
         if self.distill < 0 or self.distill_temperature <= 0 or self.patience < 0:
             raise ConfigError("distill and patience must be >= 0, the temperature positive")
-        if self.lowres_epochs < 0:
-            raise ConfigError("lowres_epochs must be >= 0")
+        if not 0 <= self.lowres_epochs < self.epochs:
+            raise ConfigError("lowres_epochs must lie in [0, epochs): the last epochs must see "
+                              "the views at full resolution")
+        if self.teacher_weight < 0:
+            raise ConfigError("teacher_weight must be >= 0")
         if not 0.0 <= self.view_dropout < 1.0 or not 0.0 <= self.shift < 0.5:
             raise ConfigError("view_dropout must lie in [0, 1) and shift in [0, 0.5)")
         if not 0.0 < self.stop_fraction < 1.0 or self.val_fraction + self.stop_fraction >= 0.9:

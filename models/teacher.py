@@ -9,6 +9,7 @@ hierarchy); each sample keeps its teacher answer whatever augmentation the batch
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -19,11 +20,18 @@ from ddnn.errors import ConfigError
 from ddnn.raw_runtime import RawRuntime
 
 
-def teacher_logits(bundle_dir: str | Path, ds: MultiViewDataset, threads: int | None = None,
-                   batch: int = 256) -> tuple[np.ndarray, dict]:
-    """The teacher's logits (N, C) for every sample of ``ds``, and what the manifest records of
-    it. Raises :class:`BundleError` for a bundle that is not a reference and
-    :class:`ConfigError` for one made for other data."""
+@dataclass(frozen=True)
+class Teacher:
+    """A teacher's answers for a training split, and which bundle gave them."""
+
+    logits: np.ndarray  # (N, C), row i for sample i of the split
+    identity: dict  # bundle path, name and version: the manifest and checkpoints record it
+
+
+def load_teacher(bundle_dir: str | Path, ds: MultiViewDataset, threads: int | None = None,
+                 batch: int = 256) -> Teacher:
+    """The teacher's logits for every sample of ``ds``. Raises :class:`BundleError` for a
+    bundle that is not a reference and :class:`ConfigError` for one made for other data."""
     bundle = load_bundle(bundle_dir, kind="raw")
     m = bundle.manifest
     if (list(m.classes), m.views, tuple(m.input_shape)) != \
@@ -35,4 +43,4 @@ def teacher_logits(bundle_dir: str | Path, ds: MultiViewDataset, threads: int | 
     rt = RawRuntime(bundle, threads)
     logits = np.concatenate([rt.scores(ds.images(slice(i, i + batch)))
                              for i in range(0, ds.num_samples, batch)])
-    return logits, {"bundle": str(bundle_dir), "name": m.name, "version": m.version}
+    return Teacher(logits, {"bundle": str(bundle_dir), "name": m.name, "version": m.version})

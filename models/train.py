@@ -16,6 +16,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -23,11 +24,15 @@ from torch import nn
 from tqdm import tqdm
 
 from ddnn.dataset import MultiViewDataset
+from ddnn.errors import ConfigError
 from ddnn.models.augment import augment
 from ddnn.models.checkpoint import load_checkpoint, save_checkpoint
 from ddnn.models.config import DDNNConfig
 from ddnn.models.distributed import Distributed
 from ddnn.models.network import DDNN
+
+if TYPE_CHECKING:
+    from ddnn.models.teacher import Teacher
 
 
 def split_holdout(
@@ -94,8 +99,8 @@ def joint_loss(
             per_view = teacher[:, None].expand(-1, y.shape[1], -1)[present]
             kd = kd + _distill(out["device"][present].float(), per_view, temperature)
         loss = loss + distill * kd
-    if soft is not None and teacher_weight > 0:
-        exits = ["local", "edge", "cloud"] + ([top] if top == "escalated" else [])
+    if soft is not None and teacher_weight > 0:  # a raw-view teacher (models.teacher)
+        exits = [k for k in ("local", "edge", "cloud", "escalated") if k in out]
         loss = loss + teacher_weight * sum(_distill(out[k].float(), soft.float(), temperature)
                                            for k in exits)
     return loss
@@ -162,6 +167,7 @@ class _Run:
     best_state: dict | None = None
     bad_epochs: int = 0
     history: list[dict] = field(default_factory=list)
+    teacher: dict | None = None  # the raw-view teacher's identity: a resume must keep it
 
 
 def half_resolution(x: torch.Tensor) -> torch.Tensor:
@@ -190,7 +196,7 @@ def _batch(ds: MultiViewDataset, idx: np.ndarray, cfg: DDNNConfig, gen, dev, low
 
 
 def _epoch(model, opt, sched, ds, cfg, dist: Distributed, epoch: int, loss_fn,
-           teacher: torch.Tensor | None = None) -> float:
+           teacher_logits: torch.Tensor | None = None) -> float:
     model.train()
     gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch * 7919 + dist.rank)
     total, steps = 0.0, 0
@@ -200,10 +206,11 @@ def _epoch(model, opt, sched, ds, cfg, dist: Distributed, epoch: int, loss_fn,
         with dist.autocast():
             out = model(x, present)
         out = {k: v.float() for k, v in out.items()}
-        if teacher is None:
+        if teacher_logits is None:
             loss = loss_fn(out, y, label)
         else:  # the teacher's logits of these samples (sorted, as _batch reads them)
-            loss = loss_fn(out, y, label, teacher[np.sort(idx)].to(dist.device))
+            rows = torch.from_numpy(np.sort(idx)).to(teacher_logits.device)
+            loss = loss_fn(out, y, label, teacher_logits[rows])
         opt.zero_grad(set_to_none=True)
         dist.backward(loss, opt)
         sched.step()
@@ -221,7 +228,7 @@ def train(
     score_fn: Callable = _ddnn_score,
     checkpoint: str | Path | None = None,
     resume: bool = False,
-    teacher: np.ndarray | None = None,
+    teacher: Teacher | None = None,
 ) -> TrainResult:
     """Train on ``train_ds``; keep the epoch with the best score on ``stop_ds``.
 
@@ -238,10 +245,16 @@ def train(
     opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     sched = _schedule(opt, cfg, dist.steps_per_epoch(train_ds.num_samples, cfg.batch_size))
     run = _Run()
+    taught_by = teacher.identity if teacher is not None else None
     if resume and checkpoint and Path(checkpoint).is_file():
         run = _Run(**load_checkpoint(checkpoint, model, opt, sched))
+        if run.teacher != taught_by:
+            raise ConfigError(f"{checkpoint} was trained with teacher {run.teacher}, not "
+                              f"{taught_by}: resume with the same --teacher, or start afresh")
+    run.teacher = taught_by
     wrapped = dist.wrap(model)
-    soft = None if teacher is None else torch.from_numpy(np.asarray(teacher, np.float32))
+    soft = (None if teacher is None  # on the device once, its rows picked per batch
+            else torch.from_numpy(np.asarray(teacher.logits, np.float32)).to(dist.device))
     start = time.perf_counter()
     bar = tqdm(range(run.epoch + 1, cfg.epochs + 1), desc="training", unit="epoch",
                disable=not progress or not dist.main, file=sys.stderr)
@@ -262,7 +275,8 @@ def train(
                 save_checkpoint(checkpoint, model, opt, sched, run.__dict__)
         if dist.agree(stop):
             break
-    result = TrainResult(model, run.history, run.best_epoch, stopped_early=run.epoch < cfg.epochs)
+    result = TrainResult(model, run.history, run.best_epoch, stopped_early=run.epoch < cfg.epochs,
+                         teacher=taught_by)
     if run.best_state is not None:
         model.load_state_dict(run.best_state)
     model.eval()

@@ -18,7 +18,7 @@ from ddnn import oip
 from ddnn.aggregation import aggregate
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
-from ddnn.edge.cloud_client import CloudClient
+from ddnn.edge.cloud_client import CloudClient, CloudError
 from ddnn.raw_runtime import RawRuntime
 from ddnn.runtime import BundleRuntime, transmit
 from tests.support.cloud import cloud_wait_ready
@@ -86,17 +86,18 @@ def test_the_escalated_model_answers_as_the_offline_runtime(url, kinds_repositor
 
 
 class _NoEncodings(ThreadingHTTPServer):
-    """A relay to the cloud that refuses any Content-Encoding (415), as a plain server may."""
+    """A relay to the cloud that refuses any Content-Encoding (415, or ``refusal``), as a plain
+    server may."""
 
-    def __init__(self, upstream: str):
-        self.upstream, self.refused = upstream, 0
+    def __init__(self, upstream: str, refusal: tuple[int, bytes] = (415, b"unsupported")):
+        self.upstream, self.refusal, self.refused = upstream, refusal, 0
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.headers.get("Content-Encoding"):
                     self.server.refused += 1
-                    status, headers, data = 415, {}, b"unsupported media type"
+                    (status, data), headers = self.server.refusal, {}
                 else:
                     r = httpx.post(self.server.upstream + self.path, content=body, timeout=30,
                                    headers={k: v for k, v in self.headers.items()
@@ -116,15 +117,25 @@ class _NoEncodings(ThreadingHTTPServer):
         super().__init__(("127.0.0.1", 0), Handler)
 
 
-def test_the_edge_sends_escalated_frames_deflated_or_plain_where_refused(url, kinds_repository,
-                                                                          tiny_data):
+def test_the_edge_sends_escalated_frames_deflated(url, kinds_repository, tiny_data):
     edge_features, detail, want, version = _escalated_inputs(kinds_repository, tiny_data)
     client = CloudClient(url, "esc-cloud", timeout=30, escalated="esc-escalated")
     got = client.infer_escalated(edge_features, detail, version)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
     assert client.deflate_escalated  # the cloud took the deflated body
+    # A bad request is answered 400 for what it is, not taken for a refused encoding.
+    with pytest.raises(CloudError, match="400"):
+        client.infer_escalated(edge_features, detail[:, 1:], version)
+    assert client.deflate_escalated
     client.close()
-    relay = _NoEncodings(url)
+
+
+@pytest.mark.parametrize("refusal", [(415, b"unsupported media type"),
+                                     (400, b"unsupported Content-Encoding 'deflate'")])
+def test_a_server_refusing_the_encoding_gets_plain_escalated_frames(url, kinds_repository,
+                                                                    tiny_data, refusal):
+    edge_features, detail, want, version = _escalated_inputs(kinds_repository, tiny_data)
+    relay = _NoEncodings(url, refusal)
     threading.Thread(target=relay.serve_forever, daemon=True).start()
     try:
         client = CloudClient(f"http://127.0.0.1:{relay.server_address[1]}", "esc-cloud",

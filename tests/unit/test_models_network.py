@@ -239,3 +239,29 @@ def test_half_resolution_averages_each_two_by_two_block_at_the_same_size():
     assert torch.equal(low[..., 4], x[..., 4])  # an odd last column stays as it was
     with pytest.raises(ConfigError, match="lowres_epochs"):
         DDNNConfig(lowres_epochs=-1)
+
+
+def test_each_batch_learns_from_its_own_samples_teacher_answers(tmp_path):
+    # A teacher sure of each sample's label: every batch's soft targets must name the batch's
+    # own labels (rows picked as the batch reads them), in low- and full-resolution epochs.
+    from ddnn.dataset import load_dataset
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
+    from ddnn.models.teacher import Teacher
+    from ddnn.models.train import _ddnn_loss, train
+
+    save_dataset(tmp_path / "d.npz", synthesize(70, SceneConfig(views=2, classes=3, size=16),
+                                                seed=3))
+    ds = load_dataset(tmp_path / "d.npz")
+    teacher = Teacher(10.0 * np.eye(3, dtype=np.float32)[ds.label], {"name": "t"})
+    cfg = DDNNConfig(epochs=2, batch_size=16, lowres_epochs=1, device="cpu")
+    plain, seen = _ddnn_loss(cfg), []
+
+    def spy(out, y, label, soft=None):
+        seen.append(bool(torch.equal(soft.argmax(-1), label)))
+        return plain(out, y, label, soft)
+
+    ckpt = tmp_path / "run.pt"
+    result = train(ds, ds, cfg, progress=False, loss_fn=spy, teacher=teacher, checkpoint=ckpt)
+    assert len(seen) > 4 and all(seen) and result.teacher == {"name": "t"}
+    with pytest.raises(ConfigError, match="trained with teacher"):  # a resume keeps its teacher
+        train(ds, ds, cfg, progress=False, checkpoint=ckpt, resume=True)
