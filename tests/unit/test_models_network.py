@@ -110,14 +110,18 @@ def test_bad_architecture_settings_are_refused():
         DDNNConfig(device_scores="probs")
 
 
-def test_device_distillation_is_optional():
+def _training_outputs():
+    """An escalating model's outputs in training mode, with labels and the exits' weights."""
     model = _model(views=3, escalate="view")
     model.train()
     x, present = _inputs(views=3)
     y = torch.where(present, torch.tensor(1), torch.tensor(-1))
     label = torch.ones(len(x), dtype=torch.long)
-    out = model(x, present)
-    w = (1.0, 1.0, 1.0, 1.0)
+    return model(x, present), y, label, present, (1.0, 1.0, 1.0, 1.0)
+
+
+def test_device_distillation_is_optional():
+    out, y, label, present, w = _training_outputs()
     with_dev = joint_loss(out, y, label, w, distill=1.0, distill_device=True)
     without = joint_loss(out, y, label, w, distill=1.0, distill_device=False)
     none = joint_loss(out, y, label, w, distill=0.0)
@@ -209,14 +213,8 @@ def test_the_surest_views_are_picked_alike_in_torch_and_numpy():
 
 
 def test_a_teacher_teaches_every_exit_but_the_devices():
-    model = _model(views=3, escalate="view")
-    model.train()
-    x, present = _inputs(views=3)
-    y = torch.where(present, torch.tensor(1), torch.tensor(-1))
-    label = torch.ones(len(x), dtype=torch.long)
-    out = model(x, present)
-    w = (1.0, 1.0, 1.0, 1.0)
-    soft = torch.randn(len(x), 3)
+    out, y, label, _, w = _training_outputs()
+    soft = torch.randn(len(label), 3)
     plain = joint_loss(out, y, label, w)
     taught = joint_loss(out, y, label, w, soft=soft, teacher_weight=0.5)
     kd = sum(_distill(out[k], soft, 2.0) for k in ("local", "edge", "cloud", "escalated"))
