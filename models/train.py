@@ -75,7 +75,9 @@ def joint_loss(
 
     The escalated cloud exit, when the network has one, weighs as the cloud exit does. With
     ``distill`` > 0 the top exit (detached: the escalated one, else the cloud) also teaches
-    the exits below it, the device exits too unless ``distill_device`` is False.
+    the exits below it, the device exits too unless ``distill_device`` is False. ``soft``:
+    a raw-view teacher's logits for these samples (``models.teacher``), which teach every exit
+    above the devices with ``teacher_weight``.
     """
     ce = nn.functional.cross_entropy
     present = y >= 0
