@@ -78,6 +78,12 @@ class Sweep:
         )
 
 
+def best_tier(right: dict[str, int]) -> str:
+    """The tier with the most right answers, ``right`` listing the tiers from the lowest up;
+    ties go to the higher tier (whose answers a calibrated point should then give)."""
+    return max(reversed(right), key=lambda k: right[k])
+
+
 def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
           cost: UplinkCost, grid: int = 201) -> Sweep:
     """Count every grid point's outcome on labelled per-exit scores; ``present`` (N, V)."""
@@ -92,8 +98,7 @@ def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
                   for level in range(levels)})
     truth = np.asarray(labels)[seen]
     right = {k: p == truth for k, p in preds.items()}
-    # The best single tier (ties: the higher one), whose answers a point should give.
-    top = max(reversed(preds), key=lambda k: right[k].sum()) if truth.size else "local"
+    top = best_tier({k: int(r.sum()) for k, r in right.items()}) if truth.size else "local"
     same = {k: p == preds[top] for k, p in preds.items()}
     n = n_present[seen]
     details = cost.details(exits, n_present)[seen]  # bytes of a frame's details, escalated

@@ -22,7 +22,14 @@ import numpy as np
 from ddnn.exits import entropy_of_logits
 from ddnn.hierarchy import UplinkCost
 from ddnn.models.calibrate import Calibration
-from ddnn.operating_curve import AGREEMENT, Sweep, curve_table, frontier, pick_tolerance
+from ddnn.operating_curve import (
+    AGREEMENT,
+    Sweep,
+    best_tier,
+    curve_table,
+    frontier,
+    pick_tolerance,
+)
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +108,7 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
     if frames < 1:
         raise ValueError("no held-out samples to calibrate on")
     tier_correct = counts["tier_correct"].astype(np.int64)
-    top = TIERS[len(TIERS) - 1 - int(np.argmax(tier_correct[::-1]))]
+    top = best_tier(dict(zip(TIERS, tier_correct.tolist(), strict=True)))
     agree = counts.get(f"agree_{top}")
     if agree is None:
         log.warning("a site sent no agreement tables: calibrating on accuracy alone")
