@@ -263,3 +263,19 @@ def test_each_batch_learns_from_its_own_samples_teacher_answers(tmp_path):
     assert len(seen) > 4 and all(seen) and result.teacher == {"name": "t"}
     with pytest.raises(ConfigError, match="trained with teacher"):  # a resume keeps its teacher
         train(ds, ds, cfg, progress=False, checkpoint=ckpt, resume=True)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--baseline", "--teacher", "ref"], "learns from the labels alone"),
+    (["--teacher", "ref", "--teacher-weight", "0"], "for nothing"),
+    (["--teacher-weight", "-1"], "teacher_weight must be >= 0"),
+    (["--epochs", "3", "--lowres-epochs", "3"], "lowres_epochs must lie in"),
+])
+def test_train_refuses_a_teacher_or_curriculum_that_would_do_nothing(tmp_path, capsys, flags,
+                                                                      message):
+    from ddnn.cli import main
+
+    code = main(["train", "--data", str(tmp_path / "none.npz"), "--out", str(tmp_path / "b"),
+                 *flags])
+    assert code != 0 and message in capsys.readouterr().err
+    assert not (tmp_path / "b").exists()  # refused before any data is read or file written
