@@ -5,8 +5,9 @@ calling").
 Sets, made by ``ddnn data synth`` (1500 training and 1000 test samples, 6 views of 32x32): **A**
 3 classes, **B** 10 classes, **P** 10 classes with partial views (``--zoom 2``: each camera sees
 part of the object). For each set and seed: the reference (``ddnn train --baseline``) and each
-variant (escalation off, the defaults, and the defaults taught by that reference:
-``--teacher``), all evaluated by ``ddnn evaluate --json`` on the test file. The aims, per set:
+variant (escalation off, the defaults, the defaults taught by that reference:
+``--teacher``, and the deep device of ``--deep-device``), all evaluated by ``ddnn evaluate
+--json`` on the test file. The aims, per set:
 the cloud exit at least the edge exit at least the local exit (each on every frame); the
 calibrated overall accuracy at least the reference's minus 0.3 points (mean of the seeds); at
 least 20x fewer device uplink bytes than raw 8-bit offload.
@@ -41,6 +42,7 @@ VARIANTS = {  # name → `ddnn train` flags on top of the defaults (escalation i
     "no_escalation": ["--escalate", "none"],
     "escalate_view": ["--escalate", "view"],
     "teacher": ["--escalate", "view", "--teacher", "{reference}"],
+    "deep_device": ["--deep-device"],  # a Pi-class device (DDNNConfig.deep_device), no escalation
 }
 TRAIN, TEST = 1500, 1000
 QUICK = {"sets": ("A",), "seeds": (0,), "train": 300, "test": 200, "epochs": "3"}

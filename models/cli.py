@@ -127,6 +127,11 @@ def _register_architecture(t, d) -> None:
                    help="the paper's network (the defaults before docs/training.md's changes): "
                    "one binarized ConvP block of 4 filters per device, linear device exit, "
                    "MP-AP, binary edge features; other flags still apply on top")
+    t.add_argument("--deep-device", action="store_true",
+                   help="a device as deep as a Raspberry Pi-class board affords: double-conv "
+                   "stem blocks of 32 and 64 filters, 64 binary features a cell, no escalation "
+                   "(about 210 KB a device; docs/training.md, 'A deep device'); other flags "
+                   "still apply on top")
     t.add_argument("--scheme", default=SUPPRESS,
                    help=f"aggregation scheme: AP-CC, MP-CC, MP-AP, MP, AP, CC, ... "
                    f"(default: {d.scheme})")
@@ -136,6 +141,9 @@ def _register_architecture(t, d) -> None:
     t.add_argument("--device-stem", default=SUPPRESS,
                    help="float ConvP blocks before it, comma-separated filter counts, '' for "
                    f"none (default: {','.join(map(str, d.device_stem))})")
+    t.add_argument("--device-convs", type=int, default=SUPPRESS, choices=[1, 2, 3],
+                   help="3x3 convolutions in each device stem block before its pool "
+                   f"(default: {d.device_convs})")
     t.add_argument("--device-codec", default=SUPPRESS, choices=list(DEVICE_CODECS),
                    help=f"how device features travel (default: {d.device_codec})")
     t.add_argument("--float-device", action="store_true",
@@ -187,6 +195,7 @@ def _architecture(args) -> dict:
         "scheme": given.get("scheme"),
         "device_filters": given.get("device_filters"),
         "device_stem": ints(given.get("device_stem")),
+        "device_convs": given.get("device_convs"),
         "device_codec": "float16" if args.float_device else given.get("device_codec"),
         "device_binary": True if args.binary_weights else None,
         "device_exit_pool": given.get("device_exit_pool"),
@@ -330,7 +339,11 @@ def _config(args):
     arch = _architecture(args)
     if args.distill_device:
         arch["distill_device"] = True
-    return (DDNNConfig.paper if args.paper else DDNNConfig)(
+    if args.paper and args.deep_device:
+        raise ConfigError("--paper and --deep-device are two different networks: choose one")
+    preset = (DDNNConfig.paper if args.paper
+              else DDNNConfig.deep_device if args.deep_device else DDNNConfig)
+    return preset(
         **arch,
         epochs=args.epochs,
         batch_size=args.batch_size,

@@ -19,7 +19,13 @@ PAPER = {  # DDNNConfig.paper(): the architecture before docs/training.md's "Clo
     "scheme": "MP-AP", "device_filters": 4, "device_stem": (), "device_binary": True,
     "device_codec": "binary", "device_exit_float": False, "device_exit_pool": 0,
     "device_scores": "logits", "edge_filters": 16, "edge_per_view": False,
-    "edge_codec": "binary", "distill_device": True, "escalate": "none",
+    "edge_codec": "binary", "distill_device": True, "escalate": "none", "device_convs": 1,
+}
+DEEP_DEVICE = {  # DDNNConfig.deep_device(): a device as deep as a small board affords (Raspberry
+    # Pi class: about 105 k weights, 210 KB of float16), whose fused exit alone matched or beat the
+    # raw-offload reference on the generated sets at 29-97 B a frame (docs/training.md, "A deep
+    # device"); the details of escalation then add nothing, so it is off
+    "device_stem": (32, 64), "device_convs": 2, "device_filters": 64, "escalate": "none",
 }
 
 
@@ -40,6 +46,8 @@ class DDNNConfig:
     # each halving the resolution: a deeper device classifies its view far better, and sends a
     # smaller map (16 x 4 x 4 bits = 32 bytes at 32 x 32); (8, 16) fits 16 KB with the device
     # weights stored as float16 (models.export.store_float16)
+    device_convs: int = 1  # 3x3 convolutions in each stem block before its pool (2: VGG-style
+    # double-conv blocks, as the reference's trunk)
     device_binary: bool = False  # binarized (±1) conv weights on the device (eBNN, the paper's);
     # costs about 2 points here and saves nothing on the wire
     device_codec: str = "binary"  # how device features travel, which fixes the last device
@@ -131,6 +139,8 @@ class DDNNConfig:
             raise ConfigError(f"edge codec must be one of {EDGE_CODECS}")
         if self.device_codec not in DEVICE_CODECS:
             raise ConfigError(f"device codec must be one of {DEVICE_CODECS}")
+        if not 1 <= self.device_convs <= 3:
+            raise ConfigError("device_convs must be 1, 2 or 3")
         if min(self.device_stem, default=1) < 1 or self.device_exit_pool < 0:
             raise ConfigError("device stem filters must be positive, device_exit_pool >= 0")
         if self.escalate not in ESCALATIONS or self.escalate_pool < 1:
@@ -182,6 +192,12 @@ class DDNNConfig:
         one binarized ConvP block of 4 filters per device with a linear exit on its features,
         max of the device logits, average of the device features, binary edge features."""
         return cls(**{**PAPER, **overrides})
+
+    @classmethod
+    def deep_device(cls, **overrides) -> DDNNConfig:
+        """A deep device for a Raspberry Pi-class board: two double-conv stem blocks (32 and 64
+        filters) and 64 binary features a cell (128 B a view), no escalation."""
+        return cls(**{**DEEP_DEVICE, **overrides})
 
     @property
     def device_bits(self) -> int:

@@ -69,12 +69,23 @@ class BinaryConv2d(nn.Conv2d):
 
 
 class ConvP(nn.Module):
-    """The paper's ConvP block: conv 3×3 → max-pool 3×3/2 → batch norm → activation."""
+    """The paper's ConvP block: conv 3×3 → max-pool 3×3/2 → batch norm → activation.
 
-    def __init__(self, c_in: int, c_out: int, binary_weights: bool, binary_act: bool):
+    ``convs`` > 1 puts that many 3×3 convolutions before the pool, each but the last followed
+    by batch norm and ReLU (a VGG-style block: twice the depth at the same resolution).
+    """
+
+    def __init__(self, c_in: int, c_out: int, binary_weights: bool, binary_act: bool,
+                 convs: int = 1):
         super().__init__()
         conv = BinaryConv2d if binary_weights else nn.Conv2d
-        self.conv = conv(c_in, c_out, kernel_size=3, padding=1, bias=False)
+        layers: list[nn.Module] = []
+        for _ in range(convs - 1):
+            layers += [conv(c_in, c_out, kernel_size=3, padding=1, bias=False),
+                       nn.BatchNorm2d(c_out), nn.ReLU()]
+            c_in = c_out
+        last = conv(c_in, c_out, kernel_size=3, padding=1, bias=False)
+        self.conv = nn.Sequential(*layers, last) if layers else last
         self.pool = nn.MaxPool2d(kernel_size=3, stride=2, padding=1)
         self.bn = nn.BatchNorm2d(c_out)
         self.act = BinarySign() if binary_act else nn.ReLU()
@@ -126,7 +137,7 @@ class DeviceSegment(nn.Module):
         super().__init__()
         stem, c = [], 3
         for f in cfg.device_stem:
-            stem.append(ConvP(c, f, cfg.device_binary, binary_act=False))
+            stem.append(ConvP(c, f, cfg.device_binary, binary_act=False, convs=cfg.device_convs))
             c = f
         self.stem = nn.Sequential(*stem)
         self.block = ConvP(c, cfg.device_filters, cfg.device_binary, binary_act=False)

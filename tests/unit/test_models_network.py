@@ -88,6 +88,28 @@ def test_any_image_size_from_16(size):
     assert out["cloud"].shape == (6, 3) and torch.isfinite(out["cloud"]).all()
 
 
+def test_deep_device_preset_fits_a_small_board_and_sends_few_bytes(tmp_path):
+    cfg = DDNNConfig.deep_device()
+    assert (cfg.device_stem, cfg.device_convs, cfg.device_filters, cfg.escalate) == (
+        (32, 64), 2, 64, "none")
+    assert DDNNConfig.deep_device(escalate="view").escalate == "view"  # overrides apply on top
+    torch.manual_seed(0)
+    model = DDNN(cfg, 6, 10, 32, 32).eval()
+    stem = model.devices[0].stem
+    convs = [sum(isinstance(m, torch.nn.Conv2d) for m in block.modules()) for block in stem]
+    assert convs == [2, 2]  # VGG-style double-conv blocks, each halving the resolution
+    spec = export_segments(model, tmp_path, (3, 32, 32))["device-0"]
+    assert 16 * 1024 < spec.size <= 256 * 1024  # a Pi-class board's model, not a microcontroller's
+    # 64 binary features on a 4x4 map: 128 B a view, 24x under its 8-bit image
+    assert np.prod(spec.output("features").sample_shape) // 8 == 128
+
+
+def test_device_convs_must_be_one_to_three():
+    with pytest.raises(ConfigError, match="device_convs"):
+        DDNNConfig(device_convs=0)
+    assert DDNNConfig.paper().device_convs == 1
+
+
 def test_paper_preset_is_the_previous_architecture():
     cfg = DDNNConfig.paper()
     assert (cfg.scheme, cfg.device_filters, cfg.device_stem, cfg.device_binary) == (
@@ -270,6 +292,7 @@ def test_each_batch_learns_from_its_own_samples_teacher_answers(tmp_path):
     (["--teacher", "ref", "--teacher-weight", "0"], "for nothing"),
     (["--teacher-weight", "-1"], "teacher_weight must be >= 0"),
     (["--epochs", "3", "--lowres-epochs", "3"], "lowres_epochs must lie in"),
+    (["--paper", "--deep-device"], "two different networks"),
 ])
 def test_train_refuses_a_teacher_or_curriculum_that_would_do_nothing(tmp_path, capsys, flags,
                                                                       message):
