@@ -87,31 +87,34 @@ def _initializers(graph) -> dict[str, np.ndarray]:
     return out
 
 
-def _unfolded(trunk: torch.nn.Module, graph, inits: dict[str, np.ndarray], path: Path
-              ) -> dict[str, np.ndarray]:
-    """The escalated cloud's view trunk as weights of its modules: its export (``graph``, whose
-    weights are ``inits``) folded each batch norm into the convolution before it (unnamed
-    ``onnx::Conv_*`` weight and bias, in graph order), which a batch norm of unit scale and
-    variance and zero mean gives back exactly."""
+def _unfolded(module: torch.nn.Module, graph, inits: dict[str, np.ndarray], path: Path,
+              prefix: str = "") -> dict[str, np.ndarray]:
+    """A segment's convolutions that batch norm follows directly (the escalated cloud's view
+    trunk, a deep device's double-conv blocks) as weights of their modules, named under
+    ``prefix``: the export (``graph``, whose weights are ``inits``) folded each such batch norm
+    into its convolution (unnamed ``onnx::Conv_*`` weight and bias, in graph order), which a batch
+    norm of unit scale and variance and zero mean gives back exactly."""
     folded = [(inits[n.input[1]], inits[n.input[2]]) for n in graph.node
               if n.op_type == "Conv" and len(n.input) == 3 and n.input[1].startswith("onnx::")]
     pairs, conv = [], None
-    for name, mod in trunk.named_modules():
+    for name, mod in module.named_modules():
         if isinstance(mod, torch.nn.Conv2d):
             conv = name
         elif isinstance(mod, torch.nn.BatchNorm2d) and conv is not None:
             pairs.append((conv, name, mod.eps))
             conv = None
+        elif not any(True for _ in mod.children()):
+            conv = None  # a layer between them (a pool): that batch norm was not folded
     if len(folded) != len(pairs):
         raise BundleError(f"{path.name}: {len(folded)} folded convolutions, the network has "
                           f"{len(pairs)}; this network cannot be rebuilt from its ONNX files")
     out = {}
     for (weight, bias), (conv, bn, eps) in zip(folded, pairs, strict=True):
-        out[f"trunk.{conv}.weight"] = weight
-        out[f"trunk.{bn}.weight"] = np.ones_like(bias)
-        out[f"trunk.{bn}.bias"] = bias
-        out[f"trunk.{bn}.running_mean"] = np.zeros_like(bias)
-        out[f"trunk.{bn}.running_var"] = np.full_like(bias, 1.0 - eps)
+        out[f"{prefix}{conv}.weight"] = weight
+        out[f"{prefix}{bn}.weight"] = np.ones_like(bias)
+        out[f"{prefix}{bn}.bias"] = bias
+        out[f"{prefix}{bn}.running_mean"] = np.zeros_like(bias)
+        out[f"{prefix}{bn}.running_var"] = np.full_like(bias, 1.0 - eps)
     return out
 
 
@@ -140,9 +143,7 @@ def model_from_bundle(path: str | Path, check: bool = True) -> DDNN:
         for module, onnx_file, prefix in _segments(model, bundle):
             graph = onnx.load(str(onnx_file)).graph
             inits = _initializers(graph)
-            if module is model.escalated:
-                inits.update(_unfolded(module.trunk, graph, inits,  # type: ignore[union-attr]
-                                       onnx_file))
+            inits.update(_unfolded(module, graph, inits, onnx_file, prefix))
             for name, t in [*module.named_parameters(), *module.named_buffers()]:
                 if not t.is_floating_point():
                     continue
