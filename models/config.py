@@ -23,7 +23,7 @@ PAPER = {  # DDNNConfig.paper(): the architecture before docs/training.md's "Clo
 }
 DEEP_DEVICE = {  # DDNNConfig.deep_device(): a device as deep as a small board affords (Raspberry
     # Pi class: about 105 k weights, 210 KB of float16), whose fused exit alone matched or beat the
-    # raw-offload reference on the generated sets at 29-97 B a frame (docs/training.md, "A deep
+    # raw-offload reference on the generated sets at 29-101 B a frame (docs/training.md, "A deep
     # device"); the details of escalation then add nothing, so it is off
     "device_stem": (32, 64), "device_convs": 2, "device_filters": 64, "escalate": "none",
 }
