@@ -143,7 +143,7 @@ def _register_architecture(t, d) -> None:
                    f"none (default: {','.join(map(str, d.device_stem))})")
     t.add_argument("--device-convs", type=int, default=SUPPRESS, choices=[1, 2, 3],
                    help="3x3 convolutions in each device stem block before its pool "
-                   f"(default: {d.device_convs})")
+                   f"(default: {d.device_convs}; 2 with --deep-device)")
     t.add_argument("--device-codec", default=SUPPRESS, choices=list(DEVICE_CODECS),
                    help=f"how device features travel (default: {d.device_codec})")
     t.add_argument("--float-device", action="store_true",

@@ -141,6 +141,9 @@ class DDNNConfig:
             raise ConfigError(f"device codec must be one of {DEVICE_CODECS}")
         if not 1 <= self.device_convs <= 3:
             raise ConfigError("device_convs must be 1, 2 or 3")
+        if self.device_convs > 1 and not self.device_stem:
+            raise ConfigError("device_convs sets the convolutions of the device stem blocks: "
+                              "give a stem (--device-stem) or leave it at 1")
         if min(self.device_stem, default=1) < 1 or self.device_exit_pool < 0:
             raise ConfigError("device stem filters must be positive, device_exit_pool >= 0")
         if self.escalate not in ESCALATIONS or self.escalate_pool < 1:

@@ -76,7 +76,9 @@ def store_float16(path: Path) -> None:
     """Rewrite an ONNX file with its float32 weights stored as float16, each read through a
     ``Cast`` back to float32: half the bytes on the board and over the air, the same float32
     arithmetic (ONNX Runtime folds the casts into float32 weights when it loads the file).
-    Exact for weights already rounded by :func:`round_float16`."""
+    Exact for weights already rounded by :func:`round_float16`, except where the export folded a
+    batch norm into the convolution before it (a ``--device-convs 2`` stem): that weight is a
+    product, rounded again here, so torch and the file then agree within float16 rounding."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 

@@ -93,7 +93,9 @@ def _unfolded(module: torch.nn.Module, graph, inits: dict[str, np.ndarray], path
     trunk, a deep device's double-conv blocks) as weights of their modules, named under
     ``prefix``: the export (``graph``, whose weights are ``inits``) folded each such batch norm
     into its convolution (unnamed ``onnx::Conv_*`` weight and bias, in graph order), which a batch
-    norm of unit scale and variance and zero mean gives back exactly."""
+    norm of unit scale and variance and zero mean gives back exactly in evaluation. (In training
+    mode such a batch norm normalizes by the batch's statistics without the scale it had: the
+    first local steps of federated fine-tuning start from a slightly different network.)"""
     folded = [(inits[n.input[1]], inits[n.input[2]]) for n in graph.node
               if n.op_type == "Conv" and len(n.input) == 3 and n.input[1].startswith("onnx::")]
     pairs, conv = [], None
@@ -101,7 +103,10 @@ def _unfolded(module: torch.nn.Module, graph, inits: dict[str, np.ndarray], path
         if isinstance(mod, torch.nn.Conv2d):
             conv = name
         elif isinstance(mod, torch.nn.BatchNorm2d) and conv is not None:
-            pairs.append((conv, name, mod.eps))
+            # Folded only where the file lost its statistics (a binarized conv, whose ±1 weights
+            # are computed, is not folded: its batch norm keeps its name).
+            if prefix + name + ".running_mean" not in inits:
+                pairs.append((conv, name, mod.eps))
             conv = None
         elif not any(True for _ in mod.children()):
             conv = None  # a layer between them (a pool): that batch norm was not folded

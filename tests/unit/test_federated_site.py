@@ -180,19 +180,24 @@ def test_an_escalating_bundle_is_rebuilt_from_its_onnx_files(kinds_repository):
     assert model.escalated is not None
 
 
-def test_a_deep_device_bundle_is_rebuilt_from_its_onnx_files(tiny_data, tmp_path):
+@pytest.mark.parametrize("kw", [{"escalate": "view"}, {}, {"device_binary": True}],
+                         ids=["escalating", "preset", "binary-weights"])
+def test_a_deep_device_bundle_is_rebuilt_from_its_onnx_files(tiny_data, tmp_path, kw):
     """A deep device's double-conv blocks had the batch norm after each first convolution folded
-    into it at export (the second one's follows a pool: kept by name); both come back, beside
-    the escalated trunk's, and torch gives every exit of the bundle (parity is checked)."""
+    into it at export (the second one's follows a pool: kept by name; a binarized conv is not
+    folded at all); all come back, beside the escalated trunk's where the bundle escalates, and
+    torch gives every exit of the bundle (parity is checked)."""
     torch = pytest.importorskip("torch")
     from ddnn.models.build import build_bundle
     from ddnn.models.config import DDNNConfig
     from ddnn.models.federated.weights import model_from_bundle
 
-    cfg = DDNNConfig.deep_device(epochs=1, batch_size=32, seed=0, escalate="view")
+    cfg = DDNNConfig.deep_device(epochs=1, batch_size=32, seed=0, **kw)
     build_bundle(tiny_data.train, tmp_path / "deep", cfg, name="deep", version="1",
                  progress=False, log=lambda *_: None)
     model = model_from_bundle(tmp_path / "deep")
-    first = model.devices[0].stem[0].conv[1]  # the batch norm folded into the first conv
-    assert isinstance(first, torch.nn.BatchNorm2d) and torch.all(first.running_mean == 0)
+    first = model.devices[0].stem[0].conv[1]  # the batch norm after the first conv
+    assert isinstance(first, torch.nn.BatchNorm2d)
+    # folded (statistics given back as zero mean) unless the conv is binarized
+    assert torch.all(first.running_mean == 0) != bool(kw.get("device_binary"))
     assert not torch.all(model.devices[0].stem[0].bn.running_mean == 0)  # kept by name

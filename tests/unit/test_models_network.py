@@ -104,10 +104,14 @@ def test_deep_device_preset_fits_a_small_board_and_sends_few_bytes(tmp_path):
     assert np.prod(spec.output("features").sample_shape) // 8 == 128
 
 
-def test_device_convs_must_be_one_to_three():
-    with pytest.raises(ConfigError, match="device_convs"):
-        DDNNConfig(device_convs=0)
-    assert DDNNConfig.paper().device_convs == 1
+@pytest.mark.parametrize("kw, message", [
+    ({"device_convs": 0}, "must be 1, 2 or 3"),
+    ({"device_convs": 4}, "must be 1, 2 or 3"),
+    ({"device_convs": 2, "device_stem": ()}, "give a stem"),  # else silently ignored
+])
+def test_device_convs_takes_one_to_three_convolutions_of_a_stem(kw, message):
+    with pytest.raises(ConfigError, match=message):
+        DDNNConfig(**kw)
 
 
 def test_paper_preset_is_the_previous_architecture():
