@@ -159,9 +159,7 @@ class BundleRuntime:
             raise BundleError(f"bundle {self.bundle.ref} does not escalate: no device detail")
         scores, feats, detail, _ = self._device_pass(X, present, detail_bytes=False)
         _, edge_feats = self.edge(feats, present)
-        sent = present
-        if self.manifest.escalation_views:
-            detail, sent = surest_views(detail, scores, present, self.manifest.escalation_views)
+        detail, _, sent = self._senders(scores, present, detail)
         return transmit(edge_feats, self.edge_codec), aggregate(detail, sent, "concat")
 
     def escalated(self, features: np.ndarray, detail: np.ndarray, present: np.ndarray
@@ -185,7 +183,6 @@ class BundleRuntime:
         cloud's answer with every present view's detail, and (unless ``detail_bytes`` is
         False) ``detail_bytes``, each frame's details' payload as its devices would code them.
         """
-        m = self.manifest
         dev_scores, dev_feats, detail, sizes = self._device_pass(X, present, detail_bytes)
         local = self.local(dev_scores, present)
         edge_scores, edge_feats = self.edge(dev_feats, present)
@@ -197,15 +194,24 @@ class BundleRuntime:
             "cloud": self.cloud(edge_feats),
         }
         if detail is not None:
-            sent = present
-            if m.escalation_views:  # only the surest devices send theirs
-                if sizes is not None:
-                    sizes, _ = surest_views(sizes, dev_scores, present, m.escalation_views)
-                detail, sent = surest_views(detail, dev_scores, present, m.escalation_views)
+            detail, sizes, sent = self._senders(dev_scores, present, detail, sizes)
             exits["escalated"] = self.escalated(edge_feats, detail, sent)
             if detail_bytes:  # the payload bytes of each frame's senders' details
                 exits["detail_bytes"] = np.where(sent, sizes, 0).sum(axis=1)
         return exits
+
+    def _senders(self, scores: np.ndarray, present: np.ndarray, detail: np.ndarray,
+                 sizes: np.ndarray | None = None):
+        """The details (B, V, ...) of the views that send theirs, in the bundle's slots, their
+        payload bytes (when given) and which slots hold one: every present view's, or only
+        the ``escalation_views`` surest devices' (picked by their scores)."""
+        k = self.manifest.escalation_views
+        if not k:
+            return detail, sizes, present
+        if sizes is not None:
+            sizes, _ = surest_views(sizes, scores, present, k)
+        detail, sent = surest_views(detail, scores, present, k)
+        return detail, sizes, sent
 
     def _device_pass(self, X: np.ndarray, present: np.ndarray, detail_bytes: bool):
         """Every present view's device segment on a batch: (scores, features, detail or None,
