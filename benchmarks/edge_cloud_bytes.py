@@ -32,6 +32,7 @@ visible. Nothing is asserted.
 
 from __future__ import annotations
 
+import itertools
 import os
 import platform
 import socket
@@ -179,7 +180,7 @@ def _ways(url: str, model: str, codec: str):
 def _in_turn(client, features: np.ndarray, detail: np.ndarray, version: str):
     """An infer function whose every call sends the next frames (as many as it is given
     indices), round the frames given, to the escalated model."""
-    calls = iter(range(2**62))
+    calls = itertools.count()
 
     def infer(idx: np.ndarray) -> np.ndarray:
         rows = (idx + next(calls) * len(idx)) % len(features)
