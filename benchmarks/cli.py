@@ -13,6 +13,7 @@ BENCHMARKS = {
     "training": "ddnn.benchmarks.training",
     "ablation": "ddnn.benchmarks.ablation",  # each training change off, beside the reference
     "tiers": "ddnn.benchmarks.tiers",  # every set x 2 seeds: variants against the reference
+    "stacking": "ddnn.benchmarks.stacking",  # the tiers' bundles with stacked exits on and off
     "paper_tables": "ddnn.benchmarks.paper_tables",
     "device_footprint": "ddnn.benchmarks.device_footprint",
     "cloud_throughput": "ddnn.benchmarks.cloud_throughput",
@@ -55,7 +56,8 @@ def register(sub, data_sub, formatter) -> None:
 
 def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     module = importlib.import_module(BENCHMARKS[name])
-    if name in ("training", "ablation", "paper_tables", "federated", "drift", "tiers"):
+    if name in ("training", "ablation", "paper_tables", "federated", "drift", "tiers",
+                "stacking"):
         return module.run(out, work, quick=quick)
     from ddnn.benchmarks.common import workspace
 

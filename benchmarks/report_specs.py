@@ -67,6 +67,26 @@ TIERS = Spec(
     bundle="bundles trained by the benchmark itself, per set and seed",
 )
 
+STACKING = Spec(
+    question="On the tiers benchmark's bundles, what do stacked exits buy: does accuracy rise "
+    "going up the tiers, and does the calibrated hierarchy gain?",
+    baseline="the same bundle with its exits unstacked (stacking and thresholds fitted again by "
+    "`ddnn train`'s own code on its held-out splits; mean over the seeds).",
+    label="set · variant",
+    rows="table/*/*",
+    cols=(Col("local (%)", "table/{0}/{1}/stacked/mean/local", scale=PCT),
+          Col("edge, unstacked (%)", "table/{0}/{1}/unstacked/mean/edge", scale=PCT),
+          Col("edge, stacked (%)", "table/{0}/{1}/stacked/mean/edge", scale=PCT),
+          Col("cloud, unstacked (%)", "table/{0}/{1}/unstacked/mean/cloud", scale=PCT),
+          Col("cloud, stacked (%)", "table/{0}/{1}/stacked/mean/cloud", scale=PCT),
+          Col("overall, stacked (%)", "table/{0}/{1}/stacked/mean/overall", scale=PCT),
+          Col("vs unstacked (points)", "table/{0}/{1}/stacked/mean/overall",
+              base="table/{0}/{1}/unstacked/mean/overall", how="diff", scale=PCT),
+          Col("bytes a frame, stacked", "table/{0}/{1}/stacked/mean/bytes_per_frame")),
+    setup=("sets", "seeds", "note"),
+    bundle="the tiers benchmark's bundles (`--work`/tiers), restacked by the benchmark",
+)
+
 PAPER_TABLES = Spec(
     question="The paper's tables on the default bundle: accuracy as devices are added, and "
     "with one device missing.",
@@ -286,7 +306,8 @@ DRIFT = Spec(
 )
 
 SPECS = {
-    "training": TRAINING, "ablation": ABLATION, "tiers": TIERS, "paper_tables": PAPER_TABLES,
+    "training": TRAINING, "ablation": ABLATION, "tiers": TIERS, "stacking": STACKING,
+    "paper_tables": PAPER_TABLES,
     "device_footprint": DEVICE_FOOTPRINT, "cloud_throughput": CLOUD_THROUGHPUT,
     "edge_cloud_bytes": EDGE_CLOUD_BYTES, "hierarchy_latency": HIERARCHY_LATENCY,
     "alignment": ALIGNMENT, "edge_ingest": EDGE_INGEST, "raw_vs_hierarchy": RAW_VS_HIERARCHY,

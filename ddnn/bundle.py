@@ -9,9 +9,8 @@ No pickle anywhere: the manifest is JSON, the weights live inside the ONNX files
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,29 +19,19 @@ from ddnn.aggregation import AGGREGATIONS, aggregated_channels
 from ddnn.codec import CODECS
 from ddnn.errors import BundleError, DdnnError
 from ddnn.exits import ExitPolicy
+from ddnn.segment import SegmentSpec, expect_shape, sha256_file
+from ddnn.stacking import Stacking
 
 FORMAT = "ddnn-bundle"
-FORMAT_VERSION = 1
+# 2: the manifest may hold ``stacking`` (ddnn.stacking), which a reader of version 1 would ignore
+# and so answer differently from the bundle's calibration.
+FORMAT_VERSION = 2
 MANIFEST = "manifest.json"
-# The first dimension of every segment tensor is the batch, left dynamic in the ONNX files.
-BATCH = "batch"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def check_name(kind: str, value: str) -> str:
     """Validate a model name or version by the name rule (:mod:`ddnn.names`)."""
     return names.check_name(kind, value, BundleError)
-
-
-# The element types a segment's tensors may have (the runtime feeds and reads these).
-TENSOR_DTYPES = ("float32", "float16", "int8", "uint8", "int64", "bool")
 
 
 def class_names(value: Any) -> tuple[str, ...]:
@@ -52,84 +41,6 @@ def class_names(value: Any) -> tuple[str, ...]:
     if len(set(value)) != len(value):
         raise BundleError(f"classes must be distinct, got {value!r:.80}")
     return tuple(value)
-
-
-def expect_shape(tensor: TensorSpec, shape: tuple[int, ...], what: str) -> None:
-    if tensor.sample_shape != tuple(shape):
-        raise BundleError(f"{what} has per-sample shape {tensor.sample_shape}, expected "
-                          f"{tuple(shape)}")
-
-
-@dataclass(frozen=True)
-class TensorSpec:
-    """A named tensor of a segment; ``shape`` uses ``"batch"`` for the dynamic first axis."""
-
-    name: str
-    shape: tuple[int | str, ...]
-    dtype: str = "float32"
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> TensorSpec:
-        name, shape, dtype = str(d["name"]), d["shape"], str(d.get("dtype", "float32"))
-        # A dynamic batch axis, then positive sizes: what every tier allocates buffers from.
-        if (not isinstance(shape, list) or not shape or shape[0] != "batch"
-                or not all(type(x) is int and x > 0 for x in shape[1:])):
-            raise BundleError(f"tensor {name!r} has shape {shape!r}; expected "
-                              "[\"batch\", positive sizes...]")
-        if dtype not in TENSOR_DTYPES:
-            raise BundleError(f"tensor {name!r} has dtype {dtype!r}; expected one of "
-                              f"{TENSOR_DTYPES}")
-        return cls(name, tuple(shape), dtype)
-
-    @property
-    def sample_shape(self) -> tuple[int, ...]:
-        """The shape of one sample (the batch axis dropped)."""
-        return tuple(int(d) for d in self.shape[1:])
-
-
-@dataclass(frozen=True)
-class SegmentSpec:
-    """One ONNX file of the bundle with its input and output tensors."""
-
-    file: str
-    sha256: str
-    inputs: tuple[TensorSpec, ...]
-    outputs: tuple[TensorSpec, ...]
-    # The file's size in bytes (manifests written since it was added; None in older ones).
-    # Downloads are capped by it; the sha256 alone decides whether the file is intact.
-    size: int | None = None
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> SegmentSpec:
-        size = d.get("size")
-        if size is not None and (type(size) is not int or size < 0):
-            raise BundleError(f"segment {d.get('file')!r} has size {size!r}; expected a "
-                              "non-negative integer")
-        return cls(
-            file=str(d["file"]),
-            sha256=str(d["sha256"]),
-            inputs=tuple(TensorSpec.from_dict(t) for t in d["inputs"]),
-            outputs=tuple(TensorSpec.from_dict(t) for t in d["outputs"]),
-            size=size,
-        )
-
-    def input(self, name: str) -> TensorSpec:
-        for t in self.inputs:
-            if t.name == name:
-                return t
-        raise BundleError(f"segment {self.file} has no input {name!r}")
-
-    def output(self, name: str) -> TensorSpec:
-        for t in self.outputs:
-            if t.name == name:
-                return t
-        raise BundleError(f"segment {self.file} has no output {name!r}")
-
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        if self.size is None:  # an older manifest re-written stays as it was
-            del d["size"]
-        return d
 
 
 # What a bundle holds: a hierarchy (the tiers' segments), or a raw-offload reference (one
@@ -190,6 +101,9 @@ class Manifest:
     escalated: SegmentSpec | None = None
     escalation_level: int = 0
     escalation_views: int = 0  # details of the k surest present views (hierarchy.surest_views)
+    # Stacked exits (ddnn.stacking): each upper tier's answer on top of the one below it.
+    # Older bundles have none: every tier answers on its own.
+    stacking: Stacking | None = None
     kind: str = "ddnn"  # a hierarchy bundle (a raw-offload reference is a RawManifest)
 
     @property
@@ -236,6 +150,8 @@ class Manifest:
         if self.escalated is not None:
             out["segments"]["escalated"] = self.escalated.to_dict()
             out["escalation"] = {"level": self.escalation_level, "views": self.escalation_views}
+        if self.stacking is not None:
+            out["stacking"] = self.stacking.to_dict()
         return out
 
     @classmethod
@@ -266,6 +182,7 @@ class Manifest:
                            if segs.get("escalated") else None),
                 escalation_level=_level(d.get("escalation", {}).get("level", 0)),
                 escalation_views=int(d.get("escalation", {}).get("views", 0)),
+                stacking=Stacking.from_dict(d["stacking"]) if "stacking" in d else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise BundleError(f"malformed manifest: {type(e).__name__}: {e}") from None
@@ -296,6 +213,9 @@ class Manifest:
         for role, seg in self.segments().items():
             if not seg.file or "/" in seg.file or "\\" in seg.file or seg.file.startswith("."):
                 raise BundleError(f"segment {role} names an unsafe file {seg.file!r}")
+        # One camera decides its own local exit and sends the edge no scores to stack on.
+        if self.views == 1 and self.stacking is not None and self.stacking.edge != 1.0:
+            raise BundleError("a one-view bundle cannot stack its edge exit on the local one")
         self._validate_chain()
 
     def _validate_chain(self) -> None:

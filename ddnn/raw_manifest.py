@@ -11,16 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddnn.bundle import (
-    FORMAT,
-    FORMAT_VERSION,
-    SegmentSpec,
-    check_format,
-    check_name,
-    class_names,
-    expect_shape,
-)
+from ddnn.bundle import FORMAT, FORMAT_VERSION, check_format, check_name, class_names
 from ddnn.errors import BundleError
+from ddnn.segment import SegmentSpec, expect_shape
 
 
 @dataclass(frozen=True)

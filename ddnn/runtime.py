@@ -16,11 +16,12 @@ from typing import Any
 import numpy as np
 
 from ddnn.aggregation import aggregate
-from ddnn.bundle import Bundle, SegmentSpec
+from ddnn.bundle import Bundle
 from ddnn.codec import FeatureCodec
 from ddnn.deflate import wire_size
 from ddnn.errors import BundleError, ConfigError
 from ddnn.hierarchy import surest_views
+from ddnn.segment import SegmentSpec
 
 
 def _session(path: Path, threads: int | None) -> Any:
@@ -173,8 +174,8 @@ class BundleRuntime:
 
     # --- every exit of a batch, as the live hierarchy would compute it -----------------------
 
-    def all_exits(self, X: np.ndarray, present: np.ndarray, *, detail_bytes: bool = True
-                  ) -> dict[str, np.ndarray]:
+    def all_exits(self, X: np.ndarray, present: np.ndarray, *, detail_bytes: bool = True,
+                  stacked: bool = True) -> dict[str, np.ndarray]:
         """Run every segment on a batch of multi-view samples (B, V, 3, H, W).
 
         Tensors pass through the bundle's codecs exactly as they would on the wire, so these
@@ -182,6 +183,8 @@ class BundleRuntime:
         nothing); their slots hold zeros. A bundle that can escalate adds ``escalated``, the
         cloud's answer with every present view's detail, and (unless ``detail_bytes`` is
         False) ``detail_bytes``, each frame's details' payload as its devices would code them.
+        A bundle with stacked exits answers at each upper tier as it stacks (``stacked``
+        False: every segment's own scores, what calibration fits the stacking on).
         """
         dev_scores, dev_feats, detail, sizes = self._device_pass(X, present, detail_bytes)
         local = self.local(dev_scores, present)
@@ -198,6 +201,8 @@ class BundleRuntime:
             exits["escalated"] = self.escalated(edge_feats, detail, sent)
             if detail_bytes:  # the payload bytes of each frame's senders' details
                 exits["detail_bytes"] = np.where(sent, sizes, 0).sum(axis=1)
+        if stacked and self.manifest.stacking is not None:
+            exits = self.manifest.stacking.apply(exits)
         return exits
 
     def _senders(self, scores: np.ndarray, present: np.ndarray, detail: np.ndarray,
@@ -241,11 +246,11 @@ class BundleRuntime:
         return scores, feats, detail, sizes
 
     def run_dataset(
-        self, X: np.ndarray, present: np.ndarray, batch: int = 256
+        self, X: np.ndarray, present: np.ndarray, batch: int = 256, *, stacked: bool = True
     ) -> dict[str, np.ndarray]:
         """:meth:`all_exits` over a whole dataset in batches."""
         parts = [
-            self.all_exits(X[i : i + batch], present[i : i + batch])
+            self.all_exits(X[i : i + batch], present[i : i + batch], stacked=stacked)
             for i in range(0, len(X), batch)
         ]
         return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}

@@ -99,6 +99,7 @@ class CloudStage:
         if sent[0].detail is not None:
             scores = self._call(sent, version, escalated=True)
             degraded = scores is None  # the plain cloud's answer is the weaker one
+        escalated = scores is not None
         if scores is None:
             scores = self._call(sent, version)
         if scores is None:  # no cloud: the best answer this edge has is its own, degraded
@@ -106,10 +107,14 @@ class CloudStage:
                 if not s.audit:  # (an audited frame has its answer)
                     self._answer(f, s.fallback, degraded=True, step="cloud")
             return
-        for (f, s), answer in zip(items, ExitPipeline.cloud(scores, sent), strict=True):
+        answers = ExitPipeline.cloud(scores, sent, escalated=escalated)
+        # An audit, and the label of the experience recorded, is the cloud's own answer: a
+        # stacked one holds the early exits' answers it is to check.
+        own = ExitPipeline.cloud(scores, sent, stacked=False)
+        for (f, s), answer, checked in zip(items, answers, own, strict=True):
             if not s.audit:
                 self._answer(f, answer, degraded=degraded, step="cloud")
-            self._taught(f, s, answer)
+            self._taught(f, s, checked)
 
     def _call(self, sent: list[ToCloud], version: str, escalated: bool = False
               ) -> np.ndarray | None:

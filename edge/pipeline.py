@@ -3,9 +3,11 @@
 1. local exit: the devices' scores aggregated over the views present (``BundleRuntime.local``);
    confident: answer; else pull the present views' features;
 2. edge exit: the features that arrived, aggregated, through the edge segment
-   (``BundleRuntime.edge``); confident: answer; else
-3. send the edge features, as they go on the wire, to the cloud; its scores answer the frame
-   (:meth:`ExitPipeline.cloud`), or the edge's own exit does, degraded, when it cannot.
+   (``BundleRuntime.edge``), stacked on the local answer where the bundle stacks its exits
+   (``ddnn.stacking``); confident: answer; else
+3. send the edge features, as they go on the wire, to the cloud; its scores (stacked on the
+   edge's answer) answer the frame (:meth:`ExitPipeline.cloud`), or the edge's own exit does,
+   degraded, when it cannot.
 
 Every step is the one ``ddnn evaluate`` runs (``BundleRuntime.all_exits``), fed with the tensors
 as they crossed the wire, so the live hierarchy's answers equal the offline evaluation's. Pure:
@@ -25,6 +27,7 @@ import numpy as np
 
 from ddnn.exits import ExitPolicy, entropy_of_logits
 from ddnn.runtime import BundleRuntime, transmit
+from ddnn.stacking import Stacking, stack
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class ToCloud:
     # An escalated frame (edge.escalation): the senders' details in the bundle's slots,
     # concatenated (1, S·c, r, r), for the cloud's escalated model; None: the plain cloud.
     detail: np.ndarray | None = None
+    # The bundle's stacked exits: the cloud's scores stack on ``fallback``'s; None: they answer
+    # on their own.
+    stacking: Stacking | None = None
 
 
 GUARD = 1e-9  # |η − T| below which plain floats leave the decision to numpy's arithmetic
@@ -193,13 +199,15 @@ class ExitPipeline:
                              arrived[i] if arrived is not None else (), pushing)
                 for i, scores in enumerate(frames)]
 
-    def edge(self, features: Mapping[int, np.ndarray], *, audit: float = 0.0) -> Exit | ToCloud:
+    def edge(self, features: Mapping[int, np.ndarray], *, audit: float = 0.0,
+             below: np.ndarray | None = None) -> Exit | ToCloud:
         """The edge exit over the features that arrived (view → that view's features).
 
         A view whose features never came is left out of the fusion, never zero-filled in; with
         none at all there is nothing to fuse (the caller answers from the local exit).
         ``audit`` above 0: a confident edge exit still goes up, as a :class:`ToCloud` whose
-        ``audit`` is that chance (the caller answers from its ``fallback``).
+        ``audit`` is that chance (the caller answers from its ``fallback``). ``below``: the
+        local exit's (C,) scores, which a bundle with stacked exits answers on top of.
         """
         if not features:
             raise ValueError("the edge exit needs the features of at least one view")
@@ -212,6 +220,10 @@ class ExitPipeline:
             x[0, v] = np.reshape(features[v], self._feature_shape)
             mask[0, v] = True
         edge_scores, edge_features = self.runtime.edge(x, mask)
+        stacking = m.stacking
+        if stacking is not None:
+            edge_scores = stack(None if below is None else np.reshape(below, (1, -1)),
+                                edge_scores, stacking.edge)
         eta = float(entropy_of_logits(edge_scores)[0])
         self._on_segment("edge", time.perf_counter() - t0)
         answer = Exit("edge", edge_scores[0], eta, fused)
@@ -219,11 +231,21 @@ class ExitPipeline:
         if confident and not audit:
             return answer
         return ToCloud(transmit(edge_features, self.runtime.edge_codec), m.version, answer,
-                       audit=audit if confident else 0.0)
+                       audit=audit if confident else 0.0, stacking=stacking)
 
     @staticmethod
-    def cloud(scores: np.ndarray, sent: Sequence[ToCloud]) -> list[Exit]:
-        """The cloud's answers: its scores (B, C) for the frames ``sent`` in one call."""
+    def cloud(scores: np.ndarray, sent: Sequence[ToCloud], *, escalated: bool = False,
+              stacked: bool = True) -> list[Exit]:
+        """The cloud's answers: its scores (B, C) for the frames ``sent`` in one call (from the
+        ``escalated`` model or the plain one), stacked on the edge's where the bundle stacks
+        its exits (``stacked`` False: the cloud's own, which check the early exits
+        independently of them)."""
+        if stacked:
+            tier = "escalated" if escalated else "cloud"
+            scores = np.array([stack(t.fallback.scores[None], s[None], t.stacking.weight(tier))[0]
+                               if t.stacking is not None else s
+                               for t, s in zip(sent, scores, strict=True)],
+                              np.float32).reshape(len(sent), -1)
         etas = entropy_of_logits(scores)
         return [Exit("cloud", s, float(eta), t.fallback.views)
                 for t, s, eta in zip(sent, scores, etas, strict=True)]

@@ -188,7 +188,8 @@ class FrameScheduler:
     def _edge(self, f: Frame, p: ExitPipeline, arrived: dict, early: float) -> None:
         """The edge exit; the cloud for what it leaves, and for audits (``early``: the chance
         of the audit of a frame the local exit answered)."""
-        edge = p.edge(arrived, audit=early or self._audit.edge(f))
+        edge = p.edge(arrived, audit=early or self._audit.edge(f),
+                      below=f.local.scores if f.local is not None else None)
         if isinstance(edge, Exit):
             self._answer(f, edge, step="edge")
         elif early:  # answered at the local exit: the cloud's answer only checks it

@@ -18,15 +18,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ddnn.bundle import (
-    BATCH,
-    SegmentSpec,
-    TensorSpec,
-    check_name,
-    load_bundle,
-    sha256_file,
-    write_manifest,
-)
+from ddnn.bundle import check_name, load_bundle, write_manifest
 from ddnn.dataset import MultiViewDataset, load_dataset
 from ddnn.errors import BundleError
 from ddnn.models.build import split_data
@@ -36,6 +28,7 @@ from ddnn.models.export import PARITY_MAX_DISAGREE, _export, publish, staging_di
 from ddnn.models.train import predict, train
 from ddnn.models.view_cnn import ViewTrunk, max_over_views
 from ddnn.raw_manifest import RawManifest
+from ddnn.segment import BATCH, SegmentSpec, TensorSpec, sha256_file
 
 
 class RawOffloadCNN(nn.Module):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import platform
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from ddnn.bundle import load_bundle
 from ddnn.dataset import MultiViewDataset, load_dataset
 from ddnn.errors import DatasetError
 from ddnn.hierarchy import UplinkCost, summarize
-from ddnn.models.calibrate import calibrate
+from ddnn.models.calibrate import Calibration, calibrate, fit_stacking
 from ddnn.models.config import DDNNConfig
 from ddnn.models.distributed import Distributed
 from ddnn.models.export import (
@@ -27,6 +28,7 @@ from ddnn.models.export import (
 )
 from ddnn.models.report import threshold_curves, write_report
 from ddnn.models.train import exit_accuracy, predict, split_holdout, train
+from ddnn.stacking import BELOW, Stacking
 
 
 def _check_compatible(train_ds: MultiViewDataset, val_ds: MultiViewDataset, path: Path) -> None:
@@ -124,7 +126,7 @@ def build_bundle(
         dist.close()
         return None
     try:
-        return _export_bundle(result, full, train_ds, val_ds, stop_ds.num_samples, out, cfg,
+        return _export_bundle(result, full, train_ds, val_ds, stop_ds, out, cfg,
                               data, val_data, name, version, dist)
     finally:
         dist.close()
@@ -137,7 +139,40 @@ def scores_record(device_scores: np.ndarray, present: np.ndarray) -> dict:
     return {"kind": "logits", "max_abs": float(np.abs(seen).max()) if seen.size else 0.0}
 
 
-def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data, val_data,
+@dataclass(frozen=True)
+class HeldOut:
+    """What the held-out splits decide for an exported bundle: its stacking and thresholds."""
+
+    exits: dict[str, np.ndarray]  # the calibration split's, each segment's own scores
+    answers: dict[str, np.ndarray]  # ... as the tiers answer them (stacked)
+    stacking: Stacking | None
+    calibration: Calibration
+
+
+def fit_held_out(staging: Path, val_ds: MultiViewDataset, stop_ds: MultiViewDataset,
+                 cfg: DDNNConfig) -> HeldOut:
+    """Stack the exits (``cfg.stack_exits``) and calibrate the thresholds of the bundle in
+    ``staging``, whose manifest neither stacks nor has thresholds yet, as ONNX Runtime runs it.
+
+    The stacking weights are fitted on both held-out splits (the early-stopping split too:
+    neither trained the weights, and the more frames, the less a weight chases a few of them);
+    the thresholds on the calibration split, from the stacked answers.
+    """
+    bundle = load_bundle(staging, verify=False)
+    exits = onnx_exits(staging, val_ds)
+    stacking = None
+    if cfg.stack_exits:
+        stop = onnx_exits(staging, stop_ds)
+        both = {k: np.concatenate([stop[k], exits[k]]) for k in ("local", *BELOW) if k in exits}
+        stacking = fit_stacking(both, np.concatenate([stop_ds.label, val_ds.label]),
+                                bundle.manifest.views)
+    answers = stacking.apply(exits) if stacking is not None else exits
+    cal = calibrate(answers, val_ds.label, val_ds.present, UplinkCost.of(bundle.manifest),
+                    cfg.tolerance, cfg.max_bytes, cfg.threshold_grid, cfg.agreement)
+    return HeldOut(exits, answers, stacking, cal)
+
+
+def _export_bundle(result, full, train_ds, val_ds, stop_ds, out, cfg, data, val_data,
                    name, version, dist) -> dict:
     model = result.model.cpu()
     staging = staging_dir(out)
@@ -146,22 +181,23 @@ def _export_bundle(result, full, train_ds, val_ds, stop_samples, out, cfg, data,
         # After the export: it rounds the device weights to the float16 their files store.
         torch_val = predict(model, val_ds)
         training = _training_summary(data, val_data, cfg, train_ds, val_ds, result, torch_val,
-                                     stop_samples, dist)
+                                     stop_ds.num_samples, dist)
 
-        def manifest(thresholds: dict[str, float], calibration: dict, level: int = 0):
+        def manifest(thresholds: dict[str, float], calibration: dict, level: int = 0,
+                     stacking: Stacking | None = None):
             return build_manifest(model, specs, name, version, full.classes,
-                                  train_ds.image_shape, thresholds, training, calibration, level)
+                                  train_ds.image_shape, thresholds, training, calibration, level,
+                                  stacking)
 
-        # A provisional manifest lets ONNX Runtime run the bundle exactly as the tiers will.
-        provisional = manifest({"local": 0.0, "edge": 0.0}, {})
-        write_manifest(staging, provisional)
-        ort_val = onnx_exits(staging, val_ds)
-        parity = check_parity(torch_val, ort_val, val_ds.present)
-        cal = calibrate(ort_val, val_ds.label, val_ds.present, UplinkCost.of(provisional),
-                        cfg.tolerance, cfg.max_bytes, cfg.threshold_grid, cfg.agreement)
+        # A provisional manifest lets ONNX Runtime run the bundle exactly as the tiers will,
+        # each segment on its own.
+        write_manifest(staging, manifest({"local": 0.0, "edge": 0.0}, {}))
+        held = fit_held_out(staging, val_ds, stop_ds, cfg)
+        parity = check_parity(torch_val, held.exits, val_ds.present)
+        cal, ort_val = held.calibration, held.answers
         calibration = {**cal.to_dict(), "parity": parity.to_dict(),
                        "scores": scores_record(ort_val["device"], val_ds.present)}
-        final = manifest(cal.point.thresholds, calibration, cal.level)
+        final = manifest(cal.point.thresholds, calibration, cal.level, held.stacking)
         write_manifest(staging, final)
         metrics = {
             "training": training,

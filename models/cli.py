@@ -106,6 +106,12 @@ def _register_train(sub, formatter) -> None:
         "accurate operating point within it on held-out data is chosen",
     )
     t.add_argument(
+        "--no-stacking",
+        action="store_true",
+        help="every upper exit answers on its own, not stacked on the answer of the tier below "
+        "it (stacking weights are fitted on held-out data; docs/training.md)",
+    )
+    t.add_argument(
         "--val-fraction",
         type=float,
         default=d.val_fraction,
@@ -351,6 +357,7 @@ def _config(args):
         tolerance=args.tolerance,
         agreement=args.agreement,
         max_bytes=args.max_bytes,
+        stack_exits=not args.no_stacking,
         val_fraction=args.val_fraction,
         seed=args.seed,
         threads=args.threads,

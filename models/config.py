@@ -125,6 +125,9 @@ class DDNNConfig:
     max_bytes: float | None = None  # or as uplink payload bytes per frame: the most accurate
     # operating point within it (replaces the tolerance)
     threshold_grid: int = 201  # thresholds tried per exit, evenly spaced in [0, 1]
+    # Stacked exits (ddnn.stacking): each upper tier's answer on the one below it, its weight
+    # fitted on the held-out splits; False: every tier answers on its own, as before
+    stack_exits: bool = True
     extra: dict = field(default_factory=dict)  # free-form notes copied into the manifest
 
     def __post_init__(self) -> None:

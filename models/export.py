@@ -19,20 +19,14 @@ import numpy as np
 import torch
 from torch import nn
 
-from ddnn.bundle import (
-    BATCH,
-    Manifest,
-    SegmentSpec,
-    TensorSpec,
-    check_name,
-    load_bundle,
-    sha256_file,
-)
+from ddnn.bundle import Manifest, check_name, load_bundle
 from ddnn.bundle import write_manifest as _write_manifest
 from ddnn.dataset import MultiViewDataset
 from ddnn.errors import BundleError
 from ddnn.models.network import DDNN, aggregate
 from ddnn.runtime import BundleRuntime
+from ddnn.segment import BATCH, SegmentSpec, TensorSpec, sha256_file
+from ddnn.stacking import Stacking
 
 OPSET = 17
 # Logits may differ by float rounding between torch and ONNX Runtime; a sign activation turns a
@@ -225,6 +219,7 @@ def build_manifest(
     training: dict,
     calibration: dict,
     escalation_level: int = 0,
+    stacking: Stacking | None = None,
 ) -> Manifest:
     cfg = model.cfg
     codec = {"scores": "float16", "device_features": cfg.device_codec,
@@ -251,6 +246,7 @@ def build_manifest(
         escalated=specs.get("escalated"),
         escalation_level=escalation_level,
         escalation_views=model.detail_slots if "escalated" in specs else 0,
+        stacking=stacking,
     )
 
 

@@ -54,8 +54,10 @@ def write_federated_bundle(start: Bundle, arch: dict, weights: Weights, out: str
                    "data": "the sites' held-out splits (summed exit tables)"}
 
         def manifest(ts: dict[str, float], calibration_section: dict):
+            # The sites calibrated with the bundle's stacking (trainer.evaluate): it stays.
             return build_manifest(model, specs, m.name, version, m.classes, m.input_shape, ts,
-                                  training, calibration_section, escalation_level=level)
+                                  training, calibration_section, escalation_level=level,
+                                  stacking=m.stacking)
 
         write_manifest(staging, manifest({"local": 0.0, "edge": 0.0}, {}))
         check_against_onnx(model, load_bundle(staging))

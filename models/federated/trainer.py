@@ -24,7 +24,13 @@ from ddnn.errors import DatasetError
 from ddnn.experience import Experience, read_experience
 from ddnn.models.augment import augment
 from ddnn.models.federated.calibration import exit_counts
-from ddnn.models.federated.weights import Weights, build_model, model_weights, set_weights
+from ddnn.models.federated.weights import (
+    Weights,
+    build_model,
+    model_weights,
+    set_weights,
+    stacking_of,
+)
 from ddnn.models.network import DDNN, aggregate
 from ddnn.models.train import joint_loss, predict, split_holdout
 
@@ -179,6 +185,9 @@ def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201
     model = build_model(arch)
     set_weights(model, weights)
     logits = predict(model, ds)
+    stacking = stacking_of(arch)
+    if stacking is not None:  # each tier answers as the bundle's does
+        logits = stacking.apply(logits)
     correct = {k: float((logits[k].argmax(-1) == ds.label).sum()) for k in ("local", "edge",
                                                                             "cloud")}
     counts = exit_counts(logits, ds.label, ds.present, grid)

@@ -22,6 +22,7 @@ from ddnn.bundle import Bundle, load_bundle
 from ddnn.errors import BundleError
 from ddnn.models.config import DDNNConfig
 from ddnn.models.network import DDNN
+from ddnn.stacking import Stacking
 
 Weights = dict[str, np.ndarray]
 
@@ -37,10 +38,18 @@ def config_of(bundle: Bundle) -> DDNNConfig:
 
 
 def architecture(bundle: Bundle) -> dict:
-    """What a site needs to build the same network: config, views, classes, input shape."""
+    """What a site needs to build the same network and answer as the bundle does: config,
+    views, classes, input shape and the stacking of its exits (None: unstacked)."""
     m = bundle.manifest
     return {"config": config_of(bundle).to_dict(), "views": m.views, "classes": list(m.classes),
-            "input_shape": list(m.input_shape)}
+            "input_shape": list(m.input_shape),
+            "stacking": m.stacking.to_dict() if m.stacking is not None else None}
+
+
+def stacking_of(arch: dict) -> Stacking | None:
+    """The stacked exits of the architecture :func:`architecture` described."""
+    d = arch.get("stacking")
+    return Stacking.from_dict(d) if d is not None else None
 
 
 def build_model(arch: dict) -> DDNN:
@@ -179,7 +188,7 @@ def check_against_onnx(model: DDNN, bundle: Bundle, samples: int = 16) -> None:
     with torch.no_grad():
         out = model.eval()(torch.from_numpy(x), torch.from_numpy(present))
     torch_logits = {k: v.numpy() for k, v in out.items()}
-    onnx_logits = BundleRuntime(bundle).run_dataset(x, present)
+    onnx_logits = BundleRuntime(bundle).run_dataset(x, present, stacked=False)
     try:
         check_parity(torch_logits, onnx_logits, present)
     except BundleError as e:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ddnn.bundle import sha256_file
+from ddnn.segment import sha256_file
 from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.tools.broker import free_port
 from tests.support.data import version_copy

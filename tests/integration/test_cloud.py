@@ -16,6 +16,7 @@ from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
 from ddnn.exits import entropy_of_logits
 from ddnn.runtime import BundleRuntime
+from ddnn.stacking import Stacking, stack
 from ddnn.tools.evaluate import evaluate
 from tests.support.cloud import cloud_inputs, post
 
@@ -29,6 +30,7 @@ def reference(tiny_bundle, tiny_data):
     return {
         "X": X, "present": present, "label": ds.label,
         "exits": rt.all_exits(X, present),
+        "segments": rt.all_exits(X, present, stacked=False),  # each segment's own scores
         "edge_features": cloud_inputs(rt, X, present),
         "evaluate": evaluate(tiny_bundle, tiny_data.test),
     }
@@ -85,12 +87,17 @@ def test_full_model_equals_evaluate(cloud_tiny_url, reference, binary):
 
 
 @pytest.mark.parametrize("binary", [True, False], ids=["binary", "json"])
-def test_cloud_model_equals_evaluate(cloud_tiny_url, reference, binary):
+def test_cloud_model_equals_evaluate(cloud_tiny_url, tiny_bundle, reference, binary):
     out = infer(cloud_tiny_url, "tiny-cloud", {"edge_features": reference["edge_features"]},
                 binary=binary, binary_outputs=binary)
-    want = reference["exits"]["cloud"]
-    np.testing.assert_allclose(out["scores"], want, rtol=1e-5, atol=1e-5)
-    accuracy = float((out["scores"].argmax(1) == reference["label"]).mean())
+    # The cloud segment answers with its own scores; the edge stacks them on its answer where
+    # the bundle stacks its exits, and then they are the hierarchy's cloud exit.
+    np.testing.assert_allclose(out["scores"], reference["segments"]["cloud"], rtol=1e-5,
+                               atol=1e-5)
+    stacking = load_bundle(tiny_bundle).manifest.stacking or Stacking()
+    answer = stack(reference["exits"]["edge"], out["scores"], stacking.cloud)
+    np.testing.assert_allclose(answer, reference["exits"]["cloud"], rtol=1e-5, atol=1e-5)
+    accuracy = float((answer.argmax(1) == reference["label"]).mean())
     assert accuracy == reference["evaluate"]["accuracy"]["cloud"]
 
 
@@ -110,7 +117,7 @@ def test_versions_outputs_and_request_ids(cloud_tiny_url, reference):
                                    {"name": "entropy"}]}).encode()
     r = httpx.post(cloud_tiny_url + "/v2/models/tiny-cloud/infer", content=head)
     out = oip.decode_response(r.content, r.headers)
-    np.testing.assert_allclose(out["scores"], reference["exits"]["cloud"][:4], atol=1e-5)
+    np.testing.assert_allclose(out["scores"], reference["segments"]["cloud"][:4], atol=1e-5)
     assert json.loads(r.content[:int(r.headers[oip.HEADER_LENGTH])])["outputs"][1]["data"]
 
 
@@ -160,7 +167,7 @@ def test_batching_off_runs_each_request_alone(cloud_server, tiny_bundle, referen
     samples = [{"edge_features": reference["edge_features"][i:i + 2]} for i in range(0, 12, 2)]
     results = asyncio.run(_concurrently(url, "tiny-cloud", samples))
     got = np.concatenate([r["scores"] for r in results])
-    np.testing.assert_allclose(got, reference["exits"]["cloud"][:12], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(got, reference["segments"]["cloud"][:12], rtol=1e-4, atol=1e-4)
     metrics = httpx.get(url + "/metrics").text
     assert 'ddnn_cloud_batch_size_count{model="tiny-cloud",version="1"} 6' in metrics
     assert httpx.get(url + "/v2/models/tiny-cloud/config").json()["max_batch_size"] == 0

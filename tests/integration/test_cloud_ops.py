@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from ddnn import oip
-from ddnn.bundle import sha256_file
 from ddnn.cloud.cli import settings_from
 from ddnn.errors import ConfigError
+from ddnn.segment import sha256_file
 from ddnn.tools.broker import free_port
 from tests.support.cloud import cloud_wait_ready
 

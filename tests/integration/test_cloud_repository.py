@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from ddnn import oip
-from ddnn.bundle import sha256_file
 from ddnn.cloud.repository import latest_key
 from ddnn.errors import ConfigError
+from ddnn.segment import sha256_file
 from tests.support.polling import wait_for
 
 

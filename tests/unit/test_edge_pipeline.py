@@ -13,6 +13,7 @@ from ddnn.dataset import load_dataset
 from ddnn.edge.pipeline import GUARD, Exit, ExitPipeline, Pull, ToCloud, local_avg, local_max
 from ddnn.exits import ExitPolicy, entropy_of_logits
 from ddnn.runtime import BundleRuntime, transmit
+from ddnn.stacking import Stacking, stack
 
 
 @pytest.fixture(scope="module")
@@ -78,20 +79,24 @@ def test_an_unconfident_frame_pulls_the_present_views_that_do_not_push(runtime, 
 
 def test_thresholds_decide_where_a_frame_exits(runtime, wire):
     scores, features = frame(wire, 0)
-    eta = pipeline(runtime, 1.0, 1.0).local(scores).entropy
+    local = pipeline(runtime, 1.0, 1.0).local(scores)
+    eta = local.entropy
     assert isinstance(pipeline(runtime, np.nextafter(eta, 1), 0.0).local(scores), Exit)
     assert isinstance(pipeline(runtime, eta, 0.0).local(scores), Pull)  # exits where η < T
-    edge_eta = pipeline(runtime, 0.0, 1.0).edge(features).entropy
-    assert isinstance(pipeline(runtime, 0.0, np.nextafter(edge_eta, 1)).edge(features), Exit)
-    assert isinstance(pipeline(runtime, 0.0, edge_eta).edge(features), ToCloud)
+    below = local.scores  # (the stacked edge's answer stands on the local one)
+    edge_eta = pipeline(runtime, 0.0, 1.0).edge(features, below=below).entropy
+    assert isinstance(pipeline(runtime, 0.0, np.nextafter(edge_eta, 1)).edge(features,
+                                                                             below=below), Exit)
+    assert isinstance(pipeline(runtime, 0.0, edge_eta).edge(features, below=below), ToCloud)
 
 
 def test_a_confident_frame_exits_at_the_edge_with_its_features(runtime, wire):
     p = pipeline(runtime, 0.0, 1.0)
     for i in range(24):
         scores, features = frame(wire, i)
-        assert isinstance(p.local(scores), Pull)
-        decision = p.edge(features)
+        local = p.local(scores)
+        assert isinstance(local, Pull)
+        decision = p.edge(features, below=local.answer.scores)
         assert isinstance(decision, Exit) and decision.tier == "edge"
         np.testing.assert_allclose(decision.scores, wire[3]["edge"][i], rtol=1e-5, atol=1e-6)
         assert decision.views == tuple(sorted(features))
@@ -101,18 +106,20 @@ def test_a_frame_for_the_cloud_carries_its_edge_features_as_transmitted(runtime,
     p = pipeline(runtime, 0.0, 0.0)
     sent = []
     for i in range(24):
-        _, features = frame(wire, i)
-        decision = p.edge(features)
+        scores, features = frame(wire, i)
+        decision = p.edge(features, below=p.local(scores).answer.scores)
         assert isinstance(decision, ToCloud)
         assert decision.version == runtime.manifest.version
         assert decision.fallback.tier == "edge"  # the answer when the cloud cannot give one
         np.testing.assert_allclose(decision.fallback.scores, wire[3]["edge"][i], rtol=1e-5,
                                    atol=1e-6)
         sent.append(decision)
-    # What the cloud receives is the edge codec's output: the offline cloud exit follows.
+    # What the cloud receives is the edge codec's output: the offline cloud exit follows,
+    # stacked on the edge's answer where the bundle stacks its exits.
     cloud = runtime.cloud(np.concatenate([d.features for d in sent]))
-    np.testing.assert_allclose(cloud, wire[3]["cloud"][:24], rtol=1e-5, atol=1e-5)
     answers = ExitPipeline.cloud(cloud, sent)
+    np.testing.assert_allclose([a.scores for a in answers], wire[3]["cloud"][:24], rtol=1e-5,
+                               atol=1e-5)
     assert [a.tier for a in answers] == ["cloud"] * 24
     assert [a.views for a in answers] == [d.fallback.views for d in sent]
 
@@ -120,17 +127,20 @@ def test_a_frame_for_the_cloud_carries_its_edge_features_as_transmitted(runtime,
 def test_a_frame_with_missing_features_fuses_only_those_that_arrived(runtime, wire):
     _, _, present, _ = wire
     i = next(i for i in range(24) if present[i].sum() >= 2)
-    _, features = frame(wire, i)
+    scores, features = frame(wire, i)
     arrived = dict(list(features.items())[:-1])  # the last view's features never came
     p = pipeline(runtime, 0.0, 1.0)
-    decision = p.edge(arrived)
+    below = p.local(scores).answer.scores
+    decision = p.edge(arrived, below=below)
     assert decision.views == tuple(sorted(arrived))
     mask = np.zeros((1, runtime.manifest.views), bool)
     x = np.zeros((1, runtime.manifest.views, *features[min(features)].shape[1:]), np.float32)
     for v, f in arrived.items():
         mask[0, v], x[0, v] = True, f[0]
     expected, _ = runtime.edge(x, mask)
-    np.testing.assert_allclose(decision.scores, expected[0], rtol=1e-6)
+    stacking = runtime.manifest.stacking or Stacking()
+    np.testing.assert_allclose(decision.scores, stack(below[None], expected, stacking.edge)[0],
+                               rtol=1e-6)
 
 
 def test_an_unconfident_frame_keeps_its_local_answer_and_never_fuses_nothing(runtime, wire):
