@@ -34,6 +34,7 @@ def test_manifest_describes_the_model(tiny_bundle):
     assert m.devices[0].output("features").shape == ("batch", 4, 8, 8)
     assert m.training["epochs"] == 4 and "val_accuracy" in m.training
     assert m.calibration["parity"]["disagreement"]["cloud"] <= 0.01
+    assert m.format_version == 2 and m.stacking is not None  # fitted at training
     assert (tiny_bundle / "report" / "metrics.json").is_file()
     assert (tiny_bundle / "report" / "accuracy_vs_threshold.png").stat().st_size > 1000
 
@@ -51,6 +52,15 @@ def test_missing_segment_file_is_refused(bundle_copy):
     (bundle_copy / "cloud.onnx").unlink()
     with pytest.raises(BundleError, match="cloud file cloud.onnx is missing"):
         load_bundle(bundle_copy)
+
+
+def test_a_bundle_of_format_1_loads_and_answers_unstacked(bundle_copy):
+    """Bundles written before stacked exits: format 1, no ``stacking``; each tier answers on
+    its own."""
+    _edit_manifest(bundle_copy, lambda d: (d.update(format_version=1), d.pop("stacking", None)))
+    m = load_bundle(bundle_copy).manifest
+    assert m.format_version == 1 and m.stacking is None
+    assert "stacking" not in m.to_dict() and m.to_dict()["format_version"] == 1
 
 
 def test_newer_format_version_is_refused(bundle_copy):
@@ -84,6 +94,12 @@ def test_newer_format_version_is_refused(bundle_copy):
         (lambda d: d["aggregation"].update(edge="concat"), "edge device_features"),
         (lambda d: [s["outputs"][1].update(shape=["batch"]) for s in d["segments"]["device"]],
          "device-0 features need a shape"),
+        (lambda d: d.update(stacking={"edge": 1.5}), "stacking weight 'edge'"),
+        (lambda d: d.update(stacking={"fog": 0.5}), "stacking names unknown tiers"),
+        (lambda d: d.update(stacking=0.5), "malformed manifest"),
+        (lambda d: d.update(views=1, stacking={"edge": 0.5},
+                            segments={**d["segments"], "device": d["segments"]["device"][:1]}),
+         "one-view bundle cannot stack"),
     ],
 )
 def test_inconsistent_manifest_is_refused(bundle_copy, change, message):

@@ -302,3 +302,35 @@ def test_a_frame_no_camera_saw_is_answered_unclassified(mosquitto, tiny_bundle, 
     assert all(by_frame[i]["exit"] != "none" and by_frame[i]["class"] is not None
                for i in by_frame if i not in blank)
     assert edge.agg.metrics.frames.value(exit="none", degraded="false") == len(blank)
+
+
+def test_stacked_exits_answer_live_as_offline(mosquitto, tiny_bundle, tiny_data, tmp_path):
+    """A bundle whose edge and cloud stack their answers on the tier below (ddnn.stacking):
+    the live edge stacks as ``ddnn evaluate`` does, the cloud's scores on the edge's answer."""
+    from ddnn.bundle import load_bundle
+    from ddnn.dataset import load_dataset
+    from ddnn.runtime import BundleRuntime
+
+    bundle = tmp_path / "stacked"
+    shutil.copytree(tiny_bundle, bundle)
+    mf = bundle / "manifest.json"
+    d = json.loads(mf.read_text())
+    d["stacking"] = {"edge": 0.5, "cloud": 0.3}  # strictly between: both answers count
+    mf.write_text(json.dumps(d))
+    thresholds = mixed_thresholds(bundle, tiny_data.test)
+    ds = load_dataset(tiny_data.test)
+    rt = BundleRuntime(load_bundle(bundle), threads=1)
+    stacked, own = (rt.run_dataset(ds.X, ds.present, stacked=s) for s in (True, False))
+    # Not a vacuous check: stacking changes answers of this barely trained bundle.
+    assert any((stacked[t].argmax(1) != own[t].argmax(1)).any() for t in ("edge", "cloud"))
+    with real_cloud(bundle) as cloud:
+        edge = Edge(bundle, mosquitto.url, cloud.url, deployment="stacked", **mixed(thresholds))
+        try:
+            run_devices(bundle, tiny_data.test, mosquitto.url, deployment="stacked")
+            wait_for(lambda: edge.agg.answered >= 120, what="120 results")
+        finally:
+            edge.stop()
+    results = list(edge.agg.results)
+    check_against_evaluate(results, bundle, tiny_data.test, thresholds)
+    for r in results:
+        assert r["class"] == int(np.argmax(stacked[r["exit"]][r["frame"]]))

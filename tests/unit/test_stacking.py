@@ -1,0 +1,100 @@
+"""Stacked exits (ddnn.stacking) and how training fits their weights (fit_stacking)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ddnn.errors import BundleError
+from ddnn.stacking import Stacking, log_probs, stack
+
+C = 4
+
+
+def _scores(labels: np.ndarray, right: np.ndarray, rng: np.random.Generator,
+            margin: float = 2.0) -> np.ndarray:
+    """Logits whose argmax is the label where ``right``, another class elsewhere."""
+    x = rng.normal(0, 0.5, (len(labels), C)).astype(np.float32)
+    wrong = (labels + 1 + rng.integers(0, C - 1, len(labels))) % C
+    x[np.arange(len(labels)), np.where(right, labels, wrong)] += margin
+    return x
+
+
+def test_the_weights_ends_are_the_tiers_own_answers():
+    rng = np.random.default_rng(0)
+    below, own = rng.normal(size=(5, C)), rng.normal(size=(5, C)) * 3
+    np.testing.assert_allclose(stack(below, own, 1.0), log_probs(own), atol=1e-6)
+    np.testing.assert_allclose(stack(below, own, 0.0), log_probs(below), atol=1e-6)
+    half = stack(below, own, 0.5)  # a geometric mean of the two distributions
+    np.testing.assert_allclose(half, 0.5 * (log_probs(below) + log_probs(own)), atol=1e-6)
+    assert stack(None, own, 1.0).shape == own.shape  # the tier's own: nothing below is read
+    with pytest.raises(ValueError, match="tier below"):
+        stack(None, own, 0.5)
+
+
+def test_apply_stacks_each_tier_on_the_stacked_answer_below():
+    rng = np.random.default_rng(1)
+    exits = {k: rng.normal(size=(6, C)).astype(np.float32)
+             for k in ("device", "local", "edge", "cloud", "escalated")}
+    s = Stacking(edge=0.4, cloud=0.7, escalated=0.2)
+    out = s.apply(exits)
+    edge = stack(exits["local"], exits["edge"], 0.4)
+    np.testing.assert_allclose(out["edge"], edge, atol=1e-6)
+    np.testing.assert_allclose(out["cloud"], stack(edge, exits["cloud"], 0.7), atol=1e-6)
+    np.testing.assert_allclose(out["escalated"], stack(edge, exits["escalated"], 0.2),
+                               atol=1e-6)
+    assert out["local"] is exits["local"] and out["device"] is exits["device"]
+
+
+@pytest.mark.parametrize("bad", [{"edge": 1.5}, {"cloud": -0.1}, {"edge": True},
+                                 {"edge": "0.5"}, {"fog": 0.5}])
+def test_bad_weights_are_refused(bad):
+    with pytest.raises(BundleError):
+        Stacking.from_dict(bad)
+
+
+def test_round_trip_and_missing_tiers_answer_on_their_own():
+    assert Stacking.from_dict({"edge": 0.25}) == Stacking(edge=0.25, cloud=1.0, escalated=1.0)
+    s = Stacking(0.1, 0.2, 0.3)
+    assert Stacking.from_dict(s.to_dict()) == s
+
+
+def test_a_complementary_upper_exit_gets_a_weight_that_pays():
+    """Two exits right on different halves of the frames, each unsure where it is wrong: the
+    stacked answer beats both, so a weight strictly between 0 and 1 is chosen."""
+    from ddnn.models.calibrate import fit_stacking
+
+    rng = np.random.default_rng(2)
+    n = 2000
+    labels = rng.integers(0, C, n)
+    local_right = rng.random(n) < 0.75
+    edge_right = ~local_right | (rng.random(n) < 0.6)
+    local = _scores(labels, local_right, rng, np.where(local_right, 3.0, 0.8))
+    edge = _scores(labels, edge_right, rng, np.where(edge_right, 3.0, 0.8))
+    s = fit_stacking({"local": local, "edge": edge, "cloud": edge}, labels, views=3)
+    assert 0 < s.edge < 1
+    acc = lambda x: (x.argmax(1) == labels).mean()  # noqa: E731
+    assert acc(stack(local, edge, s.edge)) > max(acc(local), acc(edge))
+    assert s.cloud == 0.0  # the same answer again adds nothing: it is passed up unchanged
+
+
+def test_an_upper_exit_no_better_than_chance_passes_the_answer_below_up():
+    from ddnn.models.calibrate import fit_stacking
+
+    rng = np.random.default_rng(3)
+    labels = rng.integers(0, C, 600)
+    local = _scores(labels, rng.random(600) < 0.8, rng)
+    noise = rng.normal(0, 1, (600, C)).astype(np.float32)
+    s = fit_stacking({"local": local, "edge": noise, "cloud": noise}, labels, views=3)
+    assert s == Stacking(edge=0.0, cloud=0.0)
+
+
+def test_a_one_view_edge_answers_on_its_own():
+    """One camera decides its own local exit and sends no scores: nothing to stack on."""
+    from ddnn.models.calibrate import fit_stacking
+
+    rng = np.random.default_rng(4)
+    labels = rng.integers(0, C, 300)
+    local = _scores(labels, rng.random(300) < 0.9, rng)
+    s = fit_stacking({"local": local, "edge": local, "cloud": local}, labels, views=1)
+    assert s.edge == 1.0
