@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ddnn.benchmarks.common import machine, write_json
 from ddnn.benchmarks.tiers import QUICK, SEEDS, SETS, VARIANTS, _data, _point, _train
+from ddnn.bundle import load_bundle
 
 MODES = ("unstacked", "stacked")
 
@@ -29,7 +30,6 @@ MODES = ("unstacked", "stacked")
 def restack(bundle: Path, data: Path, out: Path, stacked: bool) -> Path:
     """A copy of ``bundle`` at ``out`` whose stacking (none unless ``stacked``) and thresholds
     are fitted again on its held-out splits of ``data``, as ``ddnn train`` fits them."""
-    from ddnn.bundle import load_bundle
     from ddnn.models.build import fit_held_out, split_data
     from ddnn.models.config import DDNNConfig
     from ddnn.models.export import write_manifest
@@ -88,6 +88,8 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
                     copy = restack(bundle, train, root / "stacking" / f"{bundle.name}-{mode}",
                                    stacked=mode == "stacked")
                     rows[mode][seed] = _evaluate(copy, test)
+                    fitted = load_bundle(copy).manifest.stacking
+                    rows[mode][seed]["stacking"] = fitted.to_dict() if fitted else None
             table[name][variant] = {
                 mode: {"seeds": r, "mean": {
                     "overall": _mean(list(r.values()), "overall"),

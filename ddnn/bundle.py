@@ -23,9 +23,11 @@ from ddnn.segment import SegmentSpec, expect_shape, sha256_file
 from ddnn.stacking import Stacking
 
 FORMAT = "ddnn-bundle"
-# 2: the manifest may hold ``stacking`` (ddnn.stacking), which a reader of version 1 would ignore
-# and so answer differently from the bundle's calibration.
 FORMAT_VERSION = 2
+# The version that may hold ``stacking`` (ddnn.stacking), which a reader of version 1 would
+# ignore and so answer otherwise than the bundle's calibration; a bundle without it is written
+# as version 1, which every reader loads.
+STACKING_FORMAT = 2
 MANIFEST = "manifest.json"
 
 
@@ -128,7 +130,8 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         out = {
             "format": FORMAT,
-            "format_version": self.format_version,
+            # The lowest version that holds what this manifest holds: every reader that can.
+            "format_version": STACKING_FORMAT if self.stacking is not None else 1,
             "kind": self.kind,
             "created": self.created,
             "model": {"name": self.name, "version": self.version},
@@ -213,9 +216,12 @@ class Manifest:
         for role, seg in self.segments().items():
             if not seg.file or "/" in seg.file or "\\" in seg.file or seg.file.startswith("."):
                 raise BundleError(f"segment {role} names an unsafe file {seg.file!r}")
-        # One camera decides its own local exit and sends the edge no scores to stack on.
-        if self.views == 1 and self.stacking is not None and self.stacking.edge != 1.0:
-            raise BundleError("a one-view bundle cannot stack its edge exit on the local one")
+        if self.stacking is not None:
+            if self.format_version < STACKING_FORMAT:  # (a reader of 1 would ignore it)
+                raise BundleError(f"stacking needs format_version {STACKING_FORMAT} or later")
+            # One camera decides its own local exit and sends the edge no scores to stack on.
+            if self.views == 1 and self.stacking.edge != 1.0:
+                raise BundleError("a one-view bundle cannot stack its edge exit on the local one")
         self._validate_chain()
 
     def _validate_chain(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddnn.bundle import FORMAT, FORMAT_VERSION, check_format, check_name, class_names
+from ddnn.bundle import FORMAT, check_format, check_name, class_names
 from ddnn.errors import BundleError
 from ddnn.segment import SegmentSpec, expect_shape
 
@@ -35,7 +35,7 @@ class RawManifest:
     raw: SegmentSpec
     training: dict[str, Any] = field(default_factory=dict)
     created: str = ""
-    format_version: int = FORMAT_VERSION
+    format_version: int = 1  # (version 2 adds stacking, which a raw bundle never holds)
     kind: str = "raw"
 
     @property

@@ -10,12 +10,13 @@ answer of the tier below it:
 
 The weights are fitted on held-out data at training (``ddnn.models.calibrate.fit_stacking``) and
 kept in the manifest's ``stacking`` object; a weight of 1 is the tier's own answer (what a
-bundle without the object does), 0 repeats the answer below. Every tier answers in log
-probabilities then, whose argmax and entropy the exit policy reads as it reads logits.
+bundle without the object does), 0 repeats the answer below. Every upper tier then answers in
+log probabilities up to a constant (a geometric mean is not normalised), whose argmax and
+entropy the exit policy reads as it reads logits: through a softmax.
 
 The edge stacks as it answers (it holds the frame's local answer), and it stacks the cloud's
 answer onto its own when the cloud's scores come back: the cloud service returns its segment's
-own scores, so a v2 client that calls it directly gets those.
+own scores, so an Open Inference Protocol client that calls it directly gets those.
 """
 
 from __future__ import annotations
@@ -70,7 +71,9 @@ class Stacking:
         return {tier: self.weight(tier) for tier in BELOW}
 
     @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Stacking:
+    def from_dict(cls, d: Any) -> Stacking:
+        if not isinstance(d, Mapping):
+            raise BundleError(f"stacking must be an object of weights, got {d!r:.80}")
         unknown = set(d) - set(BELOW)
         if unknown:
             raise BundleError(f"stacking names unknown tiers {sorted(unknown)}")

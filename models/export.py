@@ -276,5 +276,7 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
 
 
 def onnx_exits(path: Path, ds: MultiViewDataset) -> dict[str, np.ndarray]:
-    """Every exit's logits through ONNX Runtime, as the tiers compute them."""
-    return BundleRuntime(load_bundle(path, verify=False)).run_dataset(ds.X, ds.present)
+    """Every segment's own scores through ONNX Runtime, as the tiers compute them (unstacked:
+    what the torch parity check and the stacking fit read)."""
+    return BundleRuntime(load_bundle(path, verify=False)).run_dataset(ds.X, ds.present,
+                                                                      stacked=False)
