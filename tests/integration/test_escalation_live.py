@@ -25,12 +25,16 @@ pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
 
-def at_level(src: Path, dst: Path, level: int, views: int = 0) -> Path:
-    """A copy of an escalating bundle whose calibration chose ``level`` (and ``views``)."""
+def at_level(src: Path, dst: Path, level: int, views: int = 0,
+             stacking: dict | None = None) -> Path:
+    """A copy of an escalating bundle whose calibration chose ``level`` (and ``views``, and
+    ``stacking``: these weights instead of the fitted ones)."""
     shutil.copytree(src, dst)
     mf = dst / "manifest.json"
     d = json.loads(mf.read_text())
     d["escalation"] = {"level": level, "views": views}
+    if stacking is not None:
+        d["stacking"] = stacking
     mf.write_text(json.dumps(d, indent=2))
     return dst
 
@@ -48,11 +52,17 @@ def two_surest(tiny_data, tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.parametrize("k", [0, 2], ids=["every-view", "two-surest"])
+# Weights strictly between 0 and 1: the escalated answer stacks with its own weight on the
+# edge's, itself stacked on the local answer.
+STACKED = {"edge": 0.5, "cloud": 0.3, "escalated": 0.4}
+
+
+@pytest.mark.parametrize(("k", "stacking"), [(0, None), (2, None), (0, STACKED)],
+                         ids=["every-view", "two-surest", "every-view-stacked"])
 def test_escalated_frames_answer_like_evaluate(mosquitto, kinds_repository, two_surest,
-                                               tiny_data, tmp_path, k):
+                                               tiny_data, tmp_path, k, stacking):
     trained = two_surest if k else kinds_repository / "esc"
-    bundle = at_level(trained, tmp_path / "esc", 1, k)
+    bundle = at_level(trained, tmp_path / "esc", 1, k, stacking)
     thresholds = mixed_thresholds(bundle, tiny_data.test)
     with real_cloud(bundle) as cloud:
         edge, _ = replay(bundle, tiny_data.test, mosquitto.url, cloud.url,
