@@ -14,14 +14,20 @@ accuracy and the uplink bytes.
 from __future__ import annotations
 
 import dataclasses
-import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 from ddnn.benchmarks.common import machine, write_json
-from ddnn.benchmarks.tiers import QUICK, SEEDS, SETS, VARIANTS, _data, _point, _train
+from ddnn.benchmarks.tiers import (
+    QUICK,
+    SEEDS,
+    SETS,
+    VARIANTS,
+    _data,
+    _evaluate,
+    _point,
+    _train,
+)
 from ddnn.bundle import load_bundle
 
 MODES = ("unstacked", "stacked")
@@ -31,14 +37,12 @@ def restack(bundle: Path, data: Path, out: Path, stacked: bool) -> Path:
     """A copy of ``bundle`` at ``out`` whose stacking (none unless ``stacked``) and thresholds
     are fitted again on its held-out splits of ``data``, as ``ddnn train`` fits them."""
     from ddnn.models.build import fit_held_out, split_data
-    from ddnn.models.config import DDNNConfig
     from ddnn.models.export import write_manifest
+    from ddnn.models.federated.weights import config_of
 
-    m = load_bundle(bundle).manifest
-    known = {f.name for f in dataclasses.fields(DDNNConfig)}
-    cfg = DDNNConfig(**{k: tuple(v) if isinstance(v, list) else v
-                        for k, v in m.training["config"].items() if k in known})
-    cfg = dataclasses.replace(cfg, stack_exits=stacked)
+    trained = load_bundle(bundle)
+    m = trained.manifest
+    cfg = dataclasses.replace(config_of(trained), stack_exits=stacked)
     _, _, stop_ds, val_ds = split_data(data, None, cfg)
     if out.exists():
         shutil.rmtree(out)
@@ -53,11 +57,9 @@ def restack(bundle: Path, data: Path, out: Path, stacked: bool) -> Path:
     return out
 
 
-def _evaluate(bundle: Path, test: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "ddnn", "evaluate", "--bundle", str(bundle),
-                           "--data", str(test), "--json"], check=True, capture_output=True,
-                          text=True)
-    e = json.loads(proc.stdout)
+def _row(bundle: Path, test: Path) -> dict:
+    """``ddnn evaluate --json`` of the bundle on the test file: its point and every exit."""
+    e = _evaluate(bundle, test)
     return {**_point(e), "exits": {k: e["accuracy"][k] for k in ("local", "edge", "cloud")}}
 
 
@@ -87,7 +89,7 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
                 for mode in MODES:
                     copy = restack(bundle, train, root / "stacking" / f"{bundle.name}-{mode}",
                                    stacked=mode == "stacked")
-                    rows[mode][seed] = _evaluate(copy, test)
+                    rows[mode][seed] = _row(copy, test)
                     fitted = load_bundle(copy).manifest.stacking
                     rows[mode][seed]["stacking"] = fitted.to_dict() if fitted else None
             table[name][variant] = {

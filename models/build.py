@@ -159,11 +159,11 @@ def fit_held_out(staging: Path, val_ds: MultiViewDataset, stop_ds: MultiViewData
     the thresholds on the calibration split, from the stacked answers.
     """
     bundle = load_bundle(staging, verify=False)
-    exits = onnx_exits(staging, val_ds)
+    exits, *stop = onnx_exits(staging, val_ds, *([stop_ds] if cfg.stack_exits else []))
     stacking = None
-    if cfg.stack_exits:
-        stop = onnx_exits(staging, stop_ds)
-        both = {k: np.concatenate([stop[k], exits[k]]) for k in ("local", *BELOW) if k in exits}
+    if stop:  # (stacking on)
+        both = {k: np.concatenate([stop[0][k], exits[k]]) for k in ("local", *BELOW)
+                if k in exits}
         stacking = fit_stacking(both, np.concatenate([stop_ds.label, val_ds.label]),
                                 bundle.manifest.views)
     answers = stacking.apply(exits) if stacking is not None else exits

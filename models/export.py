@@ -275,8 +275,9 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
     load_bundle(path)  # what we wrote must load and verify
 
 
-def onnx_exits(path: Path, ds: MultiViewDataset) -> dict[str, np.ndarray]:
-    """Every segment's own scores through ONNX Runtime, as the tiers compute them (unstacked:
-    what the torch parity check and the stacking fit read)."""
-    return BundleRuntime(load_bundle(path, verify=False)).run_dataset(ds.X, ds.present,
-                                                                      stacked=False)
+def onnx_exits(path: Path, *datasets: MultiViewDataset) -> list[dict[str, np.ndarray]]:
+    """Every segment's own scores through ONNX Runtime for each of ``datasets``, as the tiers
+    compute them, from one set of sessions (unstacked: what the torch parity check and the
+    stacking fit read)."""
+    runtime = BundleRuntime(load_bundle(path, verify=False))
+    return [runtime.run_dataset(ds.X, ds.present, stacked=False) for ds in datasets]

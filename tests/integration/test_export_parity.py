@@ -48,7 +48,7 @@ def test_every_exit_matches_torch(tiny_data, tmp_path, variant):
         ),
     )
     torch_out = predict(model, ds)
-    ort_out = onnx_exits(tmp_path, ds)
+    ort_out, = onnx_exits(tmp_path, ds)
     report = check_parity(torch_out, ort_out, ds.present)
     for exit_name in ("device", "local", "edge", "cloud"):
         assert report.disagreement[exit_name] <= 0.01, report
