@@ -76,7 +76,7 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
     root = work / ("tiers-quick" if quick else "tiers")
     root.mkdir(parents=True, exist_ok=True)
     sets, seeds = (QUICK["sets"], QUICK["seeds"]) if quick else (tuple(SETS), SEEDS)
-    variants = ("escalate_view", "deep_device")
+    variants = ("escalate_view", "pi_device", "deep_device")
     table: dict = {}
     for name in sets:
         train, test = _data(root, name, quick)
