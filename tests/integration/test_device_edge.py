@@ -306,10 +306,14 @@ def test_a_frame_no_camera_saw_is_answered_unclassified(mosquitto, tiny_bundle, 
 
 def test_stacked_exits_answer_live_as_offline(mosquitto, tiny_bundle, tiny_data, tmp_path):
     """A bundle whose edge and cloud stack their answers on the tier below (ddnn.stacking):
-    the live edge stacks as ``ddnn evaluate`` does, the cloud's scores on the edge's answer."""
+    the live edge stacks as ``ddnn evaluate`` does, the cloud's scores on the edge's answer;
+    the experience it records is labelled with the cloud's own answer, which does not contain
+    the early answers it would teach."""
     from ddnn.bundle import load_bundle
     from ddnn.dataset import load_dataset
+    from ddnn.experience import chunks, read_experience
     from ddnn.runtime import BundleRuntime
+    from ddnn.stacking import log_probs
 
     bundle = tmp_path / "stacked"
     shutil.copytree(tiny_bundle, bundle)
@@ -323,8 +327,10 @@ def test_stacked_exits_answer_live_as_offline(mosquitto, tiny_bundle, tiny_data,
     stacked, own = (rt.run_dataset(ds.X, ds.present, stacked=s) for s in (True, False))
     # Not a vacuous check: stacking changes answers of this barely trained bundle.
     assert any((stacked[t].argmax(1) != own[t].argmax(1)).any() for t in ("edge", "cloud"))
+    recorded = tmp_path / "experience"
     with real_cloud(bundle) as cloud:
-        edge = Edge(bundle, mosquitto.url, cloud.url, deployment="stacked", **mixed(thresholds))
+        edge = Edge(bundle, mosquitto.url, cloud.url, deployment="stacked", **mixed(thresholds),
+                    experience=recorded, experience_max_mb=16.0)
         try:
             run_devices(bundle, tiny_data.test, mosquitto.url, deployment="stacked")
             wait_for(lambda: edge.agg.answered >= 120, what="120 results")
@@ -334,3 +340,16 @@ def test_stacked_exits_answer_live_as_offline(mosquitto, tiny_bundle, tiny_data,
     check_against_evaluate(results, bundle, tiny_data.test, thresholds)
     for r in results:
         assert r["class"] == int(np.argmax(stacked[r["exit"]][r["frame"]]))
+    # Each recorded label is the cloud segment's own softmax for one of the frames it answered,
+    # and far from the stacked answer of a frame where stacking moved the cloud's.
+    wait_for(lambda: chunks(recorded), what="experience chunks")
+    labels = read_experience(recorded).soft_label
+    to_cloud = [r["frame"] for r in results if r["exit"] == "cloud"]
+    assert 0 < len(labels) == len(to_cloud)
+    own_p, stacked_p = (np.exp(log_probs(x["cloud"][to_cloud])) for x in (own, stacked))
+    gap = np.abs(labels[:, None, :] - own_p[None]).max(-1)  # (recorded, answered)
+    nearest = gap.argmin(1)
+    assert (gap.min(1) < 1e-3).all() and len(set(nearest)) == len(labels)
+    moved = np.abs(own_p - stacked_p).max(-1) > 0.05
+    assert moved.any()  # the check below is not vacuous
+    assert (np.abs(labels - stacked_p[nearest]).max(-1)[moved[nearest]] > 0.01).all()
