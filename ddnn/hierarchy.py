@@ -164,6 +164,8 @@ def summarize(
                           for i, t in enumerate(EXIT_TIERS)},
         "bytes_per_frame": {"ddnn": float(ddnn_bytes.mean()), "raw_offload": float(raw.mean())},
         "thresholds": {t: policy.threshold(t) for t in EXIT_TIERS[:-1]},
+        # each upper exit's weight on its own answer (ddnn.stacking); None: they answer alone
+        "stacking": manifest.stacking.to_dict() if manifest.stacking is not None else None,
     }
     if manifest.escalated is not None:
         senders = int(cost.detail_senders(n_present).sum())

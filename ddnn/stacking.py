@@ -79,6 +79,16 @@ class Stacking:
             raise BundleError(f"stacking names unknown tiers {sorted(unknown)}")
         return cls(**{tier: d[tier] for tier in BELOW if tier in d})
 
+    def describe(self, escalates: bool = False) -> str:
+        """One line for people: what each upper exit's answer is made of, as weights of log
+        probabilities (the tier below is stacked itself; 0 own passes its answer up)."""
+        tiers = ("edge", "cloud", "escalated") if escalates else ("edge", "cloud")
+        names = {"escalated": "escalated cloud"}
+        parts = [f"{names.get(t, t)} = {self.weight(t):g} own"
+                 + ("" if self.weight(t) == 1 else f" + {1 - self.weight(t):g} {BELOW[t]}")
+                 for t in tiers]
+        return "stacked exits: " + "; ".join(parts)
+
     def apply(self, exits: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Every exit's answer stacked (``exits``: each segment's own scores, as
         :meth:`ddnn.runtime.BundleRuntime.all_exits` computes them)."""

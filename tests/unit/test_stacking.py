@@ -59,6 +59,24 @@ def test_round_trip_and_missing_tiers_answer_on_their_own():
     assert Stacking.from_dict(s.to_dict()) == s
 
 
+def test_an_evaluation_says_what_each_upper_exit_stands_on():
+    from ddnn.tools.evaluate import format_table
+
+    s = Stacking(edge=0.85, cloud=0.0, escalated=0.95)
+    assert s.describe(escalates=True) == ("stacked exits: edge = 0.85 own + 0.15 local; "
+                                          "cloud = 0 own + 1 edge; escalated cloud = 0.95 own"
+                                          " + 0.05 edge")
+    assert "escalated" not in Stacking().describe() and "+" not in Stacking().describe()
+    result = {"samples": 2, "accuracy": dict.fromkeys(("device", "local", "edge", "cloud",
+                                                       "overall"), 1.0),
+              "exit_fraction": {"local": 1.0, "edge": 0.0, "cloud": 0.0},
+              "thresholds": {"local": 0.5, "edge": 0.5},
+              "bytes_per_frame": {"ddnn": 10.0, "raw_offload": 100.0}}
+    assert "stacked exits" not in format_table({**result, "stacking": None})
+    assert "edge = 0.85 own + 0.15 local; cloud = 0 own + 1 edge\n" in format_table(
+        {**result, "stacking": s.to_dict()})
+
+
 def test_a_complementary_upper_exit_gets_a_weight_that_pays():
     """Two exits right on different halves of the frames, each unsure where it is wrong: the
     stacked answer beats both, so a weight strictly between 0 and 1 is chosen."""
