@@ -28,6 +28,10 @@ def test_each_tier_reports_its_share_and_its_accuracy():
     assert rows["local"][1:5] == ["2", "0.400", "0.500", "1.000"]
     assert rows["edge"][1:5] == ["3", "0.600", "0.250", "0.667"]
     assert rows["cloud"][1:5] == ["0", "0.000", "0.250", "-"]
+    assert "stacked exits" not in _table(s)  # a bundle whose exits answer alone
+    stacked = {**_offline(), "stacking": {"edge": 0.5, "cloud": 0.0, "escalated": 1.0}}
+    s = _summary(results, ds, stacked, 200.0, SimpleNamespace(name="demo", version="1"))
+    assert _table(s).endswith("stacked exits: edge = 0.5 own + 0.5 local; cloud = 0 own + 1 edge")
 
 
 def test_a_frame_no_camera_saw_is_left_out_of_every_accuracy():
