@@ -46,7 +46,7 @@ VARIANTS = {  # name → `ddnn train` flags on top of the defaults (escalation i
     # docs/benchmarks/tiers.json were trained (thread counts change the arithmetic's order)
     "deep_device": ["--deep-device", "--threads", "1"],
     # between the two: double-conv stem blocks of 16 and 32 filters, 32 binary features a cell
-    # (a 61 KB device of 27 k weights, 0.085 ms a frame), escalation on (docs/training.md,
+    # (a 61 KB device of 27 k weights, 0.088 ms a frame), escalation on (docs/training.md,
     # "A device between"); one thread, as its rows were trained
     "pi_device": ["--device-stem", "16,32", "--device-convs", "2", "--device-filters", "32",
                   "--threads", "1"],

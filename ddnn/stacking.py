@@ -81,7 +81,7 @@ class Stacking:
 
     def describe(self, escalates: bool = False) -> str:
         """One line for people: what each upper exit's answer is made of, as weights of log
-        probabilities (the tier below is stacked itself; 0 own passes its answer up)."""
+        probabilities: ``cloud = 0 own + 1 edge`` passes the (stacked) edge's answer up."""
         tiers = ("edge", "cloud", "escalated") if escalates else ("edge", "cloud")
         names = {"escalated": "escalated cloud"}
         parts = [f"{names.get(t, t)} = {self.weight(t):g} own"
