@@ -58,9 +58,11 @@ def restack(bundle: Path, data: Path, out: Path, stacked: bool) -> Path:
 
 
 def _row(bundle: Path, test: Path) -> dict:
-    """``ddnn evaluate --json`` of the bundle on the test file: its point and every exit."""
+    """``ddnn evaluate --json`` of the bundle on the test file: its point, every exit and the
+    stacking it answered with."""
     e = _evaluate(bundle, test)
-    return {**_point(e), "exits": {k: e["accuracy"][k] for k in ("local", "edge", "cloud")}}
+    return {**_point(e), "exits": {k: e["accuracy"][k] for k in ("local", "edge", "cloud")},
+            "stacking": e["stacking"]}
 
 
 def _mean(rows: list[dict], *keys: str) -> float:
@@ -90,8 +92,6 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
                     copy = restack(bundle, train, root / "stacking" / f"{bundle.name}-{mode}",
                                    stacked=mode == "stacked")
                     rows[mode][seed] = _row(copy, test)
-                    fitted = load_bundle(copy).manifest.stacking
-                    rows[mode][seed]["stacking"] = fitted.to_dict() if fitted else None
             table[name][variant] = {
                 mode: {"seeds": r, "mean": {
                     "overall": _mean(list(r.values()), "overall"),
