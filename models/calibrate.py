@@ -30,7 +30,7 @@ from ddnn.operating_curve import (
     pick_tolerance,
 )
 from ddnn.operating_curve import sweep as sweep_grid
-from ddnn.stacking import BELOW, Stacking, log_probs, stack
+from ddnn.stacking import Stacking, log_probs, stack
 
 STACKING_GRID = 21  # weights tried per stacked exit, evenly spaced in [0, 1]
 # How sure a stacked exit must be that it beats the answer below it, in standard deviations of
@@ -115,6 +115,78 @@ def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, grid: np.ndarray, ed
     return {"accuracy": acc, "local": loc.mean(1), "edge": edg.mean(1), "cloud": cld.mean(1)}
 
 
+STACKING_STATS = ("right", "fixed", "broken", "loglik")  # a stacking table's last axis
+
+
+def _weights(grid: int) -> np.ndarray:
+    return np.linspace(1.0, 0.0, grid)  # own weights tried, the tier's own answer first
+
+
+def _table(below: list[np.ndarray], own: np.ndarray, labels: np.ndarray,
+           grid: int) -> np.ndarray:
+    """(len(below), grid, 4): ``STACKING_STATS`` of ``own`` stacked on each answer below."""
+    rows = np.arange(len(labels))
+    lp_own = log_probs(own)
+    out = np.zeros((len(below), grid, len(STACKING_STATS)))
+    for i, b in enumerate(below):
+        right_below = b.argmax(-1) == labels
+        lp_below = log_probs(b)
+        for j, w in enumerate(_weights(grid)):
+            # ddnn.stacking.stack, with both log-probabilities computed once
+            answer = lp_own if w == 1.0 else ((1.0 - w) * lp_below + w * lp_own).astype(
+                np.float32)
+            right = answer.argmax(-1) == labels
+            out[i, j] = (right.sum(), (right & ~right_below).sum(), (~right & right_below).sum(),
+                         log_probs(answer)[rows, labels].astype(np.float64).sum())
+    return out
+
+
+def _pick(stats: np.ndarray, z: float) -> int:
+    """The index of the weight the rule of :func:`fit_stacking` picks from one row of a table."""
+    best = None
+    for j, w in enumerate(_weights(len(stats))):
+        right, fixed, broken, loglik = stats[j]
+        if w > 0 and fixed - broken < z * np.sqrt(fixed + broken):
+            continue
+        if best is None or (right, loglik) > best[0]:
+            best = ((right, loglik), j)
+    assert best is not None  # weight 0 always qualifies
+    return best[1]
+
+
+def stacking_tables(exits: dict[str, np.ndarray], labels: np.ndarray,
+                    grid: int = STACKING_GRID) -> dict[str, np.ndarray]:
+    """What :func:`fit_stacking` decides on, as sums over held-out frames that add up across
+    data sets: federated learning refits the weights from its sites' summed tables.
+
+    For each upper tier, an array (rows, ``grid``, 4): for every weight of the tier below
+    (rows; the edge has one, the local exit below it has no weight) and every own weight
+    (``np.linspace(1, 0, grid)``), the frames the stacked answer gets right, those it rights
+    and those it wrongs against the answer below, and the sum of the labels' log
+    probabilities (``STACKING_STATS``).
+    """
+    labels = np.asarray(labels)
+    tables = {"edge": _table([exits["local"]], exits["edge"], labels, grid)}
+    edges = [stack(exits["local"], exits["edge"], float(w)) for w in _weights(grid)]
+    for tier in ("cloud", "escalated"):
+        if tier in exits:
+            tables[tier] = _table(edges, exits[tier], labels, grid)
+    return tables
+
+
+def pick_stacking(tables: dict[str, np.ndarray], views: int,
+                  z: float = STACKING_Z) -> Stacking:
+    """The weights :func:`fit_stacking` fits, from :func:`stacking_tables` (summed over any
+    number of data sets)."""
+    weights = _weights(tables["edge"].shape[1])
+    edge = 0 if views == 1 else _pick(tables["edge"][0], z)
+    chosen = {"edge": float(weights[edge])}
+    for tier in ("cloud", "escalated"):
+        if tier in tables:
+            chosen[tier] = float(weights[_pick(tables[tier][edge], z)])
+    return Stacking(**{k: round(w, 6) for k, w in chosen.items()})
+
+
 def fit_stacking(exits: dict[str, np.ndarray], labels: np.ndarray, views: int,
                  grid: int = STACKING_GRID, z: float = STACKING_Z) -> Stacking:
     """Each upper exit's stacking weight (``ddnn.stacking``) from held-out per-exit scores,
@@ -127,32 +199,20 @@ def fit_stacking(exits: dict[str, np.ndarray], labels: np.ndarray, views: int,
     on very few such frames it is looser than its nominal level, 3 righted and none wronged
     pass). A weight whose answers are right exactly where the answer below is right passes
     too: it changes no accuracy. Of the weights that pass, the one right most often wins, ties
-    to the lower held-out log loss, then to the larger weight. So a tier rarely answers worse
-    than the one below it on a few hundred frames' luck.
+    to the higher held-out likelihood of the labels, then to the larger weight. So a tier
+    rarely answers worse than the one below it on a few hundred frames' luck.
 
     A one-view bundle's edge answers on its own: its device decides the local exit alone and
-    sends the edge no scores to stack on.
+    sends the edge no scores to stack on. (The same decision as :func:`pick_stacking` on
+    :func:`stacking_tables`, computing only the edge weight's row of the tiers above it.)
     """
-    rows = np.arange(len(labels))
-    stacked = {"local": exits["local"]}
-    weights = {}
-    for tier, below in BELOW.items():
-        if tier not in exits:
-            continue
-        if tier == "edge" and views == 1:
-            weights[tier], stacked[tier] = 1.0, log_probs(exits[tier])
-            continue
-        right_below = stacked[below].argmax(-1) == labels
-        best = None
-        for w in np.linspace(1.0, 0.0, grid):
-            answer = stack(stacked[below], exits[tier], float(w))
-            right = answer.argmax(-1) == labels
-            fixed, broken = int((right & ~right_below).sum()), int((~right & right_below).sum())
-            if w > 0 and fixed - broken < z * np.sqrt(fixed + broken):
-                continue
-            key = (int(right.sum()), float(log_probs(answer)[rows, labels].mean()))
-            if best is None or key > best[0]:
-                best = (key, round(float(w), 6), answer)
-        assert best is not None  # weight 0 always qualifies
-        _, weights[tier], stacked[tier] = best
-    return Stacking(**weights)
+    labels = np.asarray(labels)
+    weights = _weights(grid)
+    edge = weights[0 if views == 1 else _pick(
+        _table([exits["local"]], exits["edge"], labels, grid)[0], z)]
+    below = stack(exits["local"], exits["edge"], float(edge))
+    chosen = {"edge": float(edge)}
+    for tier in ("cloud", "escalated"):
+        if tier in exits:
+            chosen[tier] = float(weights[_pick(_table([below], exits[tier], labels, grid)[0], z)])
+    return Stacking(**{k: round(w, 6) for k, w in chosen.items()})

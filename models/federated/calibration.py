@@ -21,7 +21,7 @@ import numpy as np
 
 from ddnn.exits import entropy_of_logits
 from ddnn.hierarchy import UplinkCost
-from ddnn.models.calibrate import Calibration
+from ddnn.models.calibrate import Calibration, pick_stacking
 from ddnn.operating_curve import (
     AGREEMENT,
     Sweep,
@@ -30,6 +30,7 @@ from ddnn.operating_curve import (
     frontier,
     pick_tolerance,
 )
+from ddnn.stacking import Stacking
 
 log = logging.getLogger(__name__)
 
@@ -129,3 +130,25 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
     point = pick_tolerance(s, tolerance, agreement)
     return Calibration(point, tolerance, None, s.best_tier, frames, curve_table(frontier(s)),
                        agreement)
+
+
+def refit_stacking(sites: Iterable[tuple[float, Mapping[str, np.ndarray] | None]],
+                   views: int) -> Stacking | None:
+    """The stacking ``models.calibrate.fit_stacking`` would fit on the union of the sites'
+    held-out splits, from their summed stacking tables (``sites``: each one's held-out samples
+    and tables). ``None`` keeps the bundle's: no site held data out, or one that did sent no
+    tables (a site too old to count them), or their grids differ."""
+    sites = [(n, t) for n, t in sites if n > 0]
+    if not sites:
+        return None
+    if any(t is None for _, t in sites):
+        log.warning("a site sent no stacking tables: the bundle's stacking stays")
+        return None
+    tiers = set(sites[0][1])
+    shapes = {k: np.shape(sites[0][1][k]) for k in tiers}
+    if "edge" not in tiers or any(set(t) != tiers or any(np.shape(t[k]) != shapes[k]
+                                                          for k in tiers) for _, t in sites):
+        log.warning("the sites' stacking tables do not match: the bundle's stacking stays")
+        return None
+    total = {k: sum(np.asarray(t[k], dtype=np.float64) for _, t in sites) for k in tiers}
+    return pick_stacking(total, views)

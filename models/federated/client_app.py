@@ -15,7 +15,15 @@ import numpy as np
 from flwr.app import Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from ddnn.models.federated.records import ARRAYS, CONFIG, COUNTS, METRICS, from_record, to_record
+from ddnn.models.federated.records import (
+    ARRAYS,
+    CONFIG,
+    COUNTS,
+    METRICS,
+    STACKING,
+    from_record,
+    to_record,
+)
 
 log = logging.getLogger("ddnn.federate")
 app = ClientApp()
@@ -56,8 +64,8 @@ def train(msg: Message, context: Context) -> Message:
         raise ValueError("no weights sent and none kept from an earlier round")
     metrics: dict[str, float] = {}
     if site.holdout is not None:  # how good the model this round starts from is, held out
-        correct, _ = evaluate(arch, start, site.holdout, threads=int(config["threads"]))
-        metrics.update({f"holdout-{k}": v for k, v in correct.items()})
+        held = evaluate(arch, start, site.holdout, threads=int(config["threads"]))
+        metrics.update({f"holdout-{k}": v for k, v in held.correct.items()})
     settings = LocalTraining(epochs=float(config["epochs"]), lr=float(config["lr"]),
                              batch_size=int(config["batch-size"]), seed=int(config["seed"]),
                              threads=int(config["threads"]))
@@ -97,7 +105,8 @@ def query(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """Federated evaluation of the final model: held-out results and calibration tables."""
+    """Federated evaluation of the final model: held-out results, calibration tables and, for
+    stacked exits when the server asks, the tables that refit their weights."""
     from ddnn.models.federated.trainer import evaluate as measure
 
     config = msg.content[CONFIG]
@@ -105,8 +114,11 @@ def evaluate(msg: Message, context: Context) -> Message:
     site = _site(context, arch, config)
     content = RecordDict({METRICS: MetricRecord({"samples": 0.0})})
     if site.holdout is not None:
-        correct, counts = measure(arch, from_record(msg.content[ARRAYS]), site.holdout,
-                                  int(config["grid"]), int(config["threads"]))
-        content[METRICS] = MetricRecord(correct)
-        content[COUNTS] = to_record(counts)
+        held = measure(arch, from_record(msg.content[ARRAYS]), site.holdout,
+                       int(config["grid"]), int(config["threads"]),
+                       stacking_tables=bool(config.get("stacking-tables", False)))
+        content[METRICS] = MetricRecord(held.correct)
+        content[COUNTS] = to_record(held.counts)
+        if held.stacking is not None:
+            content[STACKING] = to_record(held.stacking)
     return Message(content, reply_to=msg)

@@ -28,12 +28,14 @@ from ddnn.models.federated.weights import (
     check_against_onnx,
     set_weights,
 )
+from ddnn.stacking import Stacking
 
 
 def write_federated_bundle(start: Bundle, arch: dict, weights: Weights, out: str | Path,
                            version: str, calibration: Calibration | None,
-                           federation: dict) -> Bundle:
-    """Export ``weights`` as bundle ``version`` at ``out`` (replacing what is there)."""
+                           federation: dict, stacking: Stacking | None = None) -> Bundle:
+    """Export ``weights`` as bundle ``version`` at ``out`` (replacing what is there), its
+    exits stacked by ``stacking`` (refitted by the sites) or else as the starting bundle's."""
     out = Path(out)
     m = start.manifest
     model = build_model(arch)
@@ -44,20 +46,21 @@ def write_federated_bundle(start: Bundle, arch: dict, weights: Weights, out: str
         training = {**m.training, "federation": federation,
                     "started_from": {"name": m.name, "version": m.version}}
         level = 0  # the sites' tables calibrate level 0 only (federated/calibration.py)
+        stacked = stacking if stacking is not None else m.stacking
         if calibration is None:  # no site had held-out data: keep the thresholds it had
             thresholds, cal = dict(m.thresholds), {"federated": False,
                                                    "kept_from": m.version}
-            level = m.escalation_level
+            level, stacked = m.escalation_level, m.stacking
         else:
             thresholds = {"local": calibration.local, "edge": calibration.edge}
             cal = {**calibration.to_dict(), "federated": True,
                    "data": "the sites' held-out splits (summed exit tables)"}
 
         def manifest(ts: dict[str, float], calibration_section: dict):
-            # The sites calibrated with the bundle's stacking (trainer.evaluate): it stays.
+            # The sites calibrated with this stacking (server_app.evaluate_everywhere).
             return build_manifest(model, specs, m.name, version, m.classes, m.input_shape, ts,
                                   training, calibration_section, escalation_level=level,
-                                  stacking=m.stacking)
+                                  stacking=stacked)
 
         write_manifest(staging, manifest({"local": 0.0, "edge": 0.0}, {}))
         check_against_onnx(model, load_bundle(staging))

@@ -5,7 +5,8 @@ Server to site: ``config`` (a ``ConfigRecord``: the round, the local-training se
 network's architecture as JSON) and, when the site is to start from them, ``arrays`` (the
 shared model). Site to server: ``metrics`` (a ``MetricRecord``: examples, steps, loss,
 held-out results) and, when it has something to send, ``arrays``; after evaluation,
-``counts`` (the calibration tables). Only these arrays and numbers leave a site.
+``counts`` (the calibration tables) and, for stacked exits, ``stacking`` (the tables that refit
+their weights). Only these arrays and numbers leave a site.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 CONFIG, ARRAYS, METRICS, COUNTS = "config", "arrays", "metrics", "counts"
+STACKING = "stacking"
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:

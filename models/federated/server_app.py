@@ -26,6 +26,7 @@ from ddnn.models.federated.records import (
     CONFIG,
     COUNTS,
     METRICS,
+    STACKING,
     from_record,
     model_bytes,
     to_record,
@@ -143,13 +144,26 @@ def final_model(grid: Grid, strategy, exchange: Exchange, rounds: int, history: 
 
 
 def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSettings,
-                        rounds: int, cost):
-    """Federated evaluation: the sites' held-out results and summed calibration tables."""
-    from ddnn.models.federated.calibration import add_counts, calibrate_counts
+                        rounds: int, cost, arch: dict):
+    """Federated evaluation: the sites' held-out results and summed calibration tables, and
+    the stacking of the exits refitted from the sites' summed stacking tables (``None`` where
+    the bundle does not stack or some site sent none). Where the refit changes the stacking,
+    the sites evaluate a second time, answering with it, so the thresholds fit the answers the
+    bundle will give."""
+    from ddnn.models.federated.calibration import add_counts, calibrate_counts, refit_stacking
 
     nodes = sorted(grid.get_node_ids())
-    answers = exchange.send(MessageType.EVALUATE, rounds + 1,
-                            {n: (weights, {"grid": s.grid}) for n in nodes})
+    stacked = arch.get("stacking") is not None
+    answers = exchange.send(MessageType.EVALUATE, rounds + 1, {
+        n: (weights, {"grid": s.grid, "stacking-tables": stacked}) for n in nodes})
+    stacking = refit_stacking([(float(c[METRICS].get("samples", 0.0)),
+                                from_record(c[STACKING]) if STACKING in c.array_records else None)
+                               for c in answers.values()], int(arch["views"])) if stacked else None
+    if stacking is not None and stacking.to_dict() != arch["stacking"]:
+        log.info("stacking refitted on the sites' held-out splits: %s", stacking.describe())
+        again = json.dumps({**arch, "stacking": stacking.to_dict()})
+        answers = exchange.send(MessageType.EVALUATE, rounds + 2, {
+            n: (weights, {"grid": s.grid, "arch": again}) for n in sorted(grid.get_node_ids())})
     tables = [from_record(c[COUNTS]) for c in answers.values() if COUNTS in c.array_records]
     samples = sum(float(c[METRICS]["samples"]) for c in answers.values())
     accuracy = {k: sum(float(c[METRICS].get(k, 0.0)) for c in answers.values()) / samples
@@ -158,7 +172,12 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
            else None)
     if cal is not None:
         accuracy["overall"] = cal.point.accuracy
-    return cal, {"sites": len(answers), "samples": int(samples), "accuracy": accuracy}
+    evaluation = {"sites": len(answers), "samples": int(samples), "accuracy": accuracy}
+    if stacked:
+        evaluation["stacking"] = {"refit": stacking is not None,
+                                  "weights": (stacking.to_dict() if stacking is not None
+                                              else arch["stacking"])}
+    return cal, stacking, evaluation
 
 
 def federate(grid: Grid, s: FederationSettings, progress) -> dict:
@@ -180,14 +199,15 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     wait_for_sites(grid, s.wait_sites, s.join_timeout)
     strategy, history = run_rounds(grid, s, exchange, initial, progress)
     weights = final_model(grid, strategy, exchange, s.rounds, history)
-    cal, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,
-                                         UplinkCost.of(start.manifest))
+    cal, stacking, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,
+                                                   UplinkCost.of(start.manifest), arch)
     summary = {"strategy": s.strategy, "rounds": s.rounds, "epochs": s.epochs, "lr": s.lr,
                "communicated_bytes": exchange.communicated, "bytes_down": exchange.bytes_down,
                "bytes_up": exchange.bytes_up, "evaluation": evaluation, "history": history}
     if s.strategy == "dma":
         summary.update({"threshold": s.threshold, "check_steps": s.check_steps})
-    bundle = write_federated_bundle(start, arch, weights, s.out, version, cal, summary)
+    bundle = write_federated_bundle(start, arch, weights, s.out, version, cal, summary,
+                                    stacking)
     return {"rounds": s.rounds, "communicated_bytes": exchange.communicated,
             "version": bundle.manifest.version, "bundle": str(bundle.path),
             "strategy": s.strategy, "evaluation": evaluation,

@@ -6,7 +6,8 @@ its own: :func:`fit` takes the shared weights, trains the network on the site's 
 teach the layers above the device stem: online distillation), and returns the new weights.
 With ``stop_when`` it checks the model every ``check_steps`` steps and stops as soon as the
 check says so (dynamic averaging's divergence test). :func:`evaluate` measures a model on the
-site's held-out split and returns the calibration tables (``calibration.exit_counts``).
+site's held-out split and returns the calibration tables (``calibration.exit_counts``) and,
+for a bundle with stacked exits, the tables that refit their weights.
 """
 
 from __future__ import annotations
@@ -178,20 +179,33 @@ def _cycle(rng: np.random.Generator, n: int, batch: int):
         yield np.zeros(0, dtype=np.int64)
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """A model on a site's held-out split: what leaves the site after federated evaluation."""
+
+    correct: dict[str, float]  # right answers per exit, and "samples"
+    counts: dict[str, np.ndarray]  # the calibration tables (calibration.exit_counts)
+    stacking: dict[str, np.ndarray] | None  # the stacking tables, where the bundle stacks
+
+
 def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201,
-             threads: int = 1) -> tuple[dict[str, float], dict[str, np.ndarray]]:
-    """Correct answers per exit on ``ds`` and the calibration tables of the model."""
+             threads: int = 1, stacking_tables: bool = False) -> Evaluation:
+    """Correct answers per exit on ``ds`` and the calibration tables of the model, each tier
+    answering with the architecture's stacking; with ``stacking_tables``, also the tables that
+    refit that stacking (``models.calibrate.stacking_tables``, of the tiers' own answers)."""
+    from ddnn.models.calibrate import stacking_tables as tables_of
+
     torch.set_num_threads(threads)
     model = build_model(arch)
     set_weights(model, weights)
-    logits = predict(model, ds)
+    own = predict(model, ds)
     stacking = stacking_of(arch)
-    if stacking is not None:  # each tier answers as the bundle's does
-        logits = stacking.apply(logits)
+    logits = stacking.apply(own) if stacking is not None else own  # as the bundle answers
     correct = {k: float((logits[k].argmax(-1) == ds.label).sum()) for k in ("local", "edge",
                                                                             "cloud")}
     counts = exit_counts(logits, ds.label, ds.present, grid)
-    return {**correct, "samples": float(ds.num_samples)}, counts
+    refit = tables_of(own, ds.label) if stacking_tables and stacking is not None else None
+    return Evaluation({**correct, "samples": float(ds.num_samples)}, counts, refit)
 
 
 def round_lr(lr: float, rnd: int, rounds: int) -> float:

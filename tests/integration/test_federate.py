@@ -86,6 +86,9 @@ def test_fedavg_on_one_machine_improves_the_bundle_and_signs_the_next_version(fe
     assert fed["strategy"] == "fedavg" and len(fed["history"]) == 2
     assert bundle.manifest.calibration["federated"] is True
     assert bundle.manifest.calibration["samples"] == 72  # the two sites' held-out 20 %
+    # The stacking was refitted on the sites' held-out splits, and the bundle answers with it.
+    assert fed["evaluation"]["stacking"]["refit"] is True
+    assert bundle.manifest.stacking.to_dict() == fed["evaluation"]["stacking"]["weights"]
     before = evaluate(start, root / "test.npz")["accuracy"]
     after = evaluate(out, root / "test.npz")["accuracy"]
     assert after["overall"] >= before["overall"] + 0.15, (before, after)

@@ -135,9 +135,15 @@ def test_fit_from_given_weights_learns_labelled_data_and_experience(tiny_bundle,
     assert done.examples == site.train.num_samples and done.steps == 5
     assert set(done.weights) == set(start)
     assert any(not np.array_equal(done.weights[k], start[k]) for k in start)
-    correct, counts = evaluate(arch, done.weights, site.holdout, grid=11)
-    assert correct["samples"] == site.holdout.num_samples and counts["correct"].shape == (11, 11)
+    held = evaluate(arch, done.weights, site.holdout, grid=11)
+    counts = held.counts
+    assert held.correct["samples"] == site.holdout.num_samples
+    assert counts["correct"].shape == (11, 11) and held.stacking is None  # not asked for
     assert all(counts[f"agree_{t}"].shape == (11, 11) for t in ("local", "edge", "cloud"))
+    assert arch["stacking"] is not None  # asked for, the tables that refit the stacking
+    tables = evaluate(arch, done.weights, site.holdout, grid=11, stacking_tables=True).stacking
+    assert tables["edge"].shape == (1, 21, 4) and tables["cloud"].shape == (21, 21, 4)
+    assert (tables["edge"][0, :, 0] <= site.holdout.num_samples).all()
 
     # Experience: the cloud's soft labels teach the layers above the device stem.
     model = build_model(arch)

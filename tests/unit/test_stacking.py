@@ -116,3 +116,51 @@ def test_a_one_view_edge_answers_on_its_own():
     local = _scores(labels, rng.random(300) < 0.9, rng)
     s = fit_stacking({"local": local, "edge": local, "cloud": local}, labels, views=1)
     assert s.edge == 1.0
+
+
+def _complementary(rng: np.random.Generator, n: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Local and edge exits right on different frames, and a cloud better than both."""
+    labels = rng.integers(0, C, n)
+    local_right = rng.random(n) < 0.7
+    edge_right = ~local_right | (rng.random(n) < 0.5)
+    cloud_right = ~(local_right & edge_right) | (rng.random(n) < 0.5)
+    exits = {k: _scores(labels, r, rng, np.where(r, 3.0, 0.8)) for k, r in
+             (("local", local_right), ("edge", edge_right), ("cloud", cloud_right),
+              ("escalated", cloud_right | (rng.random(n) < 0.5)))}
+    return exits, labels
+
+
+def test_summed_tables_of_several_data_sets_fit_what_their_union_fits():
+    """Federated learning refits the stacking from its sites' summed tables: the weights
+    must be the ones training would fit on all their held-out frames at once."""
+    from ddnn.models.calibrate import fit_stacking, pick_stacking, stacking_tables
+
+    rng = np.random.default_rng(5)
+    for views in (3, 1):
+        exits, labels = _complementary(rng, 900)
+        union = fit_stacking(exits, labels, views=views)
+        assert union == pick_stacking(stacking_tables(exits, labels), views)
+        parts = np.split(rng.permutation(900), [150, 520])
+        tables = [stacking_tables({k: v[p] for k, v in exits.items()}, labels[p])
+                  for p in parts]
+        summed = {k: sum(t[k] for t in tables) for k in tables[0]}
+        assert pick_stacking(summed, views) == union
+        assert union.cloud > 0 and (views == 1 or 0 < union.edge < 1)  # nothing trivial
+        # Any one part alone may fit other weights: the sum is what carries the union.
+        assert tables[0]["cloud"].shape == (21, 21, 4) and tables[0]["edge"].shape == (1, 21, 4)
+
+
+def test_a_refit_needs_every_site_that_held_data_out():
+    from ddnn.models.calibrate import fit_stacking, stacking_tables
+    from ddnn.models.federated.calibration import refit_stacking
+
+    rng = np.random.default_rng(6)
+    exits, labels = _complementary(rng, 400)
+    half = {k: v[:200] for k, v in exits.items()}
+    a, b = stacking_tables(half, labels[:200]), stacking_tables(
+        {k: v[200:] for k, v in exits.items()}, labels[200:])
+    assert refit_stacking([(200, a), (200, b), (0, None)], 3) == fit_stacking(exits, labels, 3)
+    assert refit_stacking([(200, a), (200, None)], 3) is None  # an older site: keep the bundle's
+    assert refit_stacking([(0, None)], 3) is None
+    coarse = stacking_tables(half, labels[:200], grid=11)
+    assert refit_stacking([(200, a), (200, coarse)], 3) is None  # grids differ
