@@ -118,8 +118,8 @@ def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, grid: np.ndarray, ed
 STACKING_STATS = ("right", "fixed", "broken", "loglik")  # a stacking table's last axis
 
 
-def _weights(grid: int) -> np.ndarray:
-    return np.linspace(1.0, 0.0, grid)  # own weights tried, the tier's own answer first
+def _grid_weights(grid: int) -> np.ndarray:
+    return np.linspace(1.0, 0.0, grid)  # the weights tried, the tier's own answer first
 
 
 def _table(below: list[np.ndarray], own: np.ndarray, labels: np.ndarray,
@@ -131,8 +131,8 @@ def _table(below: list[np.ndarray], own: np.ndarray, labels: np.ndarray,
     for i, b in enumerate(below):
         right_below = b.argmax(-1) == labels
         lp_below = log_probs(b)
-        for j, w in enumerate(_weights(grid)):
-            # ddnn.stacking.stack, with both log-probabilities computed once
+        for j, w in enumerate(_grid_weights(grid)):
+            w = float(w)  # float32 arithmetic, as ddnn.stacking.stack computes the answer
             answer = lp_own if w == 1.0 else ((1.0 - w) * lp_below + w * lp_own).astype(
                 np.float32)
             right = answer.argmax(-1) == labels
@@ -144,7 +144,7 @@ def _table(below: list[np.ndarray], own: np.ndarray, labels: np.ndarray,
 def _pick(stats: np.ndarray, z: float) -> int:
     """The index of the weight the rule of :func:`fit_stacking` picks from one row of a table."""
     best = None
-    for j, w in enumerate(_weights(len(stats))):
+    for j, w in enumerate(_grid_weights(len(stats))):
         right, fixed, broken, loglik = stats[j]
         if w > 0 and fixed - broken < z * np.sqrt(fixed + broken):
             continue
@@ -167,23 +167,54 @@ def stacking_tables(exits: dict[str, np.ndarray], labels: np.ndarray,
     """
     labels = np.asarray(labels)
     tables = {"edge": _table([exits["local"]], exits["edge"], labels, grid)}
-    edges = [stack(exits["local"], exits["edge"], float(w)) for w in _weights(grid)]
+    edges = [stack(exits["local"], exits["edge"], float(w)) for w in _grid_weights(grid)]
     for tier in ("cloud", "escalated"):
         if tier in exits:
             tables[tier] = _table(edges, exits[tier], labels, grid)
     return tables
 
 
+def stacking_tables_problem(tables: dict[str, np.ndarray], samples: float,
+                            tiers: set[str], grid: int = STACKING_GRID) -> str | None:
+    """Why ``tables`` cannot be :func:`stacking_tables` of ``samples`` held-out frames for the
+    upper ``tiers`` (None where they can): tables from another party are checked before they
+    are added up. Counts must be whole numbers within the frames, log likelihoods at most 0,
+    and in every row the answer below right as often whatever the own weight (right − fixed +
+    broken is its count)."""
+    if set(tables) != tiers:
+        return f"tables for {sorted(tables)}, expected {sorted(tiers)}"
+    for tier in sorted(tiers):
+        t = np.asarray(tables[tier])
+        shape = (1 if tier == "edge" else grid, grid, len(STACKING_STATS))
+        if t.shape != shape:
+            return f"{tier}: shape {list(t.shape)}, expected {list(shape)}"
+        if t.dtype.kind not in "iuf":
+            return f"{tier}: {t.dtype} values, expected numbers"
+        t = t.astype(np.float64)
+        if not np.isfinite(t).all():
+            return f"{tier}: NaN or infinite values"
+        counts = t[..., :3]
+        if ((counts < 0) | (counts > samples) | (counts != np.round(counts))).any() or (
+                counts[..., 1] + counts[..., 2] > samples).any():
+            return f"{tier}: counts that are not whole numbers of the {samples:g} frames"
+        if (t[..., 3] > 0).any():
+            return f"{tier}: a log likelihood above 0"
+        below = counts[..., 0] - counts[..., 1] + counts[..., 2]
+        if (below != below[:, :1]).any():
+            return f"{tier}: rows whose answer below is right a varying number of times"
+    return None
+
+
 def pick_stacking(tables: dict[str, np.ndarray], views: int,
                   z: float = STACKING_Z) -> Stacking:
     """The weights :func:`fit_stacking` fits, from :func:`stacking_tables` (summed over any
     number of data sets)."""
-    weights = _weights(tables["edge"].shape[1])
-    edge = 0 if views == 1 else _pick(tables["edge"][0], z)
-    chosen = {"edge": float(weights[edge])}
+    weights = _grid_weights(tables["edge"].shape[1])
+    edge_index = 0 if views == 1 else _pick(tables["edge"][0], z)
+    chosen = {"edge": float(weights[edge_index])}
     for tier in ("cloud", "escalated"):
         if tier in tables:
-            chosen[tier] = float(weights[_pick(tables[tier][edge], z)])
+            chosen[tier] = float(weights[_pick(tables[tier][edge_index], z)])
     return Stacking(**{k: round(w, 6) for k, w in chosen.items()})
 
 
@@ -199,19 +230,20 @@ def fit_stacking(exits: dict[str, np.ndarray], labels: np.ndarray, views: int,
     on very few such frames it is looser than its nominal level, 3 righted and none wronged
     pass). A weight whose answers are right exactly where the answer below is right passes
     too: it changes no accuracy. Of the weights that pass, the one right most often wins, ties
-    to the higher held-out likelihood of the labels, then to the larger weight. So a tier
-    rarely answers worse than the one below it on a few hundred frames' luck.
+    to the higher held-out likelihood of the labels (summed over the frames), then to the
+    larger weight. So a tier rarely answers worse than the one below it on a few hundred
+    frames' luck.
 
     A one-view bundle's edge answers on its own: its device decides the local exit alone and
-    sends the edge no scores to stack on. (The same decision as :func:`pick_stacking` on
-    :func:`stacking_tables`, computing only the edge weight's row of the tiers above it.)
+    sends the edge no scores to stack on. (:func:`pick_stacking` on :func:`stacking_tables`
+    decides the same; this computes only the chosen edge weight's row of the tiers above.)
     """
     labels = np.asarray(labels)
-    weights = _weights(grid)
-    edge = weights[0 if views == 1 else _pick(
-        _table([exits["local"]], exits["edge"], labels, grid)[0], z)]
-    below = stack(exits["local"], exits["edge"], float(edge))
-    chosen = {"edge": float(edge)}
+    weights = _grid_weights(grid)
+    edge_weight = float(weights[0 if views == 1 else _pick(
+        _table([exits["local"]], exits["edge"], labels, grid)[0], z)])
+    below = stack(exits["local"], exits["edge"], edge_weight)
+    chosen = {"edge": edge_weight}
     for tier in ("cloud", "escalated"):
         if tier in exits:
             chosen[tier] = float(weights[_pick(_table([below], exits[tier], labels, grid)[0], z)])

@@ -21,7 +21,7 @@ import numpy as np
 
 from ddnn.exits import entropy_of_logits
 from ddnn.hierarchy import UplinkCost
-from ddnn.models.calibrate import Calibration, pick_stacking
+from ddnn.models.calibrate import Calibration, pick_stacking, stacking_tables_problem
 from ddnn.operating_curve import (
     AGREEMENT,
     Sweep,
@@ -132,23 +132,33 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
                        agreement)
 
 
-def refit_stacking(sites: Iterable[tuple[float, Mapping[str, np.ndarray] | None]],
-                   views: int) -> Stacking | None:
+
+def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | None]],
+                   views: int, tiers: set[str]) -> tuple[Stacking | None, dict]:
     """The stacking ``models.calibrate.fit_stacking`` would fit on the union of the sites'
-    held-out splits, from their summed stacking tables (``sites``: each one's held-out samples
-    and tables). ``None`` keeps the bundle's: no site held data out, or one that did sent no
-    tables (a site too old to count them), or their grids differ."""
-    sites = [(n, t) for n, t in sites if n > 0]
-    if not sites:
-        return None
-    if any(t is None for _, t in sites):
-        log.warning("a site sent no stacking tables: the bundle's stacking stays")
-        return None
-    tiers = set(sites[0][1])
-    shapes = {k: np.shape(sites[0][1][k]) for k in tiers}
-    if "edge" not in tiers or any(set(t) != tiers or any(np.shape(t[k]) != shapes[k]
-                                                          for k in tiers) for _, t in sites):
-        log.warning("the sites' stacking tables do not match: the bundle's stacking stays")
-        return None
-    total = {k: sum(np.asarray(t[k], dtype=np.float64) for _, t in sites) for k in tiers}
-    return pick_stacking(total, views)
+    held-out splits, from their summed stacking tables, and what the refit stood on.
+
+    ``sites``: each one's node, held-out samples and tables (``tiers``: the upper tiers the
+    bundle has). A site whose tables cannot be true (``stacking_tables_problem``) is left out
+    with a warning, as a bad update is; the refit is refused (``None``: the bundle's stacking
+    stays) where a site that held data out sent no tables (a site too old to count them) or no
+    site is left. Tables within bounds still weigh as the samples their site claims, as its
+    calibration tables do."""
+    used, left_out = [], {}
+    for node, samples, tables in sites:
+        if samples <= 0:
+            continue
+        if tables is None:
+            log.warning("site %s sent no stacking tables: the bundle's stacking stays", node)
+            return None, {"refit": False, "reason": f"site {node} sent no stacking tables"}
+        problem = stacking_tables_problem(dict(tables), samples, tiers)
+        if problem is not None:
+            log.warning("left the stacking tables of site %s out: %s", node, problem)
+            left_out[str(node)] = problem
+            continue
+        used.append(tables)
+    info: dict = {"sites": len(used), **({"left_out": left_out} if left_out else {})}
+    if not used:
+        return None, {"refit": False, "reason": "no site's stacking tables to refit on", **info}
+    total = {k: sum(np.asarray(t[k], dtype=np.float64) for t in used) for k in tiers}
+    return pick_stacking(total, views), {"refit": True, **info}

@@ -116,9 +116,9 @@ def evaluate(msg: Message, context: Context) -> Message:
     if site.holdout is not None:
         held = measure(arch, from_record(msg.content[ARRAYS]), site.holdout,
                        int(config["grid"]), int(config["threads"]),
-                       stacking_tables=bool(config.get("stacking-tables", False)))
+                       with_stacking_tables=bool(config.get("stacking-tables", False)))
         content[METRICS] = MetricRecord(held.correct)
         content[COUNTS] = to_record(held.counts)
-        if held.stacking is not None:
-            content[STACKING] = to_record(held.stacking)
+        if held.stacking_tables is not None:
+            content[STACKING] = to_record(held.stacking_tables)
     return Message(content, reply_to=msg)

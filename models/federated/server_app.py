@@ -143,27 +143,45 @@ def final_model(grid: Grid, strategy, exchange: Exchange, rounds: int, history: 
     return strategy.model
 
 
+def _refit(answers: dict[int, RecordDict], arch: dict):
+    """The stacking refitted from the first evaluation's stacking tables, and its record."""
+    from ddnn.models.config import DDNNConfig
+    from ddnn.models.federated.calibration import refit_stacking
+
+    escalates = arch.get("config", {}).get("escalate", DDNNConfig.escalate) != "none"
+    tiers = {"edge", "cloud", "escalated"} if escalates else {"edge", "cloud"}
+    sites = [(node, float(c[METRICS].get("samples", 0.0)) if METRICS in c.metric_records else 0.0,
+              from_record(c[STACKING]) if STACKING in c.array_records else None)
+             for node, c in answers.items()]
+    return refit_stacking(sites, int(arch["views"]), tiers)
+
+
 def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSettings,
                         rounds: int, cost, arch: dict):
-    """Federated evaluation: the sites' held-out results and summed calibration tables, and
-    the stacking of the exits refitted from the sites' summed stacking tables (``None`` where
-    the bundle does not stack or some site sent none). Where the refit changes the stacking,
-    the sites evaluate a second time, answering with it, so the thresholds fit the answers the
-    bundle will give."""
-    from ddnn.models.federated.calibration import add_counts, calibrate_counts, refit_stacking
+    """Federated evaluation: the sites' held-out results and summed calibration tables, and,
+    where the bundle stacks its exits, their stacking refitted from the sites' summed stacking
+    tables (``None``: the bundle's stays). Where the refit changes the weights, the sites that
+    answered evaluate once more, answering with them, so the thresholds fit the answers the
+    new version gives; if none answers that, the first evaluation and the bundle's stacking
+    stand."""
+    from ddnn.models.federated.calibration import add_counts, calibrate_counts
 
     nodes = sorted(grid.get_node_ids())
     stacked = arch.get("stacking") is not None
     answers = exchange.send(MessageType.EVALUATE, rounds + 1, {
         n: (weights, {"grid": s.grid, "stacking-tables": stacked}) for n in nodes})
-    stacking = refit_stacking([(float(c[METRICS].get("samples", 0.0)),
-                                from_record(c[STACKING]) if STACKING in c.array_records else None)
-                               for c in answers.values()], int(arch["views"])) if stacked else None
+    stacking, record = _refit(answers, arch) if stacked else (None, None)
     if stacking is not None and stacking.to_dict() != arch["stacking"]:
         log.info("stacking refitted on the sites' held-out splits: %s", stacking.describe())
         again = json.dumps({**arch, "stacking": stacking.to_dict()})
-        answers = exchange.send(MessageType.EVALUATE, rounds + 2, {
-            n: (weights, {"grid": s.grid, "arch": again}) for n in sorted(grid.get_node_ids())})
+        second = exchange.send(MessageType.EVALUATE, rounds + 1, {
+            n: (weights, {"grid": s.grid, "arch": again}) for n in sorted(answers)})
+        if any(COUNTS in c.array_records for c in second.values()):
+            answers = second
+        else:
+            log.warning("no site evaluated the refitted stacking: the bundle's stays")
+            stacking, record = None, {"refit": False, "reason": "no site evaluated the refitted "
+                                      "stacking", "sites": record["sites"]}
     tables = [from_record(c[COUNTS]) for c in answers.values() if COUNTS in c.array_records]
     samples = sum(float(c[METRICS]["samples"]) for c in answers.values())
     accuracy = {k: sum(float(c[METRICS].get(k, 0.0)) for c in answers.values()) / samples
@@ -173,10 +191,10 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     if cal is not None:
         accuracy["overall"] = cal.point.accuracy
     evaluation = {"sites": len(answers), "samples": int(samples), "accuracy": accuracy}
-    if stacked:
-        evaluation["stacking"] = {"refit": stacking is not None,
-                                  "weights": (stacking.to_dict() if stacking is not None
-                                              else arch["stacking"])}
+    if record is not None:
+        weights_now = stacking.to_dict() if stacking is not None else arch["stacking"]
+        evaluation["stacking"] = {**record, "changed": weights_now != arch["stacking"],
+                                  "weights": weights_now}
     return cal, stacking, evaluation
 
 

@@ -185,15 +185,16 @@ class Evaluation:
 
     correct: dict[str, float]  # right answers per exit, and "samples"
     counts: dict[str, np.ndarray]  # the calibration tables (calibration.exit_counts)
-    stacking: dict[str, np.ndarray] | None  # the stacking tables, where the bundle stacks
+    stacking_tables: dict[str, np.ndarray] | None  # where asked for and the bundle stacks
 
 
 def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201,
-             threads: int = 1, stacking_tables: bool = False) -> Evaluation:
+             threads: int = 1, with_stacking_tables: bool = False) -> Evaluation:
     """Correct answers per exit on ``ds`` and the calibration tables of the model, each tier
-    answering with the architecture's stacking; with ``stacking_tables``, also the tables that
-    refit that stacking (``models.calibrate.stacking_tables``, of the tiers' own answers)."""
-    from ddnn.models.calibrate import stacking_tables as tables_of
+    answering with the architecture's stacking; with ``with_stacking_tables``, also the tables
+    that refit that stacking (``models.calibrate.stacking_tables``, of the tiers' own
+    answers)."""
+    from ddnn.models.calibrate import stacking_tables
 
     torch.set_num_threads(threads)
     model = build_model(arch)
@@ -204,8 +205,9 @@ def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201
     correct = {k: float((logits[k].argmax(-1) == ds.label).sum()) for k in ("local", "edge",
                                                                             "cloud")}
     counts = exit_counts(logits, ds.label, ds.present, grid)
-    refit = tables_of(own, ds.label) if stacking_tables and stacking is not None else None
-    return Evaluation({**correct, "samples": float(ds.num_samples)}, counts, refit)
+    tables = (stacking_tables(own, ds.label) if with_stacking_tables and stacking is not None
+              else None)
+    return Evaluation({**correct, "samples": float(ds.num_samples)}, counts, tables)
 
 
 def round_lr(lr: float, rnd: int, rounds: int) -> float:

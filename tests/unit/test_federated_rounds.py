@@ -100,11 +100,13 @@ def test_rounds_go_on_without_the_silent_the_failing_and_the_bad_site(caplog):
 
 class EvaluatingGrid(FlakyGrid):
     """Sites that evaluate as trainer.evaluate does, from fixed exits of their held-out frames:
-    stacked by the architecture they are sent, with the stacking tables when asked."""
+    stacked by the architecture they are sent, with the stacking tables when asked. Sites in
+    ``old`` send no stacking tables; ``silent_after`` exchanges, no site answers."""
 
-    def __init__(self, sites):
+    def __init__(self, sites, old=(), silent_after=None):
         super().__init__()
-        self.sites, self.configs = sites, []
+        self.sites, self.old, self.silent_after = sites, set(old), silent_after
+        self.configs, self.exchanges = [], 0
 
     def get_node_ids(self):
         return list(self.sites)
@@ -115,32 +117,32 @@ class EvaluatingGrid(FlakyGrid):
         from ddnn.models.federated.records import COUNTS, STACKING
         from ddnn.stacking import Stacking
 
+        self.exchanges += 1
+        if self.silent_after is not None and self.exchanges > self.silent_after:
+            return []
         replies = []
         for msg in messages:
             config = dict(msg.content[CONFIG])
             self.configs.append(config)
-            own, labels, present = self.sites[msg.metadata.dst_node_id]
-            arch = json.loads(config["arch"])
-            answers = Stacking.from_dict(arch["stacking"]).apply(own)
+            node = msg.metadata.dst_node_id
+            own, labels, present = self.sites[node]
+            stacking = json.loads(config["arch"])["stacking"]
+            answers = Stacking.from_dict(stacking).apply(own) if stacking else own
             content = RecordDict({
                 METRICS: MetricRecord({"samples": float(len(labels)), **{
                     k: float((answers[k].argmax(1) == labels).sum())
                     for k in ("local", "edge", "cloud")}}),
                 COUNTS: to_record(exit_counts(answers, labels, present, 11))})
-            if config.get("stacking-tables"):
+            if config.get("stacking-tables") and node not in self.old:
                 content[STACKING] = to_record(stacking_tables(own, labels))
             replies.append(Message(content, reply_to=msg))
         return replies
 
 
-def test_federated_evaluation_refits_the_stacking_and_calibrates_with_it():
-    from ddnn.hierarchy import UplinkCost
-    from ddnn.models.calibrate import fit_stacking
-    from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
-    from ddnn.models.federated.server_app import evaluate_everywhere
-
+def _evaluating_sites():
+    """Two sites whose pooled held-out frames call for weights other than 1 (each tier's own)."""
     rng = np.random.default_rng(0)
-    sites, pooled = {}, []
+    sites = {}
     for node, n in ((1, 300), (2, 500)):
         labels = rng.integers(0, 4, n)
         own = {}
@@ -150,22 +152,39 @@ def test_federated_evaluation_refits_the_stacking_and_calibrates_with_it():
             x[np.arange(n), np.where(right, labels, (labels + 1) % 4)] += np.where(right, 3, 1)
             own[k] = x
         sites[node] = (own, labels, np.ones((n, 3), bool))
-        pooled.append((own, labels))
-    union = {k: np.concatenate([o[k] for o, _ in pooled]) for k in pooled[0][0]}
-    labels = np.concatenate([y for _, y in pooled])
-    refit = fit_stacking(union, labels, views=3)
-    before = {"edge": 1.0, "cloud": 1.0, "escalated": 1.0}
-    assert refit.to_dict() != before  # the sites' data call for other weights
-    arch = {"views": 3, "stacking": before}
+    union = {k: np.concatenate([sites[n][0][k] for n in sites]) for k in ("local", "edge",
+                                                                          "cloud")}
+    return sites, union, np.concatenate([sites[n][1] for n in sites])
+
+
+OWN = {"edge": 1.0, "cloud": 1.0, "escalated": 1.0}  # a stacking of each tier's own answers
+ARCH = {"views": 3, "config": {"escalate": "none"}}
+
+
+def _evaluate(grid, arch):
+    from ddnn.hierarchy import UplinkCost
+    from ddnn.models.federated.server_app import evaluate_everywhere
+
     s = FederationSettings(bundle="b", out="o", work="w", grid=11)
-    grid = EvaluatingGrid(sites)
     exchange = Exchange(grid, s, {"arch": json.dumps(arch)})
     cost = UplinkCost(scores=6, features=32, single_view=False)
-    cal, stacking, evaluation = evaluate_everywhere(START, exchange, grid, s, 3, cost, arch)
+    return (*evaluate_everywhere(START, exchange, grid, s, 3, cost, arch), cost)
+
+
+def test_federated_evaluation_refits_the_stacking_and_calibrates_with_it():
+    from ddnn.models.calibrate import fit_stacking
+    from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
+
+    sites, union, labels = _evaluating_sites()
+    refit = fit_stacking(union, labels, views=3)
+    assert refit.to_dict() != OWN  # the sites' data call for other weights
+    grid = EvaluatingGrid(sites)
+    cal, stacking, evaluation, cost = _evaluate(grid, {**ARCH, "stacking": OWN})
     assert stacking == refit
-    assert evaluation["stacking"] == {"refit": True, "weights": refit.to_dict()}
+    assert evaluation["stacking"] == {"refit": True, "changed": True, "sites": 2,
+                                      "weights": refit.to_dict()}
     # The sites were asked twice: for the tables, then to answer with the refitted stacking.
-    assert [c["round"] for c in grid.configs] == [4, 4, 5, 5]
+    assert [c.get("stacking-tables", False) for c in grid.configs] == [True, True, False, False]
     assert all(json.loads(c["arch"])["stacking"] == refit.to_dict() for c in grid.configs[2:])
     answers = refit.apply(union)
     expected = calibrate_counts(add_counts([exit_counts(answers, labels, np.ones((800, 3), bool),
@@ -175,7 +194,30 @@ def test_federated_evaluation_refits_the_stacking_and_calibrates_with_it():
 
     # Already the weights the sites' data call for: one evaluation, nothing changes.
     grid = EvaluatingGrid(sites)
-    arch = {"views": 3, "stacking": refit.to_dict()}
-    exchange = Exchange(grid, s, {"arch": json.dumps(arch)})
-    _, again, _ = evaluate_everywhere(START, exchange, grid, s, 3, cost, arch)
+    _, again, evaluation, _ = _evaluate(grid, {**ARCH, "stacking": refit.to_dict()})
     assert again == refit and len(grid.configs) == 2
+    assert evaluation["stacking"]["refit"] is True and evaluation["stacking"]["changed"] is False
+
+
+def test_the_bundles_stacking_stays_where_the_refit_cannot_be_trusted_or_evaluated(caplog):
+    from ddnn.hierarchy import UplinkCost
+    from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
+    from ddnn.stacking import Stacking
+
+    sites, union, labels = _evaluating_sites()
+    first = calibrate_counts(add_counts([exit_counts(Stacking.from_dict(OWN).apply(union), labels,
+                                                     np.ones((800, 3), bool), 11)]),
+                             UplinkCost(scores=6, features=32, single_view=False))
+    # A site too old to send stacking tables; no site answering the second evaluation.
+    for grid in (EvaluatingGrid(sites, old={2}), EvaluatingGrid(sites, silent_after=1)):
+        cal, stacking, evaluation, _ = _evaluate(grid, {**ARCH, "stacking": OWN})
+        assert stacking is None and evaluation["stacking"]["refit"] is False
+        assert evaluation["stacking"]["weights"] == OWN and not evaluation["stacking"]["changed"]
+        assert cal.point == first.point  # calibrated on the first evaluation, as the bundle was
+    assert "site 2 sent no stacking tables" in caplog.text
+    assert "no site evaluated the refitted stacking" in caplog.text
+    # An unstacked bundle: no tables asked for, no stacking in the record.
+    grid = EvaluatingGrid(sites)
+    _, stacking, evaluation, _ = _evaluate(grid, {**ARCH, "stacking": None})
+    assert stacking is None and "stacking" not in evaluation
+    assert [c["stacking-tables"] for c in grid.configs] == [False, False]

@@ -119,13 +119,16 @@ def test_fit_from_given_weights_learns_labelled_data_and_experience(tiny_bundle,
     import torch
 
     from ddnn.bundle import load_bundle
+    from ddnn.models.calibrate import stacking_tables
     from ddnn.models.federated.trainer import LocalTraining, evaluate, fit, load_site
     from ddnn.models.federated.weights import (
         architecture,
         build_model,
         model_from_bundle,
         model_weights,
+        set_weights,
     )
+    from ddnn.models.train import predict
 
     arch = architecture(load_bundle(tiny_bundle))
     start = model_weights(model_from_bundle(tiny_bundle))
@@ -138,12 +141,16 @@ def test_fit_from_given_weights_learns_labelled_data_and_experience(tiny_bundle,
     held = evaluate(arch, done.weights, site.holdout, grid=11)
     counts = held.counts
     assert held.correct["samples"] == site.holdout.num_samples
-    assert counts["correct"].shape == (11, 11) and held.stacking is None  # not asked for
+    assert counts["correct"].shape == (11, 11) and held.stacking_tables is None  # not asked
     assert all(counts[f"agree_{t}"].shape == (11, 11) for t in ("local", "edge", "cloud"))
     assert arch["stacking"] is not None  # asked for, the tables that refit the stacking
-    tables = evaluate(arch, done.weights, site.holdout, grid=11, stacking_tables=True).stacking
-    assert tables["edge"].shape == (1, 21, 4) and tables["cloud"].shape == (21, 21, 4)
-    assert (tables["edge"][0, :, 0] <= site.holdout.num_samples).all()
+    tables = evaluate(arch, done.weights, site.holdout, grid=11,
+                      with_stacking_tables=True).stacking_tables
+    model = build_model(arch)
+    set_weights(model, done.weights)
+    expected = stacking_tables(predict(model, site.holdout), site.holdout.label)
+    assert set(tables) == set(expected) and tables["cloud"].shape == (21, 21, 4)
+    assert all(np.array_equal(tables[k], expected[k]) for k in tables)  # the tiers' own answers
 
     # Experience: the cloud's soft labels teach the layers above the device stem.
     model = build_model(arch)

@@ -150,17 +150,81 @@ def test_summed_tables_of_several_data_sets_fit_what_their_union_fits():
         assert tables[0]["cloud"].shape == (21, 21, 4) and tables[0]["edge"].shape == (1, 21, 4)
 
 
+def test_where_accuracy_ties_the_likelihood_of_the_labels_decides():
+    """An edge that answers as the local exit does, only far surer: every weight is right as
+    often, so the held-out likelihood picks the weight (not the first, the tier's own)."""
+    from ddnn.models.calibrate import _grid_weights, fit_stacking
+
+    rng = np.random.default_rng(7)
+    labels = rng.integers(0, C, 500)
+    local = _scores(labels, rng.random(500) < 0.8, rng, 1.0)
+    s = fit_stacking({"local": local, "edge": local * 4, "cloud": local * 4}, labels, views=3)
+    likelihood = [log_probs(stack(local, local * 4, float(w)))[np.arange(500), labels].sum()
+                  for w in _grid_weights(21)]
+    assert s.edge == _grid_weights(21)[int(np.argmax(likelihood))] and 0 < s.edge < 1
+
+
+SITE_TIERS = {"edge", "cloud", "escalated"}
+
+
+def _two_sites(seed: int = 6):
+    from ddnn.models.calibrate import stacking_tables
+
+    rng = np.random.default_rng(seed)
+    exits, labels = _complementary(rng, 400)
+    halves = [stacking_tables({k: v[p] for k, v in exits.items()}, labels[p])
+              for p in (slice(0, 200), slice(200, 400))]
+    return exits, labels, halves
+
+
 def test_a_refit_needs_every_site_that_held_data_out():
-    from ddnn.models.calibrate import fit_stacking, stacking_tables
+    from ddnn.models.calibrate import fit_stacking
     from ddnn.models.federated.calibration import refit_stacking
 
-    rng = np.random.default_rng(6)
-    exits, labels = _complementary(rng, 400)
-    half = {k: v[:200] for k, v in exits.items()}
-    a, b = stacking_tables(half, labels[:200]), stacking_tables(
-        {k: v[200:] for k, v in exits.items()}, labels[200:])
-    assert refit_stacking([(200, a), (200, b), (0, None)], 3) == fit_stacking(exits, labels, 3)
-    assert refit_stacking([(200, a), (200, None)], 3) is None  # an older site: keep the bundle's
-    assert refit_stacking([(0, None)], 3) is None
-    coarse = stacking_tables(half, labels[:200], grid=11)
-    assert refit_stacking([(200, a), (200, coarse)], 3) is None  # grids differ
+    exits, labels, (a, b) = _two_sites()
+    union = fit_stacking(exits, labels, 3)
+    assert refit_stacking([(1, 200, a), (2, 200, b), (3, 0, None)], 3, SITE_TIERS) == (
+        union, {"refit": True, "sites": 2})
+    stacking, info = refit_stacking([(1, 200, a), (2, 200, None)], 3, SITE_TIERS)
+    assert stacking is None and info["refit"] is False and "site 2" in info["reason"]
+    assert refit_stacking([(3, 0, None)], 3, SITE_TIERS)[0] is None
+
+
+def _hostile(tables: dict[str, np.ndarray]) -> list[tuple[str, dict]]:
+    def edited(tier, fn):
+        return {**tables, tier: fn(tables[tier].copy())}
+
+    def put(index, value):
+        def fn(t):
+            t[index] = value
+            return t
+        return fn
+
+    return [
+        ("NaN", edited("edge", lambda t: t * np.nan)),
+        ("whole numbers", edited("cloud", put((0, 0, 0), -5.0))),
+        ("whole numbers", edited("cloud", put((0, 0, 0), 1e9))),
+        ("whole numbers", edited("edge", put((0, 3, 1), 0.5))),
+        ("above 0", edited("edge", put((0, 3, 3), 12.0))),
+        ("varying", edited("cloud", put((2, 5, 0), tables["cloud"][2, 5, 0] + 1))),
+        ("shape", edited("edge", lambda t: t[0])),
+        ("shape", edited("cloud", lambda t: t[:11, :11])),
+        ("expected numbers", edited("edge", lambda t: t.astype(str))),
+        ("expected", {k: v for k, v in tables.items() if k != "escalated"}),
+    ]
+
+
+def test_tables_that_cannot_be_true_are_left_out_and_cannot_steer_or_crash_the_refit(caplog):
+    from ddnn.models.calibrate import stacking_tables_problem
+    from ddnn.models.federated.calibration import refit_stacking
+
+    _, _, (a, b) = _two_sites()
+    assert stacking_tables_problem(a, 200, SITE_TIERS) is None  # honest tables pass
+    honest, _ = refit_stacking([(1, 200, a)], 3, SITE_TIERS)
+    for reason, bad in _hostile(b):
+        assert reason in stacking_tables_problem(bad, 200, SITE_TIERS)
+        stacking, info = refit_stacking([(1, 200, a), (2, 200, bad)], 3, SITE_TIERS)
+        assert stacking == honest and info["sites"] == 1 and reason in info["left_out"]["2"]
+    assert "left the stacking tables of site 2 out" in caplog.text
+    stacking, info = refit_stacking([(2, 200, _hostile(b)[0][1])], 3, SITE_TIERS)
+    assert stacking is None and info["refit"] is False  # nobody left to refit on
