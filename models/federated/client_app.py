@@ -28,6 +28,7 @@ from ddnn.models.federated.records import (
 log = logging.getLogger("ddnn.federate")
 app = ClientApp()
 MODEL, REFERENCE = "ddnn-model", "ddnn-reference"  # context.state keys (dynamic averaging)
+EVALUATED = "ddnn-evaluated"  # the final model, kept for a second evaluation
 
 
 def _site(context: Context, arch: dict, config):
@@ -112,9 +113,15 @@ def evaluate(msg: Message, context: Context) -> Message:
     config = msg.content[CONFIG]
     arch = json.loads(str(config["arch"]))
     site = _site(context, arch, config)
+    # The server sends the final model once; a second evaluation (with refitted stacking
+    # weights) comes without it and reads the one kept here.
+    if ARRAYS in msg.content:
+        context.state[EVALUATED] = msg.content[ARRAYS]
+    elif EVALUATED not in context.state:
+        raise ValueError("no model sent to evaluate and none kept from an earlier evaluation")
     content = RecordDict({METRICS: MetricRecord({"samples": 0.0})})
     if site.holdout is not None:
-        held = measure(arch, from_record(msg.content[ARRAYS]), site.holdout,
+        held = measure(arch, from_record(context.state[EVALUATED]), site.holdout,
                        int(config["grid"]), int(config["threads"]),
                        with_stacking_tables=bool(config.get("stacking-tables", False)))
         content[METRICS] = MetricRecord(held.correct)

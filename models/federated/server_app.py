@@ -161,9 +161,9 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     """Federated evaluation: the sites' held-out results and summed calibration tables, and,
     where the bundle stacks its exits, their stacking refitted from the sites' summed stacking
     tables (``None``: the bundle's stays). Where the refit changes the weights, the sites that
-    answered evaluate once more, answering with them, so the thresholds fit the answers the
-    new version gives; if none answers that, the first evaluation and the bundle's stacking
-    stand."""
+    answered evaluate once more (the model they kept, answering with the new weights), so the
+    thresholds fit the answers the new version gives; if none answers that, the first
+    evaluation and the bundle's stacking stand."""
     from ddnn.models.federated.calibration import add_counts, calibrate_counts
 
     nodes = sorted(grid.get_node_ids())
@@ -174,8 +174,9 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     if stacking is not None and stacking.to_dict() != arch["stacking"]:
         log.info("stacking refitted on the sites' held-out splits: %s", stacking.describe())
         again = json.dumps({**arch, "stacking": stacking.to_dict()})
+        # No weights: each site evaluates the model it kept from the first evaluation.
         second = exchange.send(MessageType.EVALUATE, rounds + 1, {
-            n: (weights, {"grid": s.grid, "arch": again}) for n in sorted(answers)})
+            n: (None, {"grid": s.grid, "arch": again}) for n in sorted(answers)})
         if any(COUNTS in c.array_records for c in second.values()):
             answers = second
         else:

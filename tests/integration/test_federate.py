@@ -4,6 +4,7 @@ site, the ServerApp and ClientApps they start. One run on one machine (FedAvg), 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import ipaddress
 import json
@@ -17,7 +18,9 @@ import pytest
 pytest.importorskip("flwr")
 
 from ddnn.bundle import load_bundle
+from ddnn.models.export import write_manifest
 from ddnn.models.federated.driver import free_port
+from ddnn.stacking import Stacking
 from ddnn.tools.evaluate import evaluate
 
 # Each federation takes about a minute on two idle cores; far longer when the machine is busy.
@@ -49,6 +52,10 @@ def sites(tmp_path_factory):
     # escalating bundle's rebuild is tested in tests/unit/test_federated_site.py).
     build_bundle(paths[0], start, DDNNConfig(epochs=1, batch_size=64, seed=0, escalate="none"),
                  name="tiny", version="1.9", progress=False, log=lambda *_: None)
+    # Stacking weights off the fitting grid (steps of 0.05): the federation's refit must change
+    # them, so the second evaluation, on the model each site kept, runs over real Flower too.
+    write_manifest(start, dataclasses.replace(load_bundle(start).manifest,
+                                              stacking=Stacking(edge=0.333, cloud=0.333)))
     return root, paths, start
 
 
@@ -87,8 +94,10 @@ def test_fedavg_on_one_machine_improves_the_bundle_and_signs_the_next_version(fe
     assert bundle.manifest.calibration["federated"] is True
     assert bundle.manifest.calibration["samples"] == 72  # the two sites' held-out 20 %
     # The stacking was refitted on the sites' held-out splits, and the bundle answers with it.
-    assert fed["evaluation"]["stacking"]["refit"] is True
-    assert bundle.manifest.stacking.to_dict() == fed["evaluation"]["stacking"]["weights"]
+    refit = fed["evaluation"]["stacking"]
+    assert refit["refit"] is True and refit["changed"] is True and refit["sites"] == 2
+    assert bundle.manifest.stacking.to_dict() == refit["weights"] != {
+        "edge": 0.333, "cloud": 0.333, "escalated": 1.0}
     before = evaluate(start, root / "test.npz")["accuracy"]
     after = evaluate(out, root / "test.npz")["accuracy"]
     assert after["overall"] >= before["overall"] + 0.15, (before, after)

@@ -123,7 +123,7 @@ class EvaluatingGrid(FlakyGrid):
         replies = []
         for msg in messages:
             config = dict(msg.content[CONFIG])
-            self.configs.append(config)
+            self.configs.append({**config, "weights sent": ARRAYS in msg.content})
             node = msg.metadata.dst_node_id
             own, labels, present = self.sites[node]
             stacking = json.loads(config["arch"])["stacking"]
@@ -185,6 +185,7 @@ def test_federated_evaluation_refits_the_stacking_and_calibrates_with_it():
                                       "weights": refit.to_dict()}
     # The sites were asked twice: for the tables, then to answer with the refitted stacking.
     assert [c.get("stacking-tables", False) for c in grid.configs] == [True, True, False, False]
+    assert [c["weights sent"] for c in grid.configs] == [True, True, False, False]  # kept there
     assert all(json.loads(c["arch"])["stacking"] == refit.to_dict() for c in grid.configs[2:])
     answers = refit.apply(union)
     expected = calibrate_counts(add_counts([exit_counts(answers, labels, np.ones((800, 3), bool),
