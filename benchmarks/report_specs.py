@@ -357,8 +357,10 @@ escalation-off variant, measured the day before), `edge_ingest` (rerun the same 
 the change it measures, unstamped), `edge_cloud_bytes` (rerun on 2026-11-26 with the escalated
 requests, on the defaults that run trained for set A, seed 0: the default set and seed),
 `ablation` (rerun at 00:14 on the lent GPU machine: its seven trainings at once there in 66 s,
-then the benchmark on them; escalation added to its variants), and `paper_tables` and
-`federated` (training-heavy: still on the bundle of 2026-11-23).
+then the benchmark on them; escalation added to its variants), `federated` (rerun on
+2026-11-26 in a `--work` of its own, on a default bundle of the day, with escalation and
+stacked exits, after `ddnn federate` came to refit the stacking weights; 12.6 min) and
+`paper_tables` (training-heavy: still on the bundle of 2026-11-23).
 
 **Time budget of the full suite** (`ddnn bench` in a fresh `--work` on the 2 shared cores):
 training the default bundle and the raw-offload reference, 37 and 40 min side by side under
