@@ -84,6 +84,38 @@ def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray, present: np
     }
 
 
+MAX_FRAMES = 2**40  # more held-out frames than any site holds; sums stay far from int64's end
+
+
+def counts_problem(counts: Mapping[str, np.ndarray], grid: int) -> str | None:
+    """Why ``counts`` cannot be :func:`exit_counts` on a grid of ``grid`` thresholds (None where
+    they can): tables from a site are checked before they are added up. Whole numbers, of the
+    shapes ``exit_counts`` gives, none negative, none over the frames (views) counted."""
+    shapes = {"samples": (1,), "seen": (1,), "views": (1,), "tier_correct": (3,),
+              "local_exits": (grid,), "edge_exits": (grid, grid),
+              "past_local_views": (grid,), "correct": (grid, grid),
+              **dict.fromkeys(AGREE_NAMES, (grid, grid))}
+    missing = set(COUNT_NAMES) - set(counts)
+    if missing:
+        return f"no {', '.join(sorted(missing))}"
+    for name, shape in shapes.items():
+        if name not in counts:
+            continue  # the agreement tables: an older site sends none
+        a = np.asarray(counts[name])
+        if a.shape != shape or a.dtype.kind not in "iu":
+            return f"{name}: {a.dtype}{list(a.shape)}, expected whole numbers {list(shape)}"
+        if (a < 0).any() or (a > MAX_FRAMES).any():
+            return f"{name}: counts out of range"
+    frames, seen, views = (int(counts[k][0]) for k in ("samples", "seen", "views"))
+    if seen > frames or any((np.asarray(counts[k]) > seen).any() for k in shapes
+                            if k in counts and k not in ("samples", "views",
+                                                         "past_local_views")):
+        return "more frames counted than the site saw"
+    if (np.asarray(counts["past_local_views"]) > views).any():
+        return "more views counted than the site's frames have"
+    return None
+
+
 def add_counts(tables: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The sum of several sites' tables (same grid); the agreement tables only when every site
     sent them (an older site's table has none)."""
@@ -132,7 +164,6 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
                        agreement)
 
 
-
 def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | None]],
                    views: int, tiers: set[str]) -> tuple[Stacking | None, dict]:
     """The stacking ``models.calibrate.fit_stacking`` would fit on the union of the sites'
@@ -146,6 +177,11 @@ def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | 
     calibration tables do."""
     used, left_out = [], {}
     for node, samples, tables in sites:
+        if not np.isfinite(samples):  # else every bound below would hold
+            log.warning("left the stacking tables of site %s out: it claims %s samples", node,
+                        samples)
+            left_out[str(node)] = f"a held-out sample count of {samples}"
+            continue
         if samples <= 0:
             continue
         if tables is None:

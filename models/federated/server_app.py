@@ -148,12 +148,55 @@ def _refit(answers: dict[int, RecordDict], arch: dict):
     from ddnn.models.config import DDNNConfig
     from ddnn.models.federated.calibration import refit_stacking
 
+    def site(node: int, content: RecordDict):
+        samples = float(content[METRICS].get("samples", 0.0))  # screened: a number
+        try:
+            tables = (from_record(content[STACKING]) if STACKING in content.array_records
+                      else None)
+        except Exception:  # an array that does not decode: tables of nothing, left out
+            tables = {}
+        return node, samples, tables
+
     escalates = arch.get("config", {}).get("escalate", DDNNConfig.escalate) != "none"
     tiers = {"edge", "cloud", "escalated"} if escalates else {"edge", "cloud"}
-    sites = [(node, float(c[METRICS].get("samples", 0.0)) if METRICS in c.metric_records else 0.0,
-              from_record(c[STACKING]) if STACKING in c.array_records else None)
-             for node, c in answers.items()]
-    return refit_stacking(sites, int(arch["views"]), tiers)
+    return refit_stacking([site(n, c) for n, c in answers.items()], int(arch["views"]), tiers)
+
+
+def _screened(answers: dict[int, RecordDict], grid: int) -> dict[int, RecordDict]:
+    """The evaluation answers whose numbers can be true; a site whose cannot is left out of
+    the evaluation and the calibration with a warning, as a bad update is left out of a round."""
+    from ddnn.models.federated.calibration import MAX_FRAMES, counts_problem
+
+    def problem(c: RecordDict) -> str | None:
+        if METRICS not in c.metric_records:
+            return "no metrics"
+        metrics = c[METRICS]
+        try:
+            samples = float(metrics.get("samples", float("nan")))
+            right = [float(metrics.get(k, 0.0)) for k in ("local", "edge", "cloud")]
+        except (TypeError, ValueError):
+            return "metrics that are not numbers"
+        if not 0 <= samples <= MAX_FRAMES or not all(0 <= r <= samples for r in right):
+            return f"{samples} held-out samples, {right} right answers"
+        if COUNTS not in c.array_records:
+            return "no calibration tables" if samples > 0 else None
+        try:
+            counts = from_record(c[COUNTS])
+        except Exception:  # arrays that do not decode
+            return "calibration tables that do not decode"
+        found = counts_problem(counts, grid)
+        if found is None and int(counts["samples"][0]) != samples:
+            found = f"tables of {int(counts['samples'][0])} samples, metrics of {samples:g}"
+        return found
+
+    kept = {}
+    for node, content in answers.items():
+        found = problem(content)
+        if found is None:
+            kept[node] = content
+        else:
+            log.warning("left the evaluation of site %s out: %s", node, found)
+    return kept
 
 
 def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSettings,
@@ -168,15 +211,15 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
 
     nodes = sorted(grid.get_node_ids())
     stacked = arch.get("stacking") is not None
-    answers = exchange.send(MessageType.EVALUATE, rounds + 1, {
-        n: (weights, {"grid": s.grid, "stacking-tables": stacked}) for n in nodes})
+    answers = _screened(exchange.send(MessageType.EVALUATE, rounds + 1, {
+        n: (weights, {"grid": s.grid, "stacking-tables": stacked}) for n in nodes}), s.grid)
     stacking, record = _refit(answers, arch) if stacked else (None, None)
     if stacking is not None and stacking.to_dict() != arch["stacking"]:
         log.info("stacking refitted on the sites' held-out splits: %s", stacking.describe())
         again = json.dumps({**arch, "stacking": stacking.to_dict()})
         # No weights: each site evaluates the model it kept from the first evaluation.
-        second = exchange.send(MessageType.EVALUATE, rounds + 1, {
-            n: (None, {"grid": s.grid, "arch": again}) for n in sorted(answers)})
+        second = _screened(exchange.send(MessageType.EVALUATE, rounds + 1, {
+            n: (None, {"grid": s.grid, "arch": again}) for n in sorted(answers)}), s.grid)
         if any(COUNTS in c.array_records for c in second.values()):
             answers = second
         else:

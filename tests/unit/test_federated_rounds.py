@@ -103,9 +103,10 @@ class EvaluatingGrid(FlakyGrid):
     stacked by the architecture they are sent, with the stacking tables when asked. Sites in
     ``old`` send no stacking tables; ``silent_after`` exchanges, no site answers."""
 
-    def __init__(self, sites, old=(), silent_after=None):
+    def __init__(self, sites, old=(), silent_after=None, tamper=None):
         super().__init__()
         self.sites, self.old, self.silent_after = sites, set(old), silent_after
+        self.tamper = tamper or {}  # node -> what it does to its reply's content
         self.configs, self.exchanges = [], 0
 
     def get_node_ids(self):
@@ -135,6 +136,8 @@ class EvaluatingGrid(FlakyGrid):
                 COUNTS: to_record(exit_counts(answers, labels, present, 11))})
             if config.get("stacking-tables") and node not in self.old:
                 content[STACKING] = to_record(stacking_tables(own, labels))
+            if node in self.tamper:
+                self.tamper[node](content)
             replies.append(Message(content, reply_to=msg))
         return replies
 
@@ -222,3 +225,42 @@ def test_the_bundles_stacking_stays_where_the_refit_cannot_be_trusted_or_evaluat
     _, stacking, evaluation, _ = _evaluate(grid, {**ARCH, "stacking": None})
     assert stacking is None and "stacking" not in evaluation
     assert [c["stacking-tables"] for c in grid.configs] == [False, False]
+
+
+def _tampered(record: str, change):
+    from ddnn.models.federated.records import COUNTS
+
+    def tamper(content):
+        if record == METRICS:
+            content[METRICS] = MetricRecord({**dict(content[METRICS]), **change})
+        else:
+            counts = from_record(content[COUNTS])
+            content[COUNTS] = to_record(change(counts))
+    return tamper
+
+
+@pytest.mark.parametrize("tamper", [
+    _tampered(METRICS, {"samples": [1.0, 2.0]}),
+    _tampered(METRICS, {"samples": float("nan")}),
+    _tampered(METRICS, {"cloud": 1e9}),
+    _tampered("counts", lambda c: {**c, "correct": c["correct"][:5]}),
+    _tampered("counts", lambda c: {**c, "correct": c["correct"] * -1}),
+    _tampered("counts", lambda c: {**c, "correct": c["correct"].astype(np.float64) + 0.5}),
+    _tampered("counts", lambda c: {**c, "local_exits": c["local_exits"] + 10**6}),
+    _tampered("counts", lambda c: {**c, "samples": c["samples"] * 2}),
+    _tampered("counts", lambda c: {k: v for k, v in c.items() if k != "views"}),
+], ids=["samples-list", "samples-nan", "right-beyond", "shape", "negative", "fractions",
+        "beyond-seen", "samples-mismatch", "missing"])
+def test_an_evaluation_whose_numbers_cannot_be_true_is_left_out(tamper, caplog):
+    from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
+
+    sites, _, _ = _evaluating_sites()
+    honest = EvaluatingGrid({1: sites[1]})
+    cal, _, evaluation, cost = _evaluate(honest, {**ARCH, "stacking": None})
+    grid = EvaluatingGrid(sites, tamper={2: tamper})
+    cal2, _, evaluation2, _ = _evaluate(grid, {**ARCH, "stacking": None})
+    assert "left the evaluation of site 2 out" in caplog.text
+    assert evaluation2 == evaluation and cal2.point == cal.point  # site 1's alone
+    own, labels, present = sites[1]
+    assert cal.point == calibrate_counts(add_counts([exit_counts(own, labels, present, 11)]),
+                                         cost).point

@@ -228,3 +228,7 @@ def test_tables_that_cannot_be_true_are_left_out_and_cannot_steer_or_crash_the_r
     assert "left the stacking tables of site 2 out" in caplog.text
     stacking, info = refit_stacking([(2, 200, _hostile(b)[0][1])], 3, SITE_TIERS)
     assert stacking is None and info["refit"] is False  # nobody left to refit on
+    for claim in (float("nan"), float("inf")):  # a sample count that would void every bound
+        stacking, info = refit_stacking([(1, 200, a), (2, claim, _hostile(b)[2][1])], 3,
+                                        SITE_TIERS)
+        assert stacking == honest and "sample count" in info["left_out"]["2"]
