@@ -357,16 +357,17 @@ escalation-off variant, measured the day before), `edge_ingest` (rerun the same 
 the change it measures, unstamped), `edge_cloud_bytes` (rerun on 2026-11-26 with the escalated
 requests, on the defaults that run trained for set A, seed 0: the default set and seed),
 `ablation` (rerun at 00:14 on the lent GPU machine: its seven trainings at once there in 66 s,
-then the benchmark on them; escalation added to its variants), `federated` (rerun on
-2026-11-26 in a `--work` of its own, on a default bundle of the day, with escalation and
-stacked exits, after `ddnn federate` came to refit the stacking weights; 12.6 min) and
-`paper_tables` (training-heavy: still on the bundle of 2026-11-23).
+then the benchmark on them; escalation added to its variants), and `federated` and
+`paper_tables` (rerun on 2026-11-26 in a `--work` of their own, on a default bundle of the day
+trained there: escalation and stacked exits; `federated` after `ddnn federate` came to refit
+the stacking weights).
 
 **Time budget of the full suite** (`ddnn bench` in a fresh `--work` on the 2 shared cores):
 training the default bundle and the raw-offload reference, 37 and 40 min side by side under
 tonight's load (`train_seconds` and the reference's `seconds` in `training.json`; the previous
 bundle, without escalation, trained in 1.4 min on a quieter machine), not counted in the
-`training` row below; the nine rerun benchmarks, 18 min measured (the table's total); the
+`training` row below; the nine rerun benchmarks, 18 min measured (`federated` and
+`paper_tables`, rerun since, 12 min more: the table's total is every stamped run's); the
 estimates below for the others, about 1.5 h on a quiet machine and several times that under
 load; and `tiers`, about 2 h on 2 cores (24 trainings; two at a time with `--threads 1` each, as
 two 2-thread trainings on 2 cores ran five times slower), minutes on a GPU machine. In
