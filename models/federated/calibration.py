@@ -87,10 +87,11 @@ def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray, present: np
 MAX_FRAMES = 2**40  # more held-out frames than any site holds; sums stay far from int64's end
 
 
-def counts_problem(counts: Mapping[str, np.ndarray], grid: int) -> str | None:
-    """Why ``counts`` cannot be :func:`exit_counts` on a grid of ``grid`` thresholds (None where
-    they can): tables from a site are checked before they are added up. Whole numbers, of the
-    shapes ``exit_counts`` gives, none negative, none over the frames (views) counted."""
+def counts_problem(counts: Mapping[str, np.ndarray], grid: int, views: int) -> str | None:
+    """Why ``counts`` cannot be :func:`exit_counts` on a grid of ``grid`` thresholds for a
+    bundle of ``views`` cameras (None where they can): tables from a site are checked before
+    they are added up. Whole numbers, of the shapes ``exit_counts`` gives, none negative, none
+    over the frames (views) counted; the agreement tables all or none (an older site)."""
     shapes = {"samples": (1,), "seen": (1,), "views": (1,), "tier_correct": (3,),
               "local_exits": (grid,), "edge_exits": (grid, grid),
               "past_local_views": (grid,), "correct": (grid, grid),
@@ -98,6 +99,8 @@ def counts_problem(counts: Mapping[str, np.ndarray], grid: int) -> str | None:
     missing = set(COUNT_NAMES) - set(counts)
     if missing:
         return f"no {', '.join(sorted(missing))}"
+    if 0 < len(set(AGREE_NAMES) & set(counts)) < len(AGREE_NAMES):
+        return "some agreement tables but not all"
     for name, shape in shapes.items():
         if name not in counts:
             continue  # the agreement tables: an older site sends none
@@ -106,12 +109,13 @@ def counts_problem(counts: Mapping[str, np.ndarray], grid: int) -> str | None:
             return f"{name}: {a.dtype}{list(a.shape)}, expected whole numbers {list(shape)}"
         if (a < 0).any() or (a > MAX_FRAMES).any():
             return f"{name}: counts out of range"
-    frames, seen, views = (int(counts[k][0]) for k in ("samples", "seen", "views"))
-    if seen > frames or any((np.asarray(counts[k]) > seen).any() for k in shapes
-                            if k in counts and k not in ("samples", "views",
-                                                         "past_local_views")):
-        return "more frames counted than the site saw"
-    if (np.asarray(counts["past_local_views"]) > views).any():
+    frames, seen, seen_views = (int(counts[k][0]) for k in ("samples", "seen", "views"))
+    per_frame = [k for k in shapes if k in counts and k not in ("samples", "views",
+                                                                 "past_local_views")]
+    if seen > frames or seen_views > seen * views or any(
+            (np.asarray(counts[k]) > seen).any() for k in per_frame):
+        return "more frames (views) counted than the site saw"
+    if (np.asarray(counts["past_local_views"]) > seen_views).any():
         return "more views counted than the site's frames have"
     return None
 

@@ -113,15 +113,21 @@ def evaluate(msg: Message, context: Context) -> Message:
     config = msg.content[CONFIG]
     arch = json.loads(str(config["arch"]))
     site = _site(context, arch, config)
-    # The server sends the final model once; a second evaluation (with refitted stacking
-    # weights) comes without it and reads the one kept here.
+    # The server sends the final model once. Where it asks for stacking tables, a second
+    # evaluation (with refitted stacking weights) may follow without it: the model is kept
+    # for that one and dropped by it (a SuperNode keeps a run's state for as long as it runs).
     if ARRAYS in msg.content:
-        context.state[EVALUATED] = msg.content[ARRAYS]
-    elif EVALUATED not in context.state:
+        model = msg.content[ARRAYS]
+        if config.get("stacking-tables", False):
+            context.state[EVALUATED] = model
+    elif EVALUATED in context.state:
+        model = context.state[EVALUATED]
+        del context.state[EVALUATED]
+    else:
         raise ValueError("no model sent to evaluate and none kept from an earlier evaluation")
     content = RecordDict({METRICS: MetricRecord({"samples": 0.0})})
     if site.holdout is not None:
-        held = measure(arch, from_record(context.state[EVALUATED]), site.holdout,
+        held = measure(arch, from_record(model), site.holdout,
                        int(config["grid"]), int(config["threads"]),
                        with_stacking_tables=bool(config.get("stacking-tables", False)))
         content[METRICS] = MetricRecord(held.correct)

@@ -162,9 +162,11 @@ def _refit(answers: dict[int, RecordDict], arch: dict):
     return refit_stacking([site(n, c) for n, c in answers.items()], int(arch["views"]), tiers)
 
 
-def _screened(answers: dict[int, RecordDict], grid: int) -> dict[int, RecordDict]:
+def _screened(answers: dict[int, RecordDict], grid: int, views: int,
+              first: dict[int, RecordDict] | None = None) -> dict[int, RecordDict]:
     """The evaluation answers whose numbers can be true; a site whose cannot is left out of
-    the evaluation and the calibration with a warning, as a bad update is left out of a round."""
+    the evaluation and the calibration with a warning, as a bad update is left out of a round.
+    A second evaluation's answer must also claim the samples its ``first`` one did."""
     from ddnn.models.federated.calibration import MAX_FRAMES, counts_problem
 
     def problem(c: RecordDict) -> str | None:
@@ -184,7 +186,7 @@ def _screened(answers: dict[int, RecordDict], grid: int) -> dict[int, RecordDict
             counts = from_record(c[COUNTS])
         except Exception:  # arrays that do not decode
             return "calibration tables that do not decode"
-        found = counts_problem(counts, grid)
+        found = counts_problem(counts, grid, views)
         if found is None and int(counts["samples"][0]) != samples:
             found = f"tables of {int(counts['samples'][0])} samples, metrics of {samples:g}"
         return found
@@ -192,6 +194,9 @@ def _screened(answers: dict[int, RecordDict], grid: int) -> dict[int, RecordDict
     kept = {}
     for node, content in answers.items():
         found = problem(content)
+        if found is None and first is not None and float(
+                content[METRICS]["samples"]) != float(first[node][METRICS]["samples"]):
+            found = "other held-out samples than in the first evaluation"
         if found is None:
             kept[node] = content
         else:
@@ -211,15 +216,18 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
 
     nodes = sorted(grid.get_node_ids())
     stacked = arch.get("stacking") is not None
+    views = int(arch["views"])
     answers = _screened(exchange.send(MessageType.EVALUATE, rounds + 1, {
-        n: (weights, {"grid": s.grid, "stacking-tables": stacked}) for n in nodes}), s.grid)
+        n: (weights, {"grid": s.grid, "stacking-tables": stacked}) for n in nodes}), s.grid,
+        views)
     stacking, record = _refit(answers, arch) if stacked else (None, None)
     if stacking is not None and stacking.to_dict() != arch["stacking"]:
         log.info("stacking refitted on the sites' held-out splits: %s", stacking.describe())
         again = json.dumps({**arch, "stacking": stacking.to_dict()})
         # No weights: each site evaluates the model it kept from the first evaluation.
         second = _screened(exchange.send(MessageType.EVALUATE, rounds + 1, {
-            n: (None, {"grid": s.grid, "arch": again}) for n in sorted(answers)}), s.grid)
+            n: (None, {"grid": s.grid, "arch": again}) for n in sorted(answers)}), s.grid, views,
+            first=answers)
         if any(COUNTS in c.array_records for c in second.values()):
             answers = second
         else:

@@ -186,6 +186,10 @@ def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites,
     federation = load_bundle(out).manifest.training["federation"]
     assert federation["strategy"] == "dma"
     assert [h["sites"] for h in federation["history"]] == [2, 2]  # not the unregistered one
+    # Deployed too, both sites evaluated the refitted stacking on the model they kept.
+    assert federation["evaluation"]["sites"] == 2
+    assert federation["evaluation"]["stacking"]["refit"] is True
+    assert federation["evaluation"]["stacking"]["changed"] is True
     # Within the threshold no site sends a model between the syncs: the reference goes down
     # once, every model comes up once at the end, and the evaluation sends the final model.
     assert result["communicated_bytes"] < fedavg[0]["communicated_bytes"]

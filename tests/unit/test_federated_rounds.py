@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -137,7 +137,7 @@ class EvaluatingGrid(FlakyGrid):
             if config.get("stacking-tables") and node not in self.old:
                 content[STACKING] = to_record(stacking_tables(own, labels))
             if node in self.tamper:
-                self.tamper[node](content)
+                self.tamper[node](content, self.exchanges)
             replies.append(Message(content, reply_to=msg))
         return replies
 
@@ -227,12 +227,20 @@ def test_the_bundles_stacking_stays_where_the_refit_cannot_be_trusted_or_evaluat
     assert [c["stacking-tables"] for c in grid.configs] == [False, False]
 
 
-def _tampered(record: str, change):
+def _tampered(record: str, change, exchanges=None):
+    """A site's change to its answer (at the given exchanges: all by default)."""
     from ddnn.models.federated.records import COUNTS
 
-    def tamper(content):
+    def tamper(content, exchange):
+        if exchanges is not None and exchange not in exchanges:
+            return
         if record == METRICS:
             content[METRICS] = MetricRecord({**dict(content[METRICS]), **change})
+        elif record == "undecodable":
+            content[COUNTS] = ArrayRecord({"correct": Array(dtype="float64", shape=(3,),
+                                                            stype="numpy.ndarray", data=b"?")})
+        elif record == "dropped":
+            del content[COUNTS]
         else:
             counts = from_record(content[COUNTS])
             content[COUNTS] = to_record(change(counts))
@@ -249,8 +257,13 @@ def _tampered(record: str, change):
     _tampered("counts", lambda c: {**c, "local_exits": c["local_exits"] + 10**6}),
     _tampered("counts", lambda c: {**c, "samples": c["samples"] * 2}),
     _tampered("counts", lambda c: {k: v for k, v in c.items() if k != "views"}),
+    _tampered("counts", lambda c: {k: v for k, v in c.items() if k != "agree_edge"}),
+    _tampered("counts", lambda c: {**c, "views": c["views"] * 10}),
+    _tampered("undecodable", None),
+    _tampered("dropped", None),
 ], ids=["samples-list", "samples-nan", "right-beyond", "shape", "negative", "fractions",
-        "beyond-seen", "samples-mismatch", "missing"])
+        "beyond-seen", "samples-mismatch", "missing", "some-agreement", "views-beyond",
+        "undecodable", "no-tables"])
 def test_an_evaluation_whose_numbers_cannot_be_true_is_left_out(tamper, caplog):
     from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
 
@@ -264,3 +277,62 @@ def test_an_evaluation_whose_numbers_cannot_be_true_is_left_out(tamper, caplog):
     own, labels, present = sites[1]
     assert cal.point == calibrate_counts(add_counts([exit_counts(own, labels, present, 11)]),
                                          cost).point
+
+
+def test_honest_odd_answers_are_kept_and_a_changed_second_answer_is_not(caplog):
+    """An older site without agreement tables and a site whose frames no camera saw are
+    evaluated; a site whose second answer claims other samples is left out of that one."""
+    from ddnn.models.calibrate import fit_stacking
+
+    sites, union, labels = _evaluating_sites()
+    own, y, present = sites[2]
+    sites[3] = (own, y, np.zeros_like(present))  # no view present in any frame
+    old = _tampered("counts", lambda c: {k: v for k, v in c.items()
+                                         if not k.startswith("agree_")})
+    grid = EvaluatingGrid(sites, tamper={2: old})
+    _, _, evaluation, _ = _evaluate(grid, {**ARCH, "stacking": None})
+    assert evaluation["sites"] == 3 and "left the evaluation" not in caplog.text
+    assert "calibrating on accuracy alone" in caplog.text  # the older site's tables count
+
+    del sites[3]
+    more = {"samples": 600.0}  # the second time, as if the site held 100 more frames out
+    metrics = _tampered(METRICS, more, exchanges={2})
+    counts = _tampered("counts", lambda c: {**c, "samples": c["samples"] + 100}, exchanges={2})
+    grid = EvaluatingGrid(sites, tamper={2: lambda c, e: (metrics(c, e), counts(c, e))})
+    _, stacking, evaluation, _ = _evaluate(grid, {**ARCH, "stacking": OWN})
+    assert stacking == fit_stacking(union, labels, views=3)  # refitted on both sites' tables
+    assert evaluation["sites"] == 1  # the second evaluation: site 1 alone
+    assert "other held-out samples than in the first evaluation" in caplog.text
+
+
+def test_a_site_keeps_the_model_for_the_second_evaluation_only(tiny_bundle, tiny_data):
+    from flwr.app import ConfigRecord, Context, MessageType
+
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated import client_app
+    from ddnn.models.federated.records import COUNTS, STACKING
+    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+
+    arch = architecture(load_bundle(tiny_bundle))
+    weights = model_weights(model_from_bundle(tiny_bundle))
+    context = Context(run_id=1, node_id=1, node_config={"data": str(tiny_data.train)},
+                      state=RecordDict(), run_config={})
+    base = {"arch": json.dumps(arch), "holdout": 0.25, "seed": 0, "grid": 11, "threads": 1}
+
+    def ask(config: dict, with_weights: bool):
+        content = RecordDict({CONFIG: ConfigRecord({**base, **config})})
+        if with_weights:
+            content[ARRAYS] = to_record(weights)
+        msg = Message(content, dst_node_id=1, message_type=MessageType.EVALUATE)
+        return client_app.evaluate(msg, context).content
+
+    first = ask({"stacking-tables": True}, with_weights=True)
+    assert STACKING in first.array_records and client_app.EVALUATED in context.state
+    again = json.dumps({**arch, "stacking": {"edge": 0.0, "cloud": 0.0, "escalated": 0.0}})
+    second = ask({"arch": again}, with_weights=False)  # the kept model, with other weights
+    assert COUNTS in second.array_records and client_app.EVALUATED not in context.state
+    assert dict(second[METRICS])["samples"] == dict(first[METRICS])["samples"]
+    with pytest.raises(ValueError, match="none kept"):
+        ask({}, with_weights=False)  # used once: nothing is kept any longer
+    ask({}, with_weights=True)  # no stacking tables asked for: no second evaluation follows
+    assert client_app.EVALUATED not in context.state
