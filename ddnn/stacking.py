@@ -98,3 +98,12 @@ class Stacking:
             if tier in exits:
                 out[tier] = stack(out["edge"], exits[tier], self.weight(tier))
         return out
+
+
+def summary_line(summary: Mapping[str, Any]) -> str | None:
+    """The :meth:`Stacking.describe` line of an evaluation summary
+    (``ddnn.hierarchy.summarize``), or None where the bundle does not stack its exits."""
+    weights = summary.get("stacking")
+    if not weights:
+        return None
+    return Stacking.from_dict(weights).describe("escalation" in summary)

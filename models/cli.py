@@ -414,10 +414,10 @@ def _train(args) -> int:
         f"edge {v['exit_fraction']['edge']:.2f}, cloud {v['exit_fraction']['cloud']:.2f}",
         file=sys.stderr,
     )
-    if v.get("stacking"):
-        from ddnn.stacking import Stacking
+    from ddnn.stacking import summary_line
 
-        print(Stacking.from_dict(v["stacking"]).describe("escalation" in v), file=sys.stderr)
+    if stacked := summary_line(v):
+        print(stacked, file=sys.stderr)
     b = v["bytes_per_frame"]
     level = f"escalation level {cal['escalation_level']}, " if "escalation" in v else ""
     print(f"{level}uplink bytes per frame {b['ddnn']:.0f} against {b['raw_offload']:.0f} for raw "

@@ -395,10 +395,10 @@ def _table(s: dict) -> str:
         f"uplink bytes per frame: live {live_b}   offline {b['offline']:.1f}   raw offload "
         f"{b['raw_offload']:.1f}   ({b['raw_offload'] / max(b['offline'], 1e-9):.0f}x fewer)",
     ]
-    if off.get("stacking"):  # why an upper tier answers as it does (or passes answers up)
-        from ddnn.stacking import Stacking
+    from ddnn.stacking import summary_line
 
-        lines.append(Stacking.from_dict(off["stacking"]).describe("escalation" in off))
+    if stacked := summary_line(off):  # why an upper tier answers as it does (or passes up)
+        lines.append(stacked)
     return "\n".join(lines)
 
 

@@ -13,7 +13,7 @@ from ddnn.exits import ExitPolicy
 from ddnn.hierarchy import UplinkCost, raw_offload_bytes, summarize
 from ddnn.operating_curve import curve_table, frontier, pick_from_table, sweep
 from ddnn.runtime import BundleRuntime, SegmentRunner
-from ddnn.stacking import Stacking
+from ddnn.stacking import summary_line
 
 CURVE_GRID = 101  # thresholds tried per exit for the reported curve
 
@@ -117,8 +117,8 @@ def format_table(result: dict) -> str:
                      + ("the edge features and every present view's detail "
                         f"({e['detail_bytes_per_view']} B a view)" if e["level"] else
                         "the edge features alone"))
-    if result.get("stacking"):
-        lines.append(Stacking.from_dict(result["stacking"]).describe("escalation" in result))
+    if stacked := summary_line(result):
+        lines.append(stacked)
     b = result["bytes_per_frame"]
     # A single camera that answers every frame itself sends nothing up.
     ratio = f"{b['raw_offload'] / b['ddnn']:.1f}x fewer" if b["ddnn"] else "nothing sent"

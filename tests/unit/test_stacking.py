@@ -67,6 +67,10 @@ def test_an_evaluation_says_what_each_upper_exit_stands_on():
                                           "cloud = 0 own + 1 edge; escalated cloud = 0.95 own"
                                           " + 0.05 edge")
     assert "escalated" not in Stacking().describe() and "+" not in Stacking().describe()
+    from ddnn.stacking import summary_line
+
+    assert summary_line({"stacking": None}) is None and summary_line({}) is None
+    assert summary_line({"stacking": s.to_dict(), "escalation": {}}) == s.describe(True)
     result = {"samples": 2, "accuracy": dict.fromkeys(("device", "local", "edge", "cloud",
                                                        "overall"), 1.0),
               "exit_fraction": {"local": 1.0, "edge": 0.0, "cloud": 0.0},
