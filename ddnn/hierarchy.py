@@ -19,6 +19,7 @@ import numpy as np
 
 from ddnn.bundle import Manifest
 from ddnn.codec import FeatureCodec
+from ddnn.deflate import wire_size
 from ddnn.exits import EXIT_TIERS, ExitPolicy, entropy_of_logits
 
 LOCAL, EDGE, CLOUD = range(3)
@@ -104,6 +105,14 @@ class UplinkCost:
         escalated = (tier > EDGE) & (level >= 1)
         return (present_views * (self.sent_scores + past_local * self.features)
                 + escalated * details)
+
+
+def detail_sizes(details: np.ndarray, codec: FeatureCodec) -> np.ndarray:
+    """The payload bytes of each of ``details`` (N, ...) as a device sends it: coded by
+    ``codec``, then deflated where that is shorter (:mod:`ddnn.deflate`) → (N,)."""
+    details = np.asarray(details, np.float32)
+    row = codec.row_bytes((1, *details.shape[1:]))
+    return np.array([wire_size(codec.encode(d[None]), row) for d in details], np.int64)
 
 
 def surest_views(detail: np.ndarray, scores: np.ndarray, present: np.ndarray, k: int

@@ -18,9 +18,8 @@ import numpy as np
 from ddnn.aggregation import aggregate
 from ddnn.bundle import Bundle
 from ddnn.codec import FeatureCodec
-from ddnn.deflate import wire_size
 from ddnn.errors import BundleError, ConfigError
-from ddnn.hierarchy import surest_views
+from ddnn.hierarchy import detail_sizes, surest_views
 from ddnn.segment import SegmentSpec
 
 
@@ -240,9 +239,7 @@ class BundleRuntime:
             if detail is not None:
                 detail[rows, i] = transmit(out["detail"], self.detail_codec)
             if sizes is not None:  # coding every detail: for byte counts, not for answers
-                row = self.detail_codec.row_bytes(out["detail"].shape)
-                sizes[rows, i] = [wire_size(self.detail_codec.encode(d[None]), row)
-                                  for d in out["detail"]]
+                sizes[rows, i] = detail_sizes(out["detail"], self.detail_codec)
         return scores, feats, detail, sizes
 
     def run_dataset(

@@ -8,8 +8,9 @@ each site computes those counts for every threshold pair of the grid on its own 
 would choose, while neither samples nor logits leave a site. No site knows which tier is best
 over all sites, so each counts, for every tier, the frames answered as that tier answers them
 (``agree_local``, ``agree_edge``, ``agree_cloud``); the server keeps the best tier's table for
-the agreement rule. Escalation level 0 only (the cloud on the edge features): a federated
-bundle answers at level 0. Numpy only.
+the agreement rule. A bundle that escalates adds the tables of level 1 (the cloud with the
+devices' details: its answers, and the bytes of the details each site's devices would send), so
+calibration picks the level as ``ddnn train`` does. Numpy only.
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ TIERS = ("local", "edge", "cloud")
 COUNT_NAMES = ("samples", "seen", "views", "tier_correct", "local_exits", "edge_exits",
                "past_local_views", "correct")
 AGREE_NAMES = tuple(f"agree_{t}" for t in TIERS)  # absent from the tables of older sites
+# Level 1, from a site of a bundle that escalates (all or none: older sites send none). The
+# escalated exit is a fourth tier the others' answers are compared with, at both levels.
+LEVEL1_NAMES = ("escalated_correct", "correct_1", "details_1", "agree_escalated",
+                *(f"agree_{t}_1" for t in (*TIERS, "escalated")))
 
 
 def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray, present: np.ndarray,
@@ -48,30 +53,37 @@ def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray, present: np
     views ``past_local_views[i]`` the others; ``edge_exits[i, j]``: of the others, those with
     edge entropy < T_j; ``correct[i, j]``: right answers at (T_i, T_j); ``agree_<t>[i, j]``:
     answers equal to tier t's own at (T_i, T_j); ``tier_correct``: right answers of the local,
-    edge and cloud exit alone.
+    edge and cloud exit alone. Where ``exits`` has ``escalated`` and ``detail_bytes`` (each
+    frame's details as its devices send them), the same at level 1 (:data:`LEVEL1_NAMES`, the
+    ``_1`` tables), and ``details_1[i, j]``: the detail bytes of the frames past both exits.
     """
     n_present = present.sum(axis=1).astype(np.int64)
     seen = n_present > 0
     n = n_present[seen]
     ts = np.linspace(0.0, 1.0, grid)
-    preds = {k: exits[k].argmax(-1)[seen] for k in TIERS}
+    escalates = "escalated" in exits and "detail_bytes" in exits
+    tiers = (*TIERS, "escalated") if escalates else TIERS
+    preds = {k: exits[k].argmax(-1)[seen] for k in tiers}
     truth = np.asarray(labels)[seen]
     h_local = entropy_of_logits(exits["local"])[seen]
     h_edge = entropy_of_logits(exits["edge"])[seen]
     loc = h_local[None, :] < ts[:, None]  # (T_local, N)
     edge_ok = h_edge[None, :] < ts[:, None]  # (T_edge, N)
     not_loc = (~loc).astype(np.int64)
+    to_cloud = ~edge_ok  # (T_edge, N): past the edge exit too, for frames past the local one
 
-    def answered(hit: Mapping[str, np.ndarray]) -> np.ndarray:
-        """(T_local, T_edge): the frames whose answer there has ``hit`` (per exit, per frame).
-        Integer matrix products: (T_local, N) x (N, T_edge) sums over samples exactly."""
+    def answered(hit: Mapping[str, np.ndarray], cloud: str = "cloud") -> np.ndarray:
+        """(T_local, T_edge): the frames whose answer there has ``hit`` (per exit, per frame),
+        the cloud answering as ``cloud``. Integer matrix products: (T_local, N) x (N, T_edge)
+        sums over samples exactly."""
         total = (loc & hit["local"]).sum(1)[:, None]
         total = total + not_loc @ (edge_ok & hit["edge"]).T.astype(np.int64)
-        total = total + not_loc @ (~edge_ok & hit["cloud"]).T.astype(np.int64)
+        total = total + not_loc @ (to_cloud & hit[cloud]).T.astype(np.int64)
         return total.astype(np.int64)
 
     right = {k: p == truth for k, p in preds.items()}
-    return {
+    same = {t: {k: p == preds[t] for k, p in preds.items()} for t in tiers}
+    counts = {
         "samples": np.array([len(labels)], dtype=np.int64),
         "seen": np.array([int(seen.sum())], dtype=np.int64),
         "views": np.array([int(n.sum())], dtype=np.int64),
@@ -80,30 +92,47 @@ def exit_counts(exits: Mapping[str, np.ndarray], labels: np.ndarray, present: np
         "edge_exits": (not_loc @ edge_ok.T.astype(np.int64)).astype(np.int64),
         "past_local_views": (not_loc @ n).astype(np.int64),
         "correct": answered(right),
-        **{f"agree_{t}": answered({k: p == preds[t] for k, p in preds.items()}) for t in TIERS},
+        **{f"agree_{t}": answered(same[t]) for t in tiers},
     }
+    if escalates:
+        details = np.asarray(exits["detail_bytes"], np.int64)[seen]
+        counts.update({
+            "escalated_correct": np.array([int(right["escalated"].sum())], dtype=np.int64),
+            "correct_1": answered(right, "escalated"),
+            "details_1": (not_loc @ (to_cloud * details).T).astype(np.int64),
+            **{f"agree_{t}_1": answered(same[t], "escalated") for t in tiers},
+        })
+    return counts
 
 
 MAX_FRAMES = 2**40  # more held-out frames than any site holds; sums stay far from int64's end
 
 
-def counts_problem(counts: Mapping[str, np.ndarray], grid: int, views: int) -> str | None:
+def counts_problem(counts: Mapping[str, np.ndarray], grid: int, views: int,
+                   detail: int = 0) -> str | None:
     """Why ``counts`` cannot be :func:`exit_counts` on a grid of ``grid`` thresholds for a
-    bundle of ``views`` cameras (None where they can): tables from a site are checked before
+    bundle of ``views`` cameras whose devices' details take at most ``detail`` bytes each (0: a
+    bundle that does not escalate), None where they can: tables from a site are checked before
     they are added up. Whole numbers, of the shapes ``exit_counts`` gives, none negative, none
-    over the frames (views) counted; the agreement tables all or none (an older site)."""
+    over the frames (views, detail bytes) counted; the agreement tables and the level-1 tables
+    each all or none (an older site sends neither)."""
     shapes = {"samples": (1,), "seen": (1,), "views": (1,), "tier_correct": (3,),
               "local_exits": (grid,), "edge_exits": (grid, grid),
               "past_local_views": (grid,), "correct": (grid, grid),
-              **dict.fromkeys(AGREE_NAMES, (grid, grid))}
+              **dict.fromkeys(AGREE_NAMES, (grid, grid)),
+              **dict.fromkeys(LEVEL1_NAMES, (grid, grid)), "escalated_correct": (1,)}
     missing = set(COUNT_NAMES) - set(counts)
     if missing:
         return f"no {', '.join(sorted(missing))}"
-    if 0 < len(set(AGREE_NAMES) & set(counts)) < len(AGREE_NAMES):
-        return "some agreement tables but not all"
+    for group, what in ((AGREE_NAMES, "agreement"), (LEVEL1_NAMES, "level-1")):
+        if 0 < len(set(group) & set(counts)) < len(group):
+            return f"some {what} tables but not all"
+    escalates = LEVEL1_NAMES[0] in counts
+    if escalates and detail <= 0:
+        return "level-1 tables for a bundle that does not escalate"
     for name, shape in shapes.items():
         if name not in counts:
-            continue  # the agreement tables: an older site sends none
+            continue  # the optional tables: an older site sends none
         a = np.asarray(counts[name])
         if a.shape != shape or a.dtype.kind not in "iu":
             return f"{name}: {a.dtype}{list(a.shape)}, expected whole numbers {list(shape)}"
@@ -111,21 +140,25 @@ def counts_problem(counts: Mapping[str, np.ndarray], grid: int, views: int) -> s
             return f"{name}: counts out of range"
     frames, seen, seen_views = (int(counts[k][0]) for k in ("samples", "seen", "views"))
     per_frame = [k for k in shapes if k in counts and k not in ("samples", "views",
-                                                                 "past_local_views")]
+                                                                 "past_local_views",
+                                                                 "details_1")]
     if seen > frames or seen_views > seen * views or any(
             (np.asarray(counts[k]) > seen).any() for k in per_frame):
         return "more frames (views) counted than the site saw"
-    if (np.asarray(counts["past_local_views"]) > seen_views).any():
+    past_local = np.asarray(counts["past_local_views"])
+    if (past_local > seen_views).any():
         return "more views counted than the site's frames have"
+    if escalates and (np.asarray(counts["details_1"]) > past_local[:, None] * detail).any():
+        return "more detail bytes than the frames past the local exit can send"
     return None
 
 
 def add_counts(tables: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """The sum of several sites' tables (same grid); the agreement tables only when every site
-    sent them (an older site's table has none)."""
+    """The sum of several sites' tables (same grid); the agreement and the level-1 tables only
+    when every site sent them (an older site's table has neither)."""
     tables = list(tables)
-    names = COUNT_NAMES + (AGREE_NAMES if all(k in t for t in tables for k in AGREE_NAMES)
-                           else ())
+    names = COUNT_NAMES + tuple(k for group in (AGREE_NAMES, LEVEL1_NAMES)
+                                if all(k in t for t in tables for k in group) for k in group)
     total: dict[str, np.ndarray] = {}
     for t in tables:
         for k in names:
@@ -135,7 +168,8 @@ def add_counts(tables: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarr
 
 def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
                      tolerance: float = 0.0, agreement: float = AGREEMENT) -> Calibration:
-    """``models.calibrate.calibrate``'s choice at level 0, from summed tables, not logits.
+    """``models.calibrate.calibrate``'s choice from summed tables, not logits: at levels 0
+    and 1 where the tables have level 1, else at level 0 (a site too old to count it).
 
     The best tier is the one with most right answers (ties: the higher one, as ``sweep``
     has it); without agreement tables (a site too old to count them) accuracy alone decides,
@@ -144,25 +178,36 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
     frames, seen = int(counts["samples"][0]), int(counts["seen"][0])
     if frames < 1:
         raise ValueError("no held-out samples to calibrate on")
-    tier_correct = counts["tier_correct"].astype(np.int64)
-    top = best_tier(dict(zip(TIERS, tier_correct.tolist(), strict=True)))
-    agree = counts.get(f"agree_{top}")
-    if agree is None:
+    levels = 2 if all(k in counts for k in LEVEL1_NAMES) else 1
+    # The tiers from the lowest up, as ``sweep`` ranks them; the escalated exit is the cloud
+    # at level 1.
+    right = dict(zip(TIERS, counts["tier_correct"].astype(np.int64).tolist(), strict=True))
+    if levels == 2:
+        right["escalated"] = int(counts["escalated_correct"][0])
+    top = best_tier(right)
+    agree = None
+    if all(k in counts for k in AGREE_NAMES):
+        agree = np.stack([counts[f"agree_{top}" + ("_1" if level else "")]
+                          for level in range(levels)]).astype(np.int64)
+    else:
         log.warning("a site sent no agreement tables: calibrating on accuracy alone")
         agreement = 0.0
     local = counts["local_exits"].astype(np.int64)
-    edge = counts["edge_exits"].astype(np.int64)
     grid = len(local)
     payload = (int(counts["views"][0]) * cost.sent_scores
                + counts["past_local_views"].astype(np.int64)[:, None] * cost.features)
+    payload = np.broadcast_to(payload, (grid, grid))
+    correct, payloads = [counts["correct"]], [payload]
+    if levels == 2:
+        correct.append(counts["correct_1"])
+        payloads.append(payload + counts["details_1"])
     s = Sweep(grid=np.linspace(0.0, 1.0, grid),
-              correct=counts["correct"].astype(np.int64)[None],
-              local=np.broadcast_to(local[:, None], (grid, grid))[None],
-              edge=edge[None],
-              payload=np.broadcast_to(payload, (grid, grid))[None],
+              correct=np.stack(correct).astype(np.int64),
+              local=np.broadcast_to(local[:, None], (levels, grid, grid)),
+              edge=np.broadcast_to(counts["edge_exits"].astype(np.int64), (levels, grid, grid)),
+              payload=np.stack(payloads).astype(np.int64),
               frames=frames, seen=seen,
-              best_tier=float(tier_correct.max()) / max(seen, 1),
-              agree=None if agree is None else np.asarray(agree, dtype=np.int64)[None])
+              best_tier=float(max(right.values())) / max(seen, 1), agree=agree)
     point = pick_tolerance(s, tolerance, agreement)
     return Calibration(point, tolerance, None, s.best_tier, frames, curve_table(frontier(s)),
                        agreement)

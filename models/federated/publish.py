@@ -45,7 +45,6 @@ def write_federated_bundle(start: Bundle, arch: dict, weights: Weights, out: str
         specs = export_segments(model, staging, m.input_shape)
         training = {**m.training, "federation": federation,
                     "started_from": {"name": m.name, "version": m.version}}
-        level = 0  # the sites' tables calibrate level 0 only (federated/calibration.py)
         stacked = stacking if stacking is not None else m.stacking
         if calibration is None:  # no site had held-out data: keep the thresholds it had
             thresholds, cal = dict(m.thresholds), {"federated": False,
@@ -53,6 +52,7 @@ def write_federated_bundle(start: Bundle, arch: dict, weights: Weights, out: str
             level, stacked = m.escalation_level, m.stacking
         else:
             thresholds = {"local": calibration.local, "edge": calibration.edge}
+            level = calibration.point.level  # 1 only where every site counted level 1
             cal = {**calibration.to_dict(), "federated": True,
                    "data": "the sites' held-out splits (summed exit tables)"}
 

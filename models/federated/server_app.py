@@ -162,9 +162,10 @@ def _refit(answers: dict[int, RecordDict], arch: dict):
     return refit_stacking([site(n, c) for n, c in answers.items()], int(arch["views"]), tiers)
 
 
-def _screened(answers: dict[int, RecordDict], grid: int, views: int,
+def _screened(answers: dict[int, RecordDict], grid: int, views: int, detail: int,
               first: dict[int, RecordDict] | None = None) -> dict[int, RecordDict]:
-    """The evaluation answers whose numbers can be true; a site whose cannot is left out of
+    """The evaluation answers whose numbers can be true (``detail``: the most bytes a device's
+    detail takes, 0 where the bundle does not escalate); a site whose cannot is left out of
     the evaluation and the calibration with a warning, as a bad update is left out of a round.
     A second evaluation's answer must also claim the samples its ``first`` one did."""
     from ddnn.models.federated.calibration import MAX_FRAMES, counts_problem
@@ -186,7 +187,7 @@ def _screened(answers: dict[int, RecordDict], grid: int, views: int,
             counts = from_record(c[COUNTS])
         except Exception:  # arrays that do not decode
             return "calibration tables that do not decode"
-        found = counts_problem(counts, grid, views)
+        found = counts_problem(counts, grid, views, detail)
         if found is None and int(counts["samples"][0]) != samples:
             found = f"tables of {int(counts['samples'][0])} samples, metrics of {samples:g}"
         return found
@@ -219,7 +220,7 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     views = int(arch["views"])
     answers = _screened(exchange.send(MessageType.EVALUATE, rounds + 1, {
         n: (weights, {"grid": s.grid, "stacking-tables": stacked}) for n in nodes}), s.grid,
-        views)
+        views, cost.detail)
     stacking, record = _refit(answers, arch) if stacked else (None, None)
     if stacking is not None and stacking.to_dict() != arch["stacking"]:
         log.info("stacking refitted on the sites' held-out splits: %s", stacking.describe())
@@ -227,7 +228,7 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
         # No weights: each site evaluates the model it kept from the first evaluation.
         second = _screened(exchange.send(MessageType.EVALUATE, rounds + 1, {
             n: (None, {"grid": s.grid, "arch": again}) for n in sorted(answers)}), s.grid, views,
-            first=answers)
+            cost.detail, first=answers)
         if any(COUNTS in c.array_records for c in second.values()):
             answers = second
         else:

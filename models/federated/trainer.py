@@ -20,9 +20,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from ddnn.codec import FeatureCodec
 from ddnn.dataset import MultiViewDataset, load_dataset
 from ddnn.errors import DatasetError
 from ddnn.experience import Experience, read_experience
+from ddnn.hierarchy import detail_sizes, surest_views
 from ddnn.models.augment import augment
 from ddnn.models.federated.calibration import exit_counts
 from ddnn.models.federated.weights import (
@@ -200,6 +202,8 @@ def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201
     model = build_model(arch)
     set_weights(model, weights)
     own = predict(model, ds)
+    if model.escalated is not None:  # level 1 costs the details as the devices send them
+        own["detail_bytes"] = detail_bytes(model, ds, own["device"])
     stacking = stacking_of(arch)
     logits = stacking.apply(own) if stacking is not None else own  # as the bundle answers
     correct = {k: float((logits[k].argmax(-1) == ds.label).sum()) for k in ("local", "edge",
@@ -208,6 +212,27 @@ def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201
     tables = (stacking_tables(own, ds.label) if with_stacking_tables and stacking is not None
               else None)
     return Evaluation({**correct, "samples": float(ds.num_samples)}, counts, tables)
+
+
+def detail_bytes(model: DDNN, ds: MultiViewDataset, device_scores: np.ndarray,
+                 batch: int = 512) -> np.ndarray:
+    """Each frame's details as its devices would send them if it escalated: every present
+    view's (or the bundle's ``k`` surest views'), coded by the bundle's detail codec and
+    deflated where shorter, as :meth:`ddnn.runtime.BundleRuntime.all_exits` counts them."""
+    codec = FeatureCodec(model.cfg.detail_codec)
+    sizes = np.zeros(ds.present.shape, np.int64)
+    with torch.no_grad():
+        for i in range(0, ds.num_samples, batch):
+            x = torch.from_numpy(ds.images(slice(i, i + batch)))
+            present = ds.present[i : i + batch]
+            for v, dev in enumerate(model.devices):
+                rows = np.flatnonzero(present[:, v])
+                if rows.size:
+                    detail = dev.outputs(x[rows, v])[2].numpy()
+                    sizes[i + rows, v] = detail_sizes(detail, codec)
+    if model.detail_slots:
+        sizes, _ = surest_views(sizes, device_scores, ds.present, model.detail_slots)
+    return sizes.sum(axis=1)
 
 
 def round_lr(lr: float, rnd: int, rounds: int) -> float:

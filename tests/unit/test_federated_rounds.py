@@ -164,14 +164,44 @@ OWN = {"edge": 1.0, "cloud": 1.0, "escalated": 1.0}  # a stacking of each tier's
 ARCH = {"views": 3, "config": {"escalate": "none"}}
 
 
-def _evaluate(grid, arch):
+def _evaluate(grid, arch, detail: int = 0):
     from ddnn.hierarchy import UplinkCost
     from ddnn.models.federated.server_app import evaluate_everywhere
 
     s = FederationSettings(bundle="b", out="o", work="w", grid=11)
     exchange = Exchange(grid, s, {"arch": json.dumps(arch)})
-    cost = UplinkCost(scores=6, features=32, single_view=False)
+    cost = UplinkCost(scores=6, features=32, single_view=False, detail=detail)
     return (*evaluate_everywhere(START, exchange, grid, s, 3, cost, arch), cost)
+
+
+def test_an_escalating_bundle_is_calibrated_at_level_1_from_the_sites_tables(caplog):
+    """Sites of a bundle that escalates send level 1's tables too (the escalated exit's
+    answers, their details' bytes): the federation picks the level as ``ddnn train`` would on
+    the union of their held-out frames. A site claiming more detail bytes than its devices can
+    send is left out."""
+    from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
+
+    sites, _, labels = _evaluating_sites()
+    rng = np.random.default_rng(1)
+    for own, y, present in sites.values():
+        x = rng.normal(0, 0.5, (len(y), 4)).astype(np.float32)
+        x[np.arange(len(y)), y] += 3 * (rng.random(len(y)) < 0.95)  # right on about 95 %
+        own["escalated"] = x
+        own["detail_bytes"] = present.sum(1) * rng.integers(150, 250, len(y))
+    arch = {"views": 3, "config": {"escalate": "view"}, "stacking": None}
+    cal, _, evaluation, cost = _evaluate(EvaluatingGrid(sites), arch, detail=384)
+    pooled = {k: np.concatenate([sites[n][0][k] for n in sites]) for k in sites[1][0]}
+    expected = calibrate_counts(add_counts([exit_counts(pooled, labels, np.ones((800, 3), bool),
+                                                        11)]), cost)
+    assert cal.point == expected.point and cal.point.level == 1 and evaluation["sites"] == 2
+    assert cal.point.bytes_per_frame > 6 * 3 + 200  # some frames' details counted
+
+    liar = _tampered("counts", lambda c: {**c, "details_1": c["details_1"] + 10**6})
+    cal2, _, evaluation2, _ = _evaluate(EvaluatingGrid(sites, tamper={2: liar}), arch, 384)
+    assert "left the evaluation of site 2 out: more detail bytes" in caplog.text
+    assert evaluation2["sites"] == 1 and evaluation2["samples"] == 300
+    own, y, present = sites[1]
+    assert cal2.point == calibrate_counts(exit_counts(own, y, present, 11), cost).point
 
 
 def test_federated_evaluation_refits_the_stacking_and_calibrates_with_it():

@@ -4,6 +4,7 @@ fits from given weights on labelled data and on experience."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -13,7 +14,13 @@ from ddnn.errors import DatasetError
 from ddnn.experience import chunks, prune, read_experience, write_chunk
 from ddnn.hierarchy import UplinkCost
 from ddnn.models.calibrate import calibrate
-from ddnn.models.federated.calibration import add_counts, calibrate_counts, exit_counts
+from ddnn.models.federated.calibration import (
+    LEVEL1_NAMES,
+    add_counts,
+    calibrate_counts,
+    counts_problem,
+    exit_counts,
+)
 
 
 def _exits(rng, n: int, skills=(1.0, 1.5, 2.5), c: int = 3, v: int = 3):
@@ -53,6 +60,95 @@ def test_summed_site_tables_choose_what_central_calibration_chooses(tolerance, s
     # The agreement decides here: accuracy alone would pick a cheaper point.
     alone = calibrate(pooled, labels, present, COST, tolerance, grid=51, agreement=0.0)
     assert alone.point.bytes_per_frame < central.point.bytes_per_frame
+
+
+def _escalating(rng, n: int, skills=(1.0, 1.5, 2.0, 3.0), c: int = 3, v: int = 3):
+    """Exits of a bundle that escalates, its escalated exit the best, and each frame's detail
+    bytes as its present views' devices would send them (about 200 B a view)."""
+    exits, labels, present = _exits(rng, n, skills[:3], c, v)
+    logits = rng.normal(0, 1, (n, c))
+    logits[np.arange(n), labels] += skills[3] * rng.random(n) * 2
+    exits["escalated"] = logits.astype(np.float32)
+    exits["detail_bytes"] = (present * rng.integers(150, 250, (n, v))).sum(1)
+    return exits, labels, present
+
+
+ESCALATING = UplinkCost(scores=6, features=32, single_view=False, detail=384)
+
+
+@pytest.mark.parametrize("tolerance", [0.0, 0.03])
+def test_summed_site_tables_of_an_escalating_bundle_choose_the_level_central_calibration_does(
+        tolerance):
+    rng = np.random.default_rng(5)
+    sites = [_escalating(rng, n) for n in (90, 150, 61)]
+    pooled, labels, present = _pooled(sites)
+    central = calibrate(pooled, labels, present, ESCALATING, tolerance, grid=51)
+    counts = add_counts(exit_counts(e, y, p, 51) for e, y, p in sites)
+    assert all(counts_problem(exit_counts(e, y, p, 51), 51, 3, 384) is None for e, y, p in sites)
+    federated = calibrate_counts(counts, ESCALATING, tolerance)
+    assert central.point.level == 1 and 0 < central.point.exit_fraction["cloud"] < 1
+    assert federated.point == central.point and federated.agreement == central.agreement
+    assert federated.best_tier_accuracy == central.best_tier_accuracy
+    assert federated.curve == central.curve and set(central.curve["level"]) == {0, 1}
+    # A site too old to count level 1: every site calibrates at level 0, as without escalation.
+    old = {k: v for k, v in exit_counts(*sites[1], 51).items() if k not in LEVEL1_NAMES}
+    mixed = calibrate_counts(add_counts([exit_counts(*sites[0], 51), old,
+                                         exit_counts(*sites[2], 51)]), ESCALATING, tolerance)
+    level0 = {k: v for k, v in pooled.items() if k not in ("escalated", "detail_bytes")}
+    assert mixed.point == calibrate(level0, labels, present, ESCALATING, tolerance, grid=51).point
+    assert set(mixed.curve["level"]) == {0}
+
+
+@pytest.mark.parametrize(("change", "why"), [
+    (lambda c: {**c, "details_1": c["details_1"] + 10**6}, "more detail bytes"),
+    (lambda c: {**c, "correct_1": c["correct_1"] + 10**4}, "more frames"),
+    (lambda c: {**c, "escalated_correct": c["escalated_correct"] * 100}, "more frames"),
+    (lambda c: {**c, "details_1": c["details_1"] - 10**6}, "out of range"),
+    (lambda c: {**c, "details_1": c["details_1"].astype(np.float64)}, "whole numbers"),
+    (lambda c: {k: v for k, v in c.items() if k != "agree_edge_1"}, "some level-1 tables"),
+], ids=["details-beyond", "right-beyond", "escalated-beyond", "negative", "fractions",
+        "some-level-1"])
+def test_level_1_tables_that_cannot_be_true_are_refused(change, why):
+    rng = np.random.default_rng(6)
+    counts = exit_counts(*_escalating(rng, 80), 21)
+    assert counts_problem(counts, 21, 3, 384) is None
+    assert why in counts_problem(change(counts), 21, 3, 384)
+    # Level-1 tables from a site of a bundle that cannot escalate.
+    assert "does not escalate" in counts_problem(counts, 21, 3, 0)
+
+
+def test_a_site_counts_its_details_as_its_devices_send_them(kinds_repository, tiny_data,
+                                                             tmp_path):
+    """A site of an escalating bundle costs each frame's details as the bundle's devices code
+    them (what ``ddnn evaluate`` and central calibration count), and sends level 1's tables."""
+    from ddnn.bundle import load_bundle
+    from ddnn.dataset import load_dataset
+    from ddnn.models.federated.publish import write_federated_bundle
+    from ddnn.models.federated.trainer import detail_bytes, evaluate
+    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+    from ddnn.runtime import BundleRuntime
+
+    bundle = kinds_repository / "esc"
+    runtime = BundleRuntime(load_bundle(bundle))
+    ds = load_dataset(tiny_data.test)
+    expected = runtime.run_dataset(ds.X, ds.present)["detail_bytes"]
+    model = model_from_bundle(bundle)
+    sent = detail_bytes(model, ds, runtime.run_dataset(ds.X, ds.present, stacked=False)["device"])
+    assert (expected > 0).all() and np.array_equal(sent, expected)
+    arch, weights = architecture(runtime.bundle), model_weights(model)
+    held = evaluate(arch, weights, ds, grid=11)
+    assert all(held.counts[k].shape == (11, 11) for k in LEVEL1_NAMES if k != "escalated_correct")
+    cost = UplinkCost.of(runtime.manifest)
+    assert counts_problem(held.counts, 11, 3, cost.detail) is None
+
+    # The version the federation writes answers at the level its calibration chose.
+    cal = calibrate_counts(held.counts, cost)
+    for level in (0, 1):
+        chosen = dataclasses.replace(cal, point=dataclasses.replace(cal.point, level=level))
+        out = write_federated_bundle(runtime.bundle, arch, weights, tmp_path / f"v{level}", "2",
+                                     chosen, {"strategy": "fedavg"})
+        assert out.manifest.escalation_level == level
+        assert out.manifest.calibration["escalation_level"] == level
 
 
 def test_a_site_without_agreement_tables_leaves_accuracy_alone(caplog):
