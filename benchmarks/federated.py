@@ -108,6 +108,8 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
     acc = {"before": before["accuracy"]["overall"], "central": central["accuracy"]["overall"],
            **{k: v["evaluation"]["accuracy"]["overall"] for k, v in results.items()}}
     fed_bytes, dma_bytes = (results[k]["communicated_bytes"] for k in ("fedavg", "dma"))
+    evals = [("before", before), ("central", central),
+             *((k, v["evaluation"]) for k, v in results.items())]
     summary = {
         "machine": machine(),
         "setup": {"sites": SITES, "non_iid_alpha": ALPHA, "site_samples": SITE_SAMPLES,
@@ -116,6 +118,10 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         "summary": {
             "accuracy_overall": acc,
             "communicated_mb": {k: v["communicated_bytes"] / 1e6 for k, v in results.items()},
+            # Each version's calibrated point: the escalation level (the sites' tables cover
+            # level 1 too) and the uplink payload bytes a frame on the field set.
+            "escalation_level": {k: e.get("escalation", {}).get("level") for k, e in evals},
+            "bytes_per_frame": {k: e["bytes_per_frame"]["ddnn"] for k, e in evals},
             "seconds": {"central": central_seconds,
                         **{k: v["wall_seconds"] for k, v in results.items()}},
         },

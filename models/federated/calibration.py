@@ -145,11 +145,18 @@ def counts_problem(counts: Mapping[str, np.ndarray], grid: int, views: int,
     if seen > frames or seen_views > seen * views or any(
             (np.asarray(counts[k]) > seen).any() for k in per_frame):
         return "more frames (views) counted than the site saw"
-    past_local = np.asarray(counts["past_local_views"])
+    # int64 before any arithmetic: a site may send small integer types, which would overflow.
+    past_local = np.asarray(counts["past_local_views"], np.int64)
     if (past_local > seen_views).any():
         return "more views counted than the site's frames have"
-    if escalates and (np.asarray(counts["details_1"]) > past_local[:, None] * detail).any():
-        return "more detail bytes than the frames past the local exit can send"
+    if escalates:
+        # Each frame past both exits sends at most one detail a view: no more than its views
+        # past the local exit have, nor than those frames have cameras.
+        past_both = (seen - np.asarray(counts["local_exits"], np.int64)[:, None]
+                     - np.asarray(counts["edge_exits"], np.int64))
+        most = np.minimum(past_local[:, None], past_both * views) * detail
+        if (past_both < 0).any() or (np.asarray(counts["details_1"], np.int64) > most).any():
+            return "more detail bytes than the frames past both exits can send"
     return None
 
 

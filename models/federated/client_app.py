@@ -65,7 +65,8 @@ def train(msg: Message, context: Context) -> Message:
         raise ValueError("no weights sent and none kept from an earlier round")
     metrics: dict[str, float] = {}
     if site.holdout is not None:  # how good the model this round starts from is, held out
-        held = evaluate(arch, start, site.holdout, threads=int(config["threads"]))
+        held = evaluate(arch, start, site.holdout, threads=int(config["threads"]),
+                        with_counts=False)
         metrics.update({f"holdout-{k}": v for k, v in held.correct.items()})
     settings = LocalTraining(epochs=float(config["epochs"]), lr=float(config["lr"]),
                              batch_size=int(config["batch-size"]), seed=int(config["seed"]),

@@ -176,7 +176,8 @@ def _screened(answers: dict[int, RecordDict], grid: int, views: int, detail: int
         metrics = c[METRICS]
         try:
             samples = float(metrics.get("samples", float("nan")))
-            right = [float(metrics.get(k, 0.0)) for k in ("local", "edge", "cloud")]
+            right = [float(metrics.get(k, 0.0)) for k in ("local", "edge", "cloud",
+                                                          "escalated")]
         except (TypeError, ValueError):
             return "metrics that are not numbers"
         if not 0 <= samples <= MAX_FRAMES or not all(0 <= r <= samples for r in right):
@@ -237,10 +238,15 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
                                       "stacking", "sites": record["sites"]}
     tables = [from_record(c[COUNTS]) for c in answers.values() if COUNTS in c.array_records]
     samples = sum(float(c[METRICS]["samples"]) for c in answers.values())
+    # The escalated exit's accuracy where every site measured it (an older site does not).
+    exits = ("local", "edge", "cloud", *(("escalated",) if answers and all(
+        "escalated" in c[METRICS] for c in answers.values()) else ()))
     accuracy = {k: sum(float(c[METRICS].get(k, 0.0)) for c in answers.values()) / samples
-                for k in ("local", "edge", "cloud")} if samples else {}
-    cal = (calibrate_counts(add_counts(tables), cost, s.tolerance, s.agreement) if tables
-           else None)
+                for k in exits} if samples else {}
+    total = add_counts(tables) if tables else None
+    # No calibration without a held-out frame (sites that held none out send empty tables).
+    cal = (calibrate_counts(total, cost, s.tolerance, s.agreement)
+           if total is not None and int(total["samples"][0]) > 0 else None)
     if cal is not None:
         accuracy["overall"] = cal.point.accuracy
     evaluation = {"sites": len(answers), "samples": int(samples), "accuracy": accuracy}

@@ -186,29 +186,32 @@ class Evaluation:
     """A model on a site's held-out split: what leaves the site after federated evaluation."""
 
     correct: dict[str, float]  # right answers per exit, and "samples"
-    counts: dict[str, np.ndarray]  # the calibration tables (calibration.exit_counts)
+    counts: dict[str, np.ndarray] | None  # the calibration tables (calibration.exit_counts)
     stacking_tables: dict[str, np.ndarray] | None  # where asked for and the bundle stacks
 
 
 def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201,
-             threads: int = 1, with_stacking_tables: bool = False) -> Evaluation:
-    """Correct answers per exit on ``ds`` and the calibration tables of the model, each tier
-    answering with the architecture's stacking; with ``with_stacking_tables``, also the tables
-    that refit that stacking (``models.calibrate.stacking_tables``, of the tiers' own
-    answers)."""
+             threads: int = 1, with_stacking_tables: bool = False,
+             with_counts: bool = True) -> Evaluation:
+    """Correct answers per exit on ``ds`` and (unless ``with_counts`` is False: a round's
+    check of its starting model) the calibration tables of the model, each tier answering with
+    the architecture's stacking; with ``with_stacking_tables``, also the tables that refit
+    that stacking (``models.calibrate.stacking_tables``, of the tiers' own answers)."""
     from ddnn.models.calibrate import stacking_tables
 
     torch.set_num_threads(threads)
     model = build_model(arch)
     set_weights(model, weights)
     own = predict(model, ds)
-    if model.escalated is not None:  # level 1 costs the details as the devices send them
-        own["detail_bytes"] = detail_bytes(model, ds, own["device"])
     stacking = stacking_of(arch)
     logits = stacking.apply(own) if stacking is not None else own  # as the bundle answers
-    correct = {k: float((logits[k].argmax(-1) == ds.label).sum()) for k in ("local", "edge",
-                                                                            "cloud")}
-    counts = exit_counts(logits, ds.label, ds.present, grid)
+    correct = {k: float((logits[k].argmax(-1) == ds.label).sum())
+               for k in ("local", "edge", "cloud", "escalated") if k in logits}
+    counts = None
+    if with_counts:
+        if model.escalated is not None:  # level 1 costs the details as the devices send them
+            logits["detail_bytes"] = detail_bytes(model, ds, own["device"])
+        counts = exit_counts(logits, ds.label, ds.present, grid)
     tables = (stacking_tables(own, ds.label) if with_stacking_tables and stacking is not None
               else None)
     return Evaluation({**correct, "samples": float(ds.num_samples)}, counts, tables)

@@ -132,7 +132,7 @@ class EvaluatingGrid(FlakyGrid):
             content = RecordDict({
                 METRICS: MetricRecord({"samples": float(len(labels)), **{
                     k: float((answers[k].argmax(1) == labels).sum())
-                    for k in ("local", "edge", "cloud")}}),
+                    for k in ("local", "edge", "cloud", "escalated") if k in answers}}),
                 COUNTS: to_record(exit_counts(answers, labels, present, 11))})
             if config.get("stacking-tables") and node not in self.old:
                 content[STACKING] = to_record(stacking_tables(own, labels))
@@ -194,6 +194,7 @@ def test_an_escalating_bundle_is_calibrated_at_level_1_from_the_sites_tables(cap
     expected = calibrate_counts(add_counts([exit_counts(pooled, labels, np.ones((800, 3), bool),
                                                         11)]), cost)
     assert cal.point == expected.point and cal.point.level == 1 and evaluation["sites"] == 2
+    assert evaluation["accuracy"]["escalated"] == (pooled["escalated"].argmax(1) == labels).mean()
     assert cal.point.bytes_per_frame > 6 * 3 + 200  # some frames' details counted
 
     liar = _tampered("counts", lambda c: {**c, "details_1": c["details_1"] + 10**6})
@@ -307,6 +308,16 @@ def test_an_evaluation_whose_numbers_cannot_be_true_is_left_out(tamper, caplog):
     own, labels, present = sites[1]
     assert cal.point == calibrate_counts(add_counts([exit_counts(own, labels, present, 11)]),
                                          cost).point
+
+
+def test_sites_that_held_no_frame_out_leave_the_thresholds_as_they_were():
+    """Tables of no held-out frame pass the checks (honest: a site with too little data holds
+    none out) but cannot calibrate anything: the federation keeps the bundle's thresholds."""
+    sites, _, _ = _evaluating_sites()
+    empty = {n: ({k: v[:0] for k, v in own.items()}, y[:0], p[:0])
+             for n, (own, y, p) in sites.items()}
+    cal, _, evaluation, _ = _evaluate(EvaluatingGrid(empty), {**ARCH, "stacking": None})
+    assert cal is None and evaluation == {"sites": 2, "samples": 0, "accuracy": {}}
 
 
 def test_honest_odd_answers_are_kept_and_a_changed_second_answer_is_not(caplog):

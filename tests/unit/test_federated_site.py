@@ -101,17 +101,26 @@ def test_summed_site_tables_of_an_escalating_bundle_choose_the_level_central_cal
 
 @pytest.mark.parametrize(("change", "why"), [
     (lambda c: {**c, "details_1": c["details_1"] + 10**6}, "more detail bytes"),
+    # Within the views past the local exit, but more than the frames past both exits send.
+    (lambda c: {**c, "details_1": np.repeat(c["past_local_views"][:, None] * 384, 21, 1)},
+     "more detail bytes"),
+    # Small integer types (honest values): checked, not overflowed (a crash, before).
+    (lambda c: {**{k: v.astype(np.uint8) for k, v in c.items()}, "details_1": c["details_1"]
+                + 10**6}, "more detail bytes"),
     (lambda c: {**c, "correct_1": c["correct_1"] + 10**4}, "more frames"),
     (lambda c: {**c, "escalated_correct": c["escalated_correct"] * 100}, "more frames"),
     (lambda c: {**c, "details_1": c["details_1"] - 10**6}, "out of range"),
     (lambda c: {**c, "details_1": c["details_1"].astype(np.float64)}, "whole numbers"),
     (lambda c: {k: v for k, v in c.items() if k != "agree_edge_1"}, "some level-1 tables"),
-], ids=["details-beyond", "right-beyond", "escalated-beyond", "negative", "fractions",
-        "some-level-1"])
+], ids=["details-beyond", "details-beyond-past-both", "small-ints", "right-beyond",
+        "escalated-beyond", "negative", "fractions", "some-level-1"])
 def test_level_1_tables_that_cannot_be_true_are_refused(change, why):
     rng = np.random.default_rng(6)
     counts = exit_counts(*_escalating(rng, 80), 21)
     assert counts_problem(counts, 21, 3, 384) is None
+    assert counts_problem({k: v.astype(np.uint8) for k, v in counts.items()
+                           if k != "details_1"} | {"details_1": counts["details_1"]}, 21, 3,
+                          384) is None  # honest, in small integer types
     assert why in counts_problem(change(counts), 21, 3, 384)
     # Level-1 tables from a site of a bundle that cannot escalate.
     assert "does not escalate" in counts_problem(counts, 21, 3, 0)
