@@ -140,7 +140,9 @@ def _report(args, result: dict) -> int:
           f"({'signed' if result.get('signed') else 'unsigned'}); {result['rounds']} rounds, "
           f"{result['communicated_bytes'] / 1e6:.2f} MB of model arrays; held-out accuracy "
           f"on {ev.get('samples', 0)} samples: "
-          + ", ".join(f"{k} {v:.3f}" for k, v in acc.items()), file=sys.stderr)
+          + ", ".join(f"{k} {v:.3f}" for k, v in acc.items())
+          + (f"; answers at escalation level {result['escalation_level']}"
+             if "escalation_level" in result else ""), file=sys.stderr)
     return 0
 
 

@@ -289,6 +289,7 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
             "version": bundle.manifest.version, "bundle": str(bundle.path),
             "strategy": s.strategy, "evaluation": evaluation,
             "thresholds": dict(bundle.manifest.thresholds),
+            "escalation_level": bundle.manifest.escalation_level,
             "seconds": round(time.perf_counter() - started, 2)}
 
 

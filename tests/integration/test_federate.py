@@ -93,6 +93,7 @@ def test_fedavg_on_one_machine_improves_the_bundle_and_signs_the_next_version(fe
     assert fed["strategy"] == "fedavg" and len(fed["history"]) == 2
     assert bundle.manifest.calibration["federated"] is True
     assert bundle.manifest.calibration["samples"] == 72  # the two sites' held-out 20 %
+    assert result["escalation_level"] == bundle.manifest.escalation_level == 0  # no escalation
     # The stacking was refitted on the sites' held-out splits, and the bundle answers with it.
     refit = fed["evaluation"]["stacking"]
     assert refit["refit"] is True and refit["changed"] is True and refit["sites"] == 2
