@@ -30,6 +30,16 @@ a moderate drift slowly. What the local exit does at its configured threshold is
 every frame, free: when the share it takes over the last :data:`PROBE` frames moves more than
 :data:`SHIFT` from the share before, the window starts afresh (the frames before describe
 another domain) and every early exit is audited for the next :data:`INVESTIGATE` frames.
+
+A shifting share cannot blind the monitor (a scene that alternates, or a stream shaped to shift
+every :data:`PROBE` frames, would otherwise restart the window before it spans the
+:data:`MIN_FRAMES` a decision needs, forever, and keep every early exit audited): once nothing
+has been decided for :data:`DEFER` frames, the window reaches back :data:`MIN_FRAMES` frames
+whatever restarted it, and the frames audited so far decide; a shift during an investigation
+extends it to at most twice its length, and the next one starts no sooner than
+:data:`INVESTIGATION_GAP` frames after the last one began (at most two thirds of the frames are
+investigated, however the share moves). Shifts that start no investigation are counted
+(``ignored_shifts``).
 """
 
 from __future__ import annotations
@@ -51,6 +61,10 @@ RELAX_STEP = 0.05  # how far a threshold may relax at one decision
 GRID = np.round(np.arange(101) * 0.01, 2)  # the thresholds adapting chooses from
 PROBE, SHIFT, INVESTIGATE = 50, 0.2, 300  # the investigation of a shift (see above)
 INVESTIGATION_RATE = 1.0  # the audit rate while investigating: every early exit
+# Frames from the start of one investigation to the next at the soonest (one lasts at most
+# 2 x INVESTIGATE): a bound on the audits a shifting share can cause.
+INVESTIGATION_GAP = 3 * INVESTIGATE
+DEFER = 2 * MIN_FRAMES  # frames without a decision after which restarts no longer shrink it
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -260,6 +274,9 @@ class AgreementMonitor:
         self.raised_at: int | None = None  # the frame count when the alarm last rose
         self.frames = 0  # frames counted so far: the window's clock
         self.shifts = 0  # investigations started
+        self.ignored_shifts = 0  # shifts that started no investigation
+        self._decided_at = 0  # the frame count when the window last spanned enough to decide
+        self._investigated_at: int | None = None  # the frame count of the last investigation
         self.last: Decision | None = None
         self._since = 0  # the window starts after this frame (an investigation restarts it)
         self._investigate_until = 0
@@ -280,9 +297,20 @@ class AgreementMonitor:
         """Count one frame; ``local_entropy``: its local exit's (None where the edge has none)."""
         self.frames += 1
         if local_entropy is not None and self._share.frame(local_entropy < self.configured.local):
+            self._shifted()
+
+    def _shifted(self) -> None:
+        """The local exit's share moved: a fresh window and an investigation, within bounds."""
+        self._since = max(self.frames - PROBE, self._since)
+        start = self._investigated_at
+        if start is None or self.frames - start >= INVESTIGATION_GAP:
             self.shifts += 1
-            self._since = max(self.frames - PROBE, self._since)
+            self._investigated_at = self.frames
             self._investigate_until = self.frames + INVESTIGATE
+        elif self.investigating:
+            self._investigate_until = min(self.frames + INVESTIGATE, start + 2 * INVESTIGATE)
+        else:
+            self.ignored_shifts += 1
 
     def observe(self, o: Observation) -> bool:
         """One frame the cloud checked; True when a decision is due (:meth:`window`,
@@ -294,10 +322,15 @@ class AgreementMonitor:
     def window(self) -> tuple[list[Observation], int]:
         """A copy of the window's observations, and how many frames it spans."""
         start = max(self.frames - self.policy.window, self._since)
+        if self.frames - self._decided_at >= DEFER:  # restarts kept it from deciding: no more
+            start = max(min(start, self.frames - MIN_FRAMES), 0)
         while self._rows and self._rows[0][0] <= start:
             self._rows.popleft()
         self._new = 0
-        return [o for _, o in self._rows], self.frames - start
+        span = self.frames - start
+        if span >= MIN_FRAMES:
+            self._decided_at = self.frames  # (decide runs on this window next)
+        return [o for _, o in self._rows], span
 
     def decide(self, rows: Sequence[Observation], span: int) -> Decision:
         """What the window says; nothing changes until :meth:`apply`."""

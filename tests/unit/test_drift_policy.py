@@ -106,3 +106,57 @@ def test_a_shift_in_the_local_share_audits_every_early_exit_for_a_while():
     for _ in range(60):
         m.frame(0.9)  # and then none
     assert m.shifts == 1 and m.investigating and m.audit_rate == INVESTIGATION_RATE
+
+
+def audited_stream(m, n, rng, *, early_share, wrong_when_early, rate_of=None):
+    """``n`` frames through ``m`` as the edge samples them: a frame the local exit takes (its
+    entropy under the configured threshold) is observed with the monitor's audit rate of the
+    moment (weight 1/rate), every other frame is forwarded (weight 1). An early answer
+    disagrees with the cloud with chance ``wrong_when_early``. Returns the early exits audited.
+    ``early_share(i)``: the local exit's share at frame i."""
+    audits = 0
+    for i in range(n):
+        early = rng.random() < early_share(i)
+        e = float(rng.uniform(0.0, 0.5) if early else rng.uniform(0.5, 1.0))
+        m.frame(e)
+        if early:
+            rate = m.audit_rate
+            if rng.random() >= rate:
+                continue
+            audits += 1
+            o = Observation(e, not rng.random() < wrong_when_early, 0.9, True, 1.0 / rate)
+        else:
+            o = Observation(e, True, 0.2, True, 1.0)
+        if m.observe(o):
+            m.apply(m.decide(*m.window()))
+    return audits
+
+
+def test_a_share_that_keeps_shifting_cannot_postpone_the_alarm():
+    # The local exit's share toggles every 50 frames (0.9 <-> 0.4), so each 50 frames look like
+    # a new domain; 30 % of the early answers are wrong. Restarting the window at every shift
+    # kept it under the 100 frames a decision needs: no alarm, ever, and every early exit
+    # audited. Now restarts stop shrinking a window that has not decided for a while.
+    for seed in range(3):
+        rng = np.random.default_rng(5 + seed)
+        m = AgreementMonitor(DriftPolicy(audit_rate=0.1), CONFIGURED)
+        audits = audited_stream(m, 2000, rng, wrong_when_early=0.3,
+                                early_share=lambda i: 0.9 if (i // 50) % 2 == 0 else 0.4)
+        assert m.alarm, seed
+        # Investigations (every early exit audited) are bounded: one per 900 frames, 600 long.
+        assert m.ignored_shifts > 5 and m.shifts <= 3, seed
+        assert audits < 0.8 * 2000 * 0.65, seed
+
+
+def test_a_domain_change_still_raises_the_alarm_within_300_frames():
+    # 1000 frames of the home domain (the local exit takes 80 %, all right), then the cameras
+    # see another: the local exit takes 50 %, and 15 % of its answers are wrong. At an audit
+    # rate of 0.2 and the default budget (1 %), the shift's investigation sees it quickly.
+    for seed in range(10):
+        rng = np.random.default_rng(100 + seed)
+        m = AgreementMonitor(DriftPolicy(audit_rate=0.2), CONFIGURED)
+        audited_stream(m, 1000, rng, early_share=lambda i: 0.8, wrong_when_early=0.0)
+        assert not m.alarm, seed
+        audited_stream(m, 300, rng, early_share=lambda i: 0.5, wrong_when_early=0.15)
+        assert m.alarm and m.raised_at > 1000, seed
+        assert m.shifts >= 1
