@@ -32,6 +32,7 @@ from ddnn.bundle import Manifest
 from ddnn.codec import MAX_ELEMENTS, FeatureCodec
 from ddnn.errors import CodecError
 from ddnn.exits import entropy_of_logits
+from ddnn.hierarchy import cloud_exit
 from ddnn.oip import (
     DATATYPES,
     DEVICE_DETAIL,
@@ -150,10 +151,10 @@ class ServedModel:
             batch = x.shape[0]
             if x.dtype.kind == "f" and not np.isfinite(x).all():
                 raise OipError(f"input {meta.name!r} holds NaN or infinite values")
+            _check_range(meta, x)
             arrays[meta.name] = x
         if not batch:
             raise OipError("a request must hold at least one sample (batch size 0)")
-        self._check(arrays)
         if request.outputs is not None:
             names = {t.name for t in self.outputs}
             for name in request.outputs:
@@ -161,9 +162,6 @@ class ServedModel:
                     raise OipError(f"model {self.name} has no output {name!r}; its outputs are "
                                    f"{sorted(names)}")
         return self._unpack(arrays), batch
-
-    def _check(self, arrays: dict[str, np.ndarray]) -> None:
-        """Checks of a kind beyond names, datatypes and shapes."""
 
     def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The inputs as ``predict`` takes them (one form per kind, so requests batch together)."""
@@ -175,6 +173,12 @@ class ServedModel:
             scores = np.asarray(self._scores(inputs), dtype=np.float32)
         except CodecError as e:  # e.g. scores too large for a float16 link: the input's doing
             raise OipError(f"model {self.name} cannot process this input: {e}") from None
+        if not np.isfinite(scores).all():
+            # Finite inputs far outside what the network saw can overflow it; NaN scores have
+            # entropy -0.0 ("certain"), an answer worse than none.
+            raise OipError(f"model {self.name} cannot answer these inputs: its scores are not "
+                           "finite (values far outside what the bundle's codecs and images "
+                           "produce; each input's metadata gives its range where one holds)")
         return {"scores": scores, "entropy": entropy_of_logits(scores).astype(np.float32)}
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -193,11 +197,22 @@ class CloudModel(ServedModel):
     kind = "cloud"
 
     def _input_meta(self) -> tuple[TensorMeta, ...]:
-        sample = tuple(self.runtime.manifest.cloud.inputs[0].sample_shape)
-        return (TensorMeta(EDGE_FEATURES, "FP32", (-1, *sample)),)
+        m = self.runtime.manifest
+        sample = tuple(m.cloud.inputs[0].sample_shape)
+        return (TensorMeta(EDGE_FEATURES, "FP32", (-1, *sample),
+                           _ranged(m.codec["edge_features"])),)
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.runtime.cloud(inputs[EDGE_FEATURES])
+
+
+def _ranged(codec: str) -> dict[str, Any]:
+    """The metadata parameters of an input whose values a codec made: their ``range``."""
+    r = FeatureCodec(codec).value_range
+    return {} if r is None else {"range": list(r)}
+
+
+IMAGE_RANGE = {"range": [0.0, 1.0]}  # the bundle's input range (the dataset file's)
 
 
 class CloudPackedModel(CloudModel):
@@ -242,22 +257,28 @@ class FullModel(ServedModel):
 
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         m = self.runtime.manifest
-        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape)),
+        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape), IMAGE_RANGE),
                 TensorMeta("present", "BOOL", (-1, m.views)))
 
-    def _check(self, arrays: dict[str, np.ndarray]) -> None:
-        _check_images("views", arrays["views"])
-
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
-        # (answers only: no byte counts, which would code every view's detail per request)
-        return self.runtime.all_exits(inputs["views"], inputs["present"],
-                                      detail_bytes=False)["cloud"]
+        # The hierarchy's cloud exit at the escalation level its calibration chose (level 1:
+        # the escalated cloud, with every sender's detail), as ``ddnn evaluate`` reports it.
+        # (Answers only: no byte counts, which would code every view's detail per request.)
+        exits = self.runtime.all_exits(inputs["views"], inputs["present"], detail_bytes=False)
+        return cloud_exit(exits, self.runtime.manifest.escalation_level)
 
 
-def _check_images(name: str, x: np.ndarray) -> None:
-    if x.size and (x.min() < 0.0 or x.max() > 1.0):
-        raise OipError(f"input {name!r} must hold image values in [0, 1] (the bundle's input "
-                       "range)")
+def _check_range(meta: TensorMeta, x: np.ndarray) -> None:
+    """Values outside the input's listed ``range`` (what the bundle's codecs or images can
+    produce) are refused: far outside it the network's answer means nothing, or overflows."""
+    bounds = meta.parameters.get("range")
+    if bounds is None or not x.size:
+        return
+    lo, hi = bounds
+    if x.min() < lo or x.max() > hi:
+        raise OipError(f"input {meta.name!r} must hold values in [{lo:g}, {hi:g}] (what the "
+                       f"bundle's {'images' if bounds == IMAGE_RANGE['range'] else 'codec'} "
+                       "can produce; the metadata's parameters.range)")
 
 
 class EscalatedModel(ServedModel):
@@ -274,8 +295,11 @@ class EscalatedModel(ServedModel):
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         seg = self.runtime.manifest.escalated
         assert seg is not None  # serves() said so
-        return (TensorMeta(EDGE_FEATURES, "FP32", (-1, *seg.input(EDGE_FEATURES).sample_shape)),
-                TensorMeta(DEVICE_DETAIL, "FP32", (-1, *seg.input(DEVICE_DETAIL).sample_shape)))
+        codec = self.runtime.manifest.codec
+        return (TensorMeta(EDGE_FEATURES, "FP32", (-1, *seg.input(EDGE_FEATURES).sample_shape),
+                           _ranged(codec["edge_features"])),
+                TensorMeta(DEVICE_DETAIL, "FP32", (-1, *seg.input(DEVICE_DETAIL).sample_shape),
+                           _ranged(codec["device_detail"])))
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.runtime.runner("escalated")(edge_features=inputs[EDGE_FEATURES],
@@ -294,10 +318,7 @@ class RawModel(ServedModel):
 
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         m = self.runtime.manifest
-        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape)),)
-
-    def _check(self, arrays: dict[str, np.ndarray]) -> None:
-        _check_images("views", arrays["views"])
+        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape), IMAGE_RANGE),)
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.runtime.scores(inputs["views"])

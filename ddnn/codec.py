@@ -80,6 +80,17 @@ class FeatureCodec:
             return _SCALE.size + n
         return n * (2 if self.kind == "float16" else 4)
 
+    @property
+    def value_range(self) -> tuple[float, float] | None:
+        """The interval every value this codec decodes to lies in, or None where only
+        finiteness bounds it (int8, whose float32 scale is the sender's, and float32)."""
+        if self.kind == "binary" or self.kind in LEVEL_BITS:
+            return (-1.0, 1.0)
+        if self.kind == "float16":
+            top = float(np.finfo(np.float16).max)
+            return (-top, top)
+        return None
+
     def row_bytes(self, shape: tuple[int, ...]) -> int:
         """Bytes one row (the last axis) of a packed tensor of ``shape`` takes, or 0 where it
         has no rows or a row does not end on a byte (int8's rows sit after its 4-byte scale)."""

@@ -52,8 +52,9 @@ def test_server_health_and_metadata(cloud_tiny_url, tiny_bundle):
     cloud = get("/v2/models/tiny-cloud").json()
     assert cloud["versions"] == ["1"] and cloud["platform"] == "onnxruntime_onnx"
     sample = list(m.cloud.inputs[0].sample_shape)
+    # (binary edge features decode to ±1: the range a generic client keeps to)
     assert cloud["inputs"] == [{"name": "edge_features", "datatype": "FP32",
-                                "shape": [-1, *sample]}]
+                                "shape": [-1, *sample], "parameters": {"range": [-1.0, 1.0]}}]
     outputs = [{"name": "scores", "datatype": "FP32", "shape": [-1, 3]},
                {"name": "entropy", "datatype": "FP32", "shape": [-1]}]
     assert cloud["outputs"] == outputs
@@ -65,7 +66,8 @@ def test_server_health_and_metadata(cloud_tiny_url, tiny_bundle):
                         "unpacked_datatype": "FP32", "unpacked_shape": [-1, *sample]}}]
     assert packed["outputs"] == outputs
     full = get("/v2/models/tiny-full/versions/1").json()
-    assert full["inputs"] == [{"name": "views", "datatype": "FP32", "shape": [-1, 3, 3, 16, 16]},
+    assert full["inputs"] == [{"name": "views", "datatype": "FP32", "shape": [-1, 3, 3, 16, 16],
+                               "parameters": {"range": [0.0, 1.0]}},
                               {"name": "present", "datatype": "BOOL", "shape": [-1, 3]}]
     assert get("/v2/models/tiny-full/ready").json()["ready"] is True
     assert get("/v2/models/tiny-cloud/versions/1/ready").status_code == 200

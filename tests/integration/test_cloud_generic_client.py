@@ -90,3 +90,59 @@ def test_a_client_that_knows_only_the_url_gets_an_answer_from_every_model(cloud_
                                                "tiny-raw", "esc-cloud", "esc-escalated"}
     finally:
         client.close()
+
+
+@pytest.fixture(scope="module")
+def escalating_url(kinds_repository, tmp_path_factory):
+    """A cloud serving only an escalating bundle whose calibration chose level 1."""
+    from ddnn.cloud.server import run_server
+    from ddnn.cloud.settings import CloudSettings
+    from tests.support.cloud import cloud_wait_ready
+    from tests.support.data import at_level
+
+    root = tmp_path_factory.mktemp("level1")
+    at_level(kinds_repository / "esc", root / "esc", 1)
+    settings = CloudSettings(repository=root, host="127.0.0.1", port=0, poll_interval=0)
+    with run_server(settings) as running:
+        cloud_wait_ready(running.url)
+        yield running.url, root / "esc"
+
+
+def test_the_full_model_answers_as_evaluates_cloud_exit_at_the_escalation_level(
+        escalating_url, tiny_data):
+    # An unmodified tritonclient on the raw-offload path ({name}-full) gets the hierarchy's
+    # best: the cloud exit at the bundle's calibrated escalation level, as `ddnn evaluate`
+    # reports it (it answered at level 0 before: below the hierarchy).
+    import tritonclient.http as httpclient
+
+    from ddnn.bundle import load_bundle
+    from ddnn.dataset import load_dataset
+    from ddnn.runtime import BundleRuntime
+    from ddnn.tools.evaluate import evaluate
+
+    url, bundle = escalating_url
+    report = evaluate(bundle, tiny_data.test)
+    assert report["escalation"]["level"] == 1
+    ds = load_dataset(tiny_data.test, num_classes=3)
+    client = httpclient.InferenceServerClient(url.removeprefix("http://"))
+    try:
+        answered = []
+        for start in range(0, len(ds.X), 32):
+            views = np.ascontiguousarray(ds.X[start:start + 32], np.float32)
+            present = np.ascontiguousarray(ds.present[start:start + 32])
+            inputs = [httpclient.InferInput("views", list(views.shape), "FP32"),
+                      httpclient.InferInput("present", list(present.shape), "BOOL")]
+            inputs[0].set_data_from_numpy(views)
+            inputs[1].set_data_from_numpy(present)
+            answered.append(client.infer("esc-full", inputs).as_numpy("scores"))
+    finally:
+        client.close()
+    scores = np.concatenate(answered)
+    seen = ds.present.any(axis=1)
+    accuracy = float((np.argmax(scores, axis=1) == ds.label)[seen].mean())
+    assert accuracy == pytest.approx(report["accuracy"]["cloud"], abs=1e-9)
+    assert report["accuracy"]["cloud"] == report["escalation"]["cloud_accuracy"][1]
+    # The scores themselves are the escalated exit's, not the plain cloud's.
+    exits = BundleRuntime(load_bundle(bundle)).run_dataset(ds.X, ds.present)
+    np.testing.assert_allclose(scores, exits["escalated"], rtol=1e-4, atol=1e-4)
+    assert not np.allclose(scores, exits["cloud"], rtol=1e-4, atol=1e-4)

@@ -157,6 +157,37 @@ def test_the_escalated_model_needs_both_inputs(url, kinds_repository):
     assert r.status_code == 400 and "needs input 'device_detail'" in r.json()["error"]
 
 
+def test_finite_but_huge_inputs_get_a_400_never_nan_scores(url, kinds_repository):
+    # Round 3 found {name}-escalated answering 200 with NaN scores and entropy -0.0
+    # ("certain") for finite but huge inputs. Inputs a codec bounds are range-checked against
+    # the metadata's parameters.range; any other input whose scores overflow is refused too.
+    m = load_bundle(kinds_repository / "esc").manifest
+    meta = httpx.get(f"{url}/v2/models/esc-escalated").json()
+    ranges = {t["name"]: t.get("parameters", {}).get("range") for t in meta["inputs"]}
+    assert ranges["device_detail"] == [-1.0, 1.0]  # its detail codec's levels
+    seg = m.escalated
+    features = np.full((2, *seg.input("edge_features").sample_shape), 1e30, np.float32)
+    detail = np.full((2, *seg.input("device_detail").sample_shape), 1e30, np.float32)
+    r = _infer(url, "esc-escalated", edge_features=features, device_detail=detail)
+    assert r.status_code == 400 and "must hold values in [-1, 1]" in r.json()["error"]
+    # The default edge codec (int8) bounds nothing but finiteness: 1e30 features overflow the
+    # cloud segment, and the answer is a 400, not NaN scores.
+    assert ranges["edge_features"] is None and m.codec["edge_features"] == "int8"
+    r = _infer(url, "esc-cloud", edge_features=features)
+    if r.status_code == 200:  # (a network that saturates instead answers finite scores)
+        assert np.isfinite(_scores(r)).all()
+    else:
+        assert r.status_code == 400 and "not finite" in r.json()["error"], r.text
+    huge = np.full_like(features, 3.0e38)
+    huge[:, ::2] *= -1  # (+inf and -inf inside the segment: NaN scores)
+    r = _infer(url, "esc-cloud", edge_features=huge)
+    assert r.status_code == 400 and "not finite" in r.json()["error"], r.text
+    # The service keeps serving: a valid request still gets its answer.
+    ok = _infer(url, "esc-escalated", edge_features=np.zeros_like(features),
+                device_detail=np.zeros_like(detail))
+    assert np.isfinite(_scores(ok)).all()
+
+
 def test_the_raw_reference_is_served_beside_its_hierarchy(url, kinds_repository, tiny_data):
     reference = RawRuntime(load_bundle(kinds_repository / "tiny-raw", kind="raw"))
     ds = load_dataset(tiny_data.test, num_classes=reference.manifest.num_classes)

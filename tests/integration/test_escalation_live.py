@@ -18,25 +18,11 @@ from ddnn.exits import entropy_of_logits
 from ddnn.runtime import BundleRuntime
 from ddnn.tools.broker import start_broker
 from tests.support.cloud import real_cloud
-from tests.support.data import mixed_thresholds
+from tests.support.data import at_level, mixed_thresholds
 from tests.support.hierarchy import check_against_evaluate, replay
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
-
-
-def at_level(src: Path, dst: Path, level: int, views: int = 0,
-             stacking: dict | None = None) -> Path:
-    """A copy of an escalating bundle whose calibration chose ``level`` (and ``views``, and
-    ``stacking``: these weights instead of the fitted ones)."""
-    shutil.copytree(src, dst)
-    mf = dst / "manifest.json"
-    d = json.loads(mf.read_text())
-    d["escalation"] = {"level": level, "views": views}
-    if stacking is not None:
-        d["stacking"] = stacking
-    mf.write_text(json.dumps(d, indent=2))
-    return dst
 
 
 @pytest.fixture(scope="module")

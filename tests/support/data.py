@@ -202,3 +202,17 @@ def domain_change(path: Path, before: int, after: int, drifts=("lighting", "rota
     save_dataset(path, {k: (np.concatenate([p[k] for p in parts]) if k != "classes"
                             else parts[0][k]) for k in parts[0]})
     return path
+
+
+def at_level(src: Path, dst: Path, level: int, views: int = 0,
+             stacking: dict | None = None) -> Path:
+    """A copy of an escalating bundle whose calibration chose ``level`` (and ``views``, and
+    ``stacking``: these weights instead of the fitted ones)."""
+    shutil.copytree(src, dst)
+    mf = dst / "manifest.json"
+    d = json.loads(mf.read_text())
+    d["escalation"] = {"level": level, "views": views}
+    if stacking is not None:
+        d["stacking"] = stacking
+    mf.write_text(json.dumps(d, indent=2))
+    return dst
