@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
@@ -41,6 +41,10 @@ NO_EXIT = "none"  # the "exit" of a frame no view was fused in: nobody classifie
 MISSING_REASONS = ("absent", "late", "offline", "no_features", "refused")
 KEYS = ("frame", "class", "label", "exit", "entropy", "views", "missing", "partial", "degraded",
         "latency_ms")
+# ``seq``: the number the edge gives its answers in the order it makes them (every result the
+# edge publishes has one; a one-view device's own result, before the edge numbers it, has not).
+OPTIONAL_KEYS = ("seq",)
+MAX_SEQ = (1 << 53) - 1  # exact as a JSON number everywhere (JavaScript's Number)
 MAX_RESULT_BYTES = 64 << 10  # a result lists at most a few hundred views; anything larger is junk
 # json.dumps(..., separators=...) builds an encoder per call; one result per frame reuses this.
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -63,10 +67,13 @@ class Result:
     missing: Mapping[str, str] = field(default_factory=dict)
     degraded: bool = False
     latency_ms: float = 0.0
+    seq: int | None = None  # the edge's answer number; None until the edge numbers it
 
     def __post_init__(self) -> None:
         if type(self.frame) is not int or self.frame < 0:
             raise ResultError("frame must be a non-negative integer")
+        if self.seq is not None and (type(self.seq) is not int or not 0 <= self.seq <= MAX_SEQ):
+            raise ResultError(f"seq must be an integer in 0..{MAX_SEQ}")
         if self.exit == NO_EXIT:
             self._check_unanswered()
         else:
@@ -118,7 +125,12 @@ class Result:
                 "entropy": None if self.entropy is None else round(float(self.entropy), 6),
                 "views": list(self.views),
                 "missing": dict(self.missing), "partial": self.partial,
-                "degraded": self.degraded, "latency_ms": round(float(self.latency_ms), 3)}
+                "degraded": self.degraded, "latency_ms": round(float(self.latency_ms), 3),
+                **({} if self.seq is None else {"seq": self.seq})}
+
+    def numbered(self, seq: int) -> Result:
+        """This result as the edge's answer number ``seq``."""
+        return replace(self, seq=seq)
 
     def to_json(self) -> bytes:
         return _ENCODER.encode(self.to_dict()).encode()
@@ -126,11 +138,12 @@ class Result:
     @classmethod
     def from_dict(cls, d: object) -> Result:
         """Parse and validate a result (a :class:`ResultError` says what is off)."""
-        if not isinstance(d, dict) or set(d) != set(KEYS):
-            raise ResultError(f"a result has exactly the keys {', '.join(KEYS)}")
+        if not isinstance(d, dict) or not set(KEYS) <= set(d) <= {*KEYS, *OPTIONAL_KEYS}:
+            raise ResultError(f"a result has exactly the keys {', '.join(KEYS)}, and "
+                              f"optionally {', '.join(OPTIONAL_KEYS)}")
         r = cls(frame=d["frame"], cls=d["class"], label=d["label"], exit=d["exit"],
                 entropy=d["entropy"], views=d["views"], missing=d["missing"],
-                degraded=d["degraded"], latency_ms=d["latency_ms"])
+                degraded=d["degraded"], latency_ms=d["latency_ms"], seq=d.get("seq"))
         if d["partial"] is not r.partial:
             raise ResultError("partial must be true exactly when a non-absent view is missing")
         return r
@@ -196,6 +209,11 @@ def json_schema() -> dict[str, Any]:
                          "description": "a tier the frame needed was unreachable"},
             "latency_ms": {"type": "number", "minimum": 0,
                            "description": "capture to result, milliseconds"},
+            "seq": {"type": "integer", "minimum": 0, "maximum": MAX_SEQ,
+                    "description": "the edge's number for this answer, increasing in the order "
+                                   "it answers (across its restarts): page and resume by it "
+                                   "(frame ids come out of order); on every result the edge "
+                                   "publishes"},
         },
         # Null class, label and entropy, and no view fused, exactly when nobody classified it.
         "if": {"properties": {"exit": {"const": NO_EXIT}}},

@@ -87,7 +87,7 @@ class EdgeAggregator:
                                         max_wait=s.max_wait, max_fps=s.max_fps,
                                         on_refused=conduct.refused, on_flag=conduct.flagged)
         self.pipeline = self._pipeline(runtime)
-        self.fanout = ResultFanout(sinks, metrics, s.expect_frames)
+        self.fanout = ResultFanout(sinks, metrics, s.expect_frames, state_dir=s.state_dir)
         self.recent, self.done = self.fanout.recent, self.fanout.done
         self.audit = (ExitAudit(s.drift, lambda: self.pipeline, **report_to(metrics, s.drift))
                       if s.drift.monitoring else ExitAudit.off())

@@ -1,7 +1,8 @@
 """The edge's HTTP side: ``/metrics``, health, recent results, and the devices' HTTP fallback.
 
-``GET /metrics`` (Prometheus text), ``GET /healthz``, ``GET /v1/results?after=N`` (recent
-results, for tools without MQTT), ``POST /v1/ingest`` (one message envelope, what a device
+``GET /metrics`` (Prometheus text), ``GET /healthz``, ``GET /v1/results?since=SEQ`` and
+``GET /v1/results/stream`` (the answers, for tools without MQTT: :mod:`ddnn.edge.results_feed`),
+``POST /v1/ingest`` (one message envelope, what a device
 publishes over MQTT) and ``POST /v1/results`` (a one-view device's own local-exit result).
 Standard library only: a threading server in a background thread.
 
@@ -13,9 +14,8 @@ post results: the edge answers their frames.
 The connections are bounded by :class:`ddnn.plumbing.http_server.BoundedHTTPServer` (at most
 ``max_connections``; one that waits on its client, for a request or to take a response, makes
 room for a new one and is closed after ten seconds), so ``/livez`` answers however clients
-misbehave. ``GET /v1/results`` answers a page of at most :data:`RESULTS_PAGE` results in frame
-order (``?after=N&limit=K``; a client pages on with the last frame it got), at most
-:data:`RESULTS_RATE` requests a second per client address (``429`` past that).
+misbehave. ``GET /v1/results``, its stream and ``/status`` take at most :data:`RESULTS_RATE`
+requests a second per client address (``429`` past that).
 With a certificate and key (``--http-cert-file``, ``--http-key-file``) every route is served
 over TLS (HTTPS) only.
 """
@@ -35,6 +35,12 @@ from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.credentials import ANY_DEVICE, HttpCredentials
 from ddnn.edge.device_results import Forbidden, check_device_result
 from ddnn.edge.health import EdgeHealth, health_check
+from ddnn.edge.results_feed import (
+    StreamSlots,
+    follow,
+    results_query,
+    stream_start,
+)
 from ddnn.envelope import DecodeError
 from ddnn.errors import ConfigError
 from ddnn.plumbing.http_server import BoundedHandler, BoundedHTTPServer, ConnectionEvents
@@ -45,9 +51,9 @@ from ddnn.result import ResultError
 log = logging.getLogger(__name__)
 
 MAX_CONNECTIONS = 64  # open connections at most (each holds a thread)
-RESULTS_PAGE = 100  # results per GET /v1/results at most (the ring keeps 1000)
-RESULTS_RATE = 50.0  # GET /v1/results per second and client address (a burst of twice that)
-MAX_FRAME = 2**63 - 1  # the largest frame id a cursor may name
+# GET /v1/results (and its stream, and /status: 10-50 ms of work each) per second and client
+# address (a burst of twice that).
+RESULTS_RATE = 50.0
 # Drop reasons that mean the sender is wrong (400); the others are normal in a live system.
 BAD_REQUEST = {"malformed", "shape", "oversized", "model", "deployment", "unknown_device"}
 
@@ -137,19 +143,8 @@ def _make_handler(agg: EdgeAggregator, credentials: HttpCredentials,
                   health: EdgeHealth | None, metrics: HttpMetrics) -> type[EdgeHandler]:
     return type("Handler", (EdgeHandler,), {
         "agg": agg, "credentials": credentials, "health": health, "metrics": metrics,
-        "results_rate": RateLimiter(RESULTS_RATE, burst=2 * RESULTS_RATE)})
-
-
-def results_query(query: str) -> tuple[int, int]:
-    """``(after, limit)`` of ``GET /v1/results``'s query; ValueError says what is wrong."""
-    q = urllib.parse.parse_qs(query)
-    after, limit = q.get("after", ["-1"])[-1], q.get("limit", [str(RESULTS_PAGE)])[-1]
-    # (length first: int() of a 4000-digit string is work an attacker chooses)
-    if len(after) > 20 or not after.lstrip("-").isdigit() or not -1 <= int(after) <= MAX_FRAME:
-        raise ValueError(f"after must be a frame id in -1..{MAX_FRAME}")
-    if len(limit) > 4 or not limit.isdigit() or not 1 <= int(limit) <= RESULTS_PAGE:
-        raise ValueError(f"limit must be in 1..{RESULTS_PAGE}")
-    return int(after), int(limit)
+        "results_rate": RateLimiter(RESULTS_RATE, burst=2 * RESULTS_RATE),
+        "streams": StreamSlots()})
 
 
 class EdgeHandler(BoundedHandler):
@@ -160,6 +155,7 @@ class EdgeHandler(BoundedHandler):
     health: EdgeHealth | None = None  # without one (a server made alone) the edge counts as able
     metrics: HttpMetrics
     results_rate: RateLimiter
+    streams: StreamSlots
 
     def log_message(self, format, *args):
         log.debug("%s " + format, self.address_string(), *args)
@@ -196,6 +192,8 @@ class EdgeHandler(BoundedHandler):
             check = health_check(agg, self.health, url.path)
             self.send(check.status(), check.body())
         elif url.path in ("/status", "/v1/status"):  # edge.status_page: for an operator
+            if not self._within_rate():
+                return
             data = status_page.status(agg, health_check(agg, self.health, "/readyz"))
             if url.path == "/status":
                 self.send(200, status_page.render(data), "text/html; charset=utf-8")
@@ -203,21 +201,65 @@ class EdgeHandler(BoundedHandler):
                 self._json(200, data)
         elif url.path == "/v1/results":
             self._results(url.query)
+        elif url.path == "/v1/results/stream":
+            self._stream(url.query)
         else:
             self._json(404, {"error": f"no route {url.path}"})
 
+    def _within_rate(self) -> bool:
+        """True, or a 429 was sent: this client asked too often."""
+        if self.results_rate.allow(self.client_address[0]):
+            return True
+        self.metrics.refused.inc(reason="rate")
+        self._json(429, {"error": f"over {RESULTS_RATE:g} requests a second"},
+                   {"Retry-After": "1"})
+        return False
+
     def _results(self, query: str) -> None:
-        if not self.results_rate.allow(self.client_address[0]):
-            self.metrics.refused.inc(reason="rate")
-            self._json(429, {"error": f"over {RESULTS_RATE:g} requests a second"},
-                       {"Retry-After": "1"})
+        if not self._within_rate():
             return
         try:
-            after, limit = results_query(query)
+            q = results_query(query)
         except ValueError as e:
             self._json(400, {"error": str(e)})
             return
-        self._json(200, self.agg.recent.after(after, limit))
+        if q.since is not None:
+            self._json(200, self.agg.recent.since(q.since, q.limit).to_dict())
+        else:
+            self._json(200, self.agg.recent.after(q.after, q.limit))
+
+    def _stream(self, query: str) -> None:
+        """Server-Sent Events of the answers (:func:`ddnn.edge.results_feed.follow`)."""
+        if not self._within_rate():
+            return
+        try:
+            since = stream_start(query, self.headers.get("Last-Event-ID"), self.agg.recent)
+        except ValueError as e:
+            self._json(400, {"error": str(e)})
+            return
+        if not self.streams.take():
+            self.metrics.refused.inc(reason="streams")
+            self._json(503, {"error": "too many result streams; retry later"},
+                       {"Retry-After": "5"})
+            return
+        try:
+            self.close_connection = True  # the stream ends with the connection
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Cache-Control", "no-store")
+            self.server.waiting(self.connection)  # a stream waits on its reader, always
+            self.end_headers()
+
+            def write(data: bytes) -> None:
+                self.server.waiting(self.connection)  # a reader that stops reading is cut off
+                self.wfile.write(data)
+                self.wfile.flush()
+
+            follow(self.agg.recent, since, write, lambda: not self.server.closing.is_set())
+        except OSError:
+            pass  # the reader left, or was cut off
+        finally:
+            self.streams.give_back()
 
     def do_POST(self) -> None:
         sender = self._sender()

@@ -119,6 +119,7 @@ class EdgeSettings:
     results_out: Path | None = None  # also append every result to this JSON-lines file
     results_url: str | None = None  # also POST every result to this URL (edge.callback)
     results_token: str | None = None
+    state_dir: Path | None = None  # what the edge keeps across restarts (its answer numbers)
     expect_frames: int | None = None  # stop after this many results (replays, tests, demos)
     keepalive: int = 10  # MQTT keepalive seconds
     reconnect_max: int = 30  # cap of the reconnection backoff, seconds
@@ -288,6 +289,10 @@ OPTIONS = (
            "also POST every result as JSON to this http(s) URL (an application's web hook); "
            "results wait in a bounded queue while it is unreachable"),
     Option("results-token", str, "TOKEN", "bearer token sent to --results-url", secret=True),
+    Option("state-dir", path, "DIR",
+           "a writable directory for what the edge keeps across restarts: the answer numbers "
+           "(seq) are reserved there, so they keep increasing after a crash or a restart; "
+           "unset: they start from the clock (microseconds), which holds unless it steps back"),
     Option("expect-frames", int, "N",
            "exit after answering this many frames (replays, tests, demos)"),
     Option("keepalive", int, "SECONDS", "MQTT keepalive seconds"),

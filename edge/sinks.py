@@ -9,15 +9,21 @@ sink sees the same sequence.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import heapq
+import logging
+import os
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.edge.callback import ResultsCallback
-from ddnn.result import Result
+from ddnn.result import Result, ResultError
 from ddnn.topics import DELIVERY
+
+log = logging.getLogger(__name__)
 
 
 class ResultSink:
@@ -75,28 +81,103 @@ class CallbackSink(ResultSink):
         self.callback.stop()
 
 
+@dataclass(frozen=True)
+class ResultsPage:
+    """The answers after a ``seq``, as ``GET /v1/results?since=SEQ`` gives them."""
+
+    results: list[dict]  # in seq order
+    oldest: int | None  # the oldest seq kept (None: nothing kept yet)
+    latest: int | None  # the newest seq kept
+    gap: bool  # answers after ``since`` were dropped from the ring before they were read
+
+    def to_dict(self) -> dict:
+        return {"results": self.results, "oldest_seq": self.oldest, "latest_seq": self.latest,
+                "gap": self.gap}
+
+
 class RecentResults(ResultSink):
-    """The last ``size`` results, for ``GET /v1/results`` and for tests."""
+    """The last ``size`` results, in the order the edge answered them (their ``seq``), for
+    ``GET /v1/results`` (and its stream) and for tests."""
 
     def __init__(self, size: int = 1000):
         # Results as they are (immutable): made into dicts when read, not for every frame.
         self._ring: collections.deque[Result] = collections.deque(maxlen=size)
-        self._lock = threading.Lock()
+        self._changed = threading.Condition()  # guards the ring; notified on every result
 
     def publish(self, result: Result) -> None:
-        with self._lock:
+        with self._changed:
             self._ring.append(result)
+            self._changed.notify_all()
 
     def all(self) -> list[dict]:
         """The kept results, oldest first."""
-        with self._lock:
+        with self._changed:
             kept = list(self._ring)
         return [r.to_dict() for r in kept]
 
+    def since(self, seq: int, limit: int | None = None) -> ResultsPage:
+        """The kept answers numbered after ``seq``, in seq order: the first ``limit`` of them
+        (all without one), and whether some after ``seq`` are no longer kept (``gap``)."""
+        with self._changed:
+            kept = list(self._ring)
+        numbered = [r for r in kept if r.seq is not None]
+        start = bisect.bisect_right(numbered, seq, key=_seq)
+        page = numbered[start:] if limit is None else numbered[start:start + limit]
+        oldest = numbered[0].seq if numbered else None
+        latest = numbered[-1].seq if numbered else None
+        # A consumer further behind than the ring is told so, never handed a silent gap.
+        gap = oldest is not None and seq + 1 < oldest
+        return ResultsPage([r.to_dict() for r in page], oldest, latest, gap)
+
+    def keep(self, path: Path) -> None:
+        """Write the kept results to ``path`` (JSON lines, atomically), for :meth:`restore`."""
+        with self._changed:
+            kept = list(self._ring)
+        tmp = path.with_suffix(".tmp")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.writelines(r.to_json().decode() + "\n" for r in kept)
+            os.replace(tmp, path)
+        except OSError as e:  # the results went out already: only a late reader loses them
+            log.error("cannot keep the recent results in %s: %s", path, e)
+
+    def restore(self, path: Path, below: int) -> None:
+        """Take back the results :meth:`keep` wrote (those numbered below ``below``, this
+        run's first; a line that is not a valid result is skipped)."""
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines()
+        except FileNotFoundError:
+            return
+        except (OSError, UnicodeDecodeError) as e:
+            log.error("cannot read the recent results in %s: %s", path, e)
+            return
+        restored, last = [], -1
+        for line in lines[-(self._ring.maxlen or len(lines)):]:
+            try:
+                r = Result.from_json(line)
+            except ResultError:
+                continue
+            if r.seq is not None and last < r.seq < below:  # (in order, never this run's)
+                restored.append(r)
+                last = r.seq
+        with self._changed:
+            self._ring.extendleft(reversed(restored))
+        if restored:
+            log.info("%d recent results of the edge's previous run taken back from %s",
+                     len(restored), path)
+
+    def wait_after(self, seq: int, timeout: float) -> bool:
+        """Wait until an answer numbered after ``seq`` is kept (True), at most ``timeout``."""
+        with self._changed:
+            return self._changed.wait_for(
+                lambda: bool(self._ring) and (self._ring[-1].seq or 0) > seq, timeout)
+
     def after(self, frame: int, limit: int | None = None) -> list[dict]:
         """The kept results of frames after ``frame``, in frame order: the first ``limit`` of
-        them (all without one). Only those are made into dicts: a page costs its size."""
-        with self._lock:
+        them (all without one). Only those are made into dicts: a page costs its size. (Frames
+        are answered out of order: a consumer paging on by frame id misses the frames answered
+        after later ones; :meth:`since` pages by answer number and misses none.)"""
+        with self._changed:
             kept = [r for r in self._ring if r.frame > frame]
         page = heapq.nsmallest(limit, kept, key=_frame) if limit is not None else sorted(
             kept, key=_frame)
@@ -105,3 +186,7 @@ class RecentResults(ResultSink):
 
 def _frame(result: Result) -> int:
     return result.frame
+
+
+def _seq(result: Result) -> int:
+    return result.seq or 0

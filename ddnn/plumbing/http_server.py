@@ -72,6 +72,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
         # connection -> deadline; insertion order: longest waiting first
         self._waiting: dict[socket.socket, float] = {}
         self._busy_log = LogThrottle(period=BUSY_LOG_EVERY)  # a flood: a line per period
+        self.closing = threading.Event()  # set when the server closes: long routes end
         super().__init__(address, handler)
 
     def get_request(self):
@@ -173,6 +174,7 @@ class BoundedHTTPServer(ThreadingHTTPServer):
 
     def server_close(self) -> None:
         # Waiting connections would hold their threads (and this close) until their deadline.
+        self.closing.set()
         with self._lock:
             for request in self._open:
                 with contextlib.suppress(OSError):

@@ -17,7 +17,7 @@ import socket
 import httpx
 import pytest
 
-from ddnn.edge.http import RESULTS_PAGE
+from ddnn.edge.results_feed import RESULTS_PAGE
 from ddnn.edge.service import EdgeService
 from ddnn.edge.settings import EdgeSettings
 from ddnn.result import Result
