@@ -118,6 +118,38 @@ def test_a_client_polling_results_in_a_loop_is_rate_limited(tiny_bundle):
         assert metrics.refused.value(reason="rate") == len(refused)
 
 
+def test_a_client_polling_the_status_page_in_a_loop_is_rate_limited(tiny_bundle):
+    # /status costs 10-50 ms a request (round 3): limited like /v1/results, per address.
+    with edge(tiny_bundle, results=20) as service, httpx.Client(timeout=5) as client:
+        statuses = [client.get(f"{service.http.url}/v1/status").status_code
+                    for _ in range(300)]
+        assert statuses[0] == 200 and 429 in statuses
+        assert client.get(f"{service.http.url}/livez").status_code == 200
+
+
+def test_result_streams_are_capped_and_a_stream_that_is_not_read_holds_no_slot(tiny_bundle):
+    from ddnn.edge.results_feed import MAX_STREAMS
+
+    with edge(tiny_bundle, results=1000) as service:
+        http = service.http
+        http.server.wait_timeout = 600  # the cap is tested here, not the cut-off
+        path = "/v1/results/stream?since=-1"  # 1000 answers at once: their writes block
+        clients = pipelining_clients(http.port, MAX_STREAMS, path, 1)
+        try:
+            def one_more() -> int:
+                with httpx.stream("GET", f"{http.url}{path}", timeout=5) as r:
+                    return r.status_code
+
+            wait_for(lambda: one_more() == 503, 30, "a stream past the cap refused")
+            assert http.metrics.refused.value(reason="streams") >= 1
+            # Every stream waits on its reader: none is busy, so a probe always gets a slot.
+            assert http.server.busy_connections == 0
+            assert httpx.get(f"{http.url}/livez", timeout=5).status_code == 200
+        finally:
+            for s in clients:
+                s.close()
+
+
 # --- item 16: slowloris on a device's monitoring server ----------------------------------------
 
 @pytest.fixture

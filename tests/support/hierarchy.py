@@ -49,15 +49,15 @@ class Edge:
 
 def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", deployment="it",
                 edge_url: str | None = None, start=0, limit=None, views=None,
-                prepare: Callable[[DeviceService], None] | None = None
+                prepare: Callable[[DeviceService], None] | None = None, fps: float = 0
                 ) -> list[DeviceService]:
-    """Replay every view of ``data`` from threads; returns when every device is done
-    (``prepare``: called with each device before it runs)."""
+    """Replay every view of ``data`` from threads (``fps`` 0: as fast as they can); returns
+    when every device is done (``prepare``: called with each device before it runs)."""
     views = range(load_bundle(bundle).manifest.views) if views is None else views
     with contextlib.ExitStack() as stack:
         services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
             bundle=bundle, view=v, broker=broker, edge_url=edge_url, deployment=deployment,
-            mode=mode, data=data, start=start, limit=limit, fps=0, grace=0.5, drain_timeout=30,
+            mode=mode, data=data, start=start, limit=limit, fps=fps, grace=0.5, drain_timeout=30,
             keepalive=5, reconnect_max=1, peers=tuple(f"cam{i}" for i in views),
             wait_peers=20 if broker else 0))) for v in views]
         for service in services if prepare is not None else ():
