@@ -67,6 +67,10 @@ class MessageType(enum.IntEnum):
     # exit, the edge pulls the senders' detail, which goes on up to the cloud.
     DETAIL = 5  # a device's detail of one frame (1, c, r, r): its view at reduced resolution
     DETAIL_REQUEST = 6  # the edge pulls details of a frame; tensor = binary mask (V,), as REQUEST
+    # "this device could not process this frame in time" (it fell behind its source and dropped
+    # it, as a leaky camera queue does): no tensor, so nobody waits for it; the frame's result
+    # names the view as missing, "skipped". (The last of the header's 3 bits of type.)
+    SKIPPED = 7
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,9 @@ NO_EXIT = "none"  # the "exit" of a frame no view was fused in: nobody classifie
 # Why an expected view was not fused: the camera saw nothing; its message came after the frame
 # was answered; its device is offline (last will, or silent for several frames); its features
 # were pulled but never arrived; the edge refused it (its device ran ahead of the others, or
-# sent scores out of bounds: docs/security.md).
-MISSING_REASONS = ("absent", "late", "offline", "no_features", "refused")
+# sent scores out of bounds: docs/security.md); its device fell behind its source and skipped
+# the frame.
+MISSING_REASONS = ("absent", "late", "offline", "no_features", "refused", "skipped")
 KEYS = ("frame", "class", "label", "exit", "entropy", "views", "missing", "partial", "degraded",
         "latency_ms")
 # ``seq``: the number the edge gives its answers in the order it makes them (every result the

@@ -49,6 +49,7 @@ class DeviceStats:
 
     frames: int = 0
     absent: int = 0
+    skipped: int = 0  # frames dropped because the device fell behind its source (a replay)
     local_exits: int = 0
     sent: collections.Counter = field(default_factory=collections.Counter)
     payload_bytes: int = 0
@@ -119,6 +120,15 @@ class DeviceAgent:
         """Run one frame and queue what it sends (``captured``: wall-clock capture time)."""
         with self._frame_lock:
             self._process(frame, image, captured)
+
+    def skip(self, frame: int, captured: float) -> None:
+        """Tell the edge this frame will not come (the device fell behind its source), so no
+        frame waits for it."""
+        with self._frame_lock:
+            self.stats.frames += 1
+            self.stats.skipped += 1
+            self._queue("skipped", env.pack(MessageType.SKIPPED, frame=frame, timestamp=captured,
+                                            **self._ids))
 
     def _process(self, frame: int, image: np.ndarray, captured: float | None) -> None:
         ts = time.time() if captured is None else captured
@@ -259,7 +269,14 @@ class DeviceAgent:
             if stop.is_set():
                 return
             # Wall-clock schedule, so devices given one --start-at capture frame n together.
-            delay = start + n * period - time.time()
+            due = start + n * period
+            delay = due - time.time()
             if delay > 0 and stop.wait(delay):
                 return
-            self.process(frame, image)
+            if period and delay <= -period:
+                # The next frame is due already: this one can no longer be on time. Drop it, as
+                # a camera's leaky queue does, and say so: the lag never grows.
+                self.skip(frame, due)
+                continue
+            # (its capture time is its slot in the schedule: a late answer's latency says so)
+            self.process(frame, image, due if period else None)

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class OutMessage:
-    """A message to send: its kind (``scores``, ``absent``, ``features`` or ``results``: which
+    """A message to send: its kind (``scores``, ``absent``, ``skipped``, ``features`` or
+    ``results``: which
     topic or route), body, and the frame it belongs to."""
 
     kind: str

@@ -72,6 +72,9 @@ class DeviceMetrics:
         self.frames = r.counter("ddnn_device_frames_total", "Frames processed")
         self.absent = r.counter("ddnn_device_absent_frames_total",
                                 "Frames in which this view saw nothing")
+        self.skipped = r.counter("ddnn_device_skipped_frames_total",
+                                 "Frames dropped unprocessed because the device fell behind its "
+                                 "source (the edge is told: missing 'skipped')")
         self.local_exits = r.counter("ddnn_device_local_exits_total",
                                      "Frames this one-view device answered itself")
         self.sent = r.counter("ddnn_device_messages_total", "Messages queued to send, by kind",
@@ -103,6 +106,7 @@ class DeviceMetrics:
         with self._lock:
             self.frames.catch_up(s.frames)
             self.absent.catch_up(s.absent)
+            self.skipped.catch_up(s.skipped)
             self.local_exits.catch_up(s.local_exits)
             for kind, n in list(s.sent.items()):
                 self.sent.catch_up(n, kind=kind)
@@ -132,8 +136,14 @@ def uplink_down_for(transport) -> float | None:
 def readiness(service) -> Check:
     """Whether the device does its work: uplink, source, outbox."""
     s = service.settings
-    check = Check(details={"frames": service.agent.stats.frames,
+    stats = service.agent.stats
+    check = Check(details={"frames": stats.frames, "skipped": stats.skipped,
                            "outbox": len(service.outbox), "dropped": service.outbox.dropped})
+    if stats.skipped:  # still serving: the frames it keeps up with are on time
+        check.details["warnings"] = [
+            f"this device cannot keep up with its source: {stats.skipped} of {stats.frames} "
+            "frames skipped (ddnn_device_skipped_frames_total); a faster board, a lower --fps "
+            "or a smaller device segment"]
     if service.refused is not None:
         check.reasons.append(f"the broker refused this device for good: {service.refused}")
     transport = service.transport

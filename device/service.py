@@ -174,10 +174,10 @@ class DeviceService:
         self.lifecycle.stop()
         s = self.agent.stats
         log.info(
-            "device %s done: %d frames (%d absent, %d local exits), sent %s, %d payload + %d "
-            "header bytes, pulls answered %d missed %d repeated %d, bad requests %d, outbox "
-            "dropped %d",
-            self.settings.device_id, s.frames, s.absent, s.local_exits, dict(s.sent),
+            "device %s done: %d frames (%d absent, %d skipped, %d local exits), sent %s, %d "
+            "payload + %d header bytes, pulls answered %d missed %d repeated %d, bad requests "
+            "%d, outbox dropped %d",
+            self.settings.device_id, s.frames, s.absent, s.skipped, s.local_exits, dict(s.sent),
             s.payload_bytes, s.header_bytes, s.pulls_answered, s.pulls_missed,
             s.pulls_repeated, s.bad_requests,
             self.outbox.dropped,

@@ -64,10 +64,11 @@ class MqttTransport:
         self.since: dict[str, float] = {}  # device id -> when it came online (its status says)
         self._peers_changed = threading.Condition()
         self._on_request = on_request
-        # message kind -> (topic, QoS); an absent view goes on the scores topic
+        # message kind -> (topic, QoS); an absent or skipped view goes on the scores topic
         self._routes = {kind: (topic, DELIVERY[wire].qos) for kind, topic, wire in (
             ("scores", topics.device(device_id, "scores"), "scores"),
             ("absent", topics.device(device_id, "scores"), "scores"),
+            ("skipped", topics.device(device_id, "scores"), "scores"),
             ("features", topics.device(device_id, "features"), "features"),
             # A one-view device's own result: to the edge, which publishes it (broker ACL).
             ("results", topics.device(device_id, "results"), "results"))}

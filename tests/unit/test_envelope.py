@@ -126,7 +126,7 @@ def test_mutated_messages_raise_only_decode_error(data):
     (b"XX", "bad format byte"),
     (bytes([0xD9, 1]), "envelope version 9 is not supported"),
     (bytes([0xD2]), "truncated inside its header"),
-    (bytes([0xD2, 0x37]), "message type 7"),
+    (bytes([0xD2, 0x30]), "message type 0"),
     (bytes([0xD2, 0x71]), "codec id 7"),
     (bytes([0xD2, 0xF1]), "codec id 7"),  # the deflate flag does not make an unknown codec
     (bytes([0xD2, 0x83, 7, 0, 0, 0, 0, 1]) + b"1x", "without a codec"),
