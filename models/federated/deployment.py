@@ -15,6 +15,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -233,12 +234,15 @@ def flwr(home: Path, *args: str, timeout: float = 300.0) -> dict:
                               text=True, stdin=subprocess.DEVNULL, timeout=timeout)
     except subprocess.TimeoutExpired:
         raise DdnnError(f"`flwr {args[0]}` did not answer within {timeout:.0f} s") from None
+    except OSError as e:  # no `flwr` beside this Python nor on PATH
+        raise DdnnError(f"cannot run Flower's `flwr` ({e}): pip install 'ddnn[federate]'"
+                        ) from None
     try:
         answer = json.loads(done.stdout)
     except ValueError:
         answer = None
     if not isinstance(answer, dict):
-        tail = (done.stderr or done.stdout).strip()[-2000:]
+        tail = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr or done.stdout).strip()[-2000:]
         raise DdnnError(f"`flwr {args[0]}` failed (status {done.returncode}): {tail}")
     if not answer.get("success"):
         # Flower's message starts with the "Using SuperLink: ..." banner; the reason follows.

@@ -73,6 +73,17 @@ def test_flowers_command_line_starts():
     assert "run" in done.stdout and "supernode" in done.stdout
 
 
+def test_flowers_refusal_reaches_the_operator(tmp_path):
+    """What `flwr` says when it fails (here: a SuperNode key that is not one) is the error."""
+    from ddnn.errors import DdnnError
+    from ddnn.models.federated.driver import free_port
+
+    deployment.write_connection(tmp_path, f"127.0.0.1:{free_port()}", None)
+    (tmp_path / "site.pub").write_text("not a key\n")
+    with pytest.raises(DdnnError, match=r"(?s)`flwr supernode` failed.*Unsupported key type"):
+        deployment.register_supernode(tmp_path, tmp_path / "site.pub")
+
+
 def test_a_site_directory_of_recorded_experience_is_learnt_from_as_experience(tmp_path):
     import numpy as np
 
