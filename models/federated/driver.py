@@ -151,7 +151,10 @@ def serve(s: FederationSettings, host: str, port: int, home: Path, tls: flower.T
                                s.run_config())
         log.info("federation run %s started; waiting for %d site(s) at %s:%d", run_id,
                  s.wait_sites, host, port)
-        result = follow(home / "superlink", run_id, work, [link], on_round, timeout)
+        # Hours may pass waiting for the sites: Flower's status once a minute is enough (the
+        # ServerApp's result, or its error, is seen at once).
+        result = follow(home / "superlink", run_id, work, [link], on_round, timeout,
+                        check_every=60.0)
     return _sign(result, key)
 
 
