@@ -14,13 +14,16 @@ TORCH       ?= torch==2.13.0
 TORCH_INDEX ?= auto
 TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 # federate: flwr (Python >= 3.11), so that one install runs every command.
-EXTRAS ?= device,edge,cloud,train,demo,federate,dev
+EXTRAS ?= device,edge,cloud,train,federate,dev
+# The embedded MQTT broker (amqtt) in an environment of its own: amqtt pins a typer on which
+# Flower's `flwr` cannot start. ddnn.tools.embedded_broker finds it beside $(VENV) by this name.
+BROKER_VENV := $(VENV)-broker
 
 .PHONY: setup venv system broker demo test test-arm64 lint bench clean
 
 setup: venv system
 
-venv: $(BIN)/.installed
+venv: $(BIN)/.installed $(BROKER_VENV)/bin/.installed
 
 $(BIN)/.installed: pyproject.toml
 	# Debian's python3 lacks ensurepip until python3-venv is installed: add it when we can.
@@ -38,12 +41,21 @@ $(BIN)/.installed: pyproject.toml
 		$(BIN)/python -m pip install -q "$(TORCH)" --index-url "$$index" \
 			--extra-index-url https://pypi.org/simple; fi
 	# Editable: the tier folders map into the one `ddnn` package (pyproject's package-dir).
+	# amqtt (and its typer pin) lived here before it moved to $(BROKER_VENV).
+	$(BIN)/python -m pip uninstall -q -y amqtt 2>/dev/null || true
 	$(BIN)/python -m pip install -q -e ".[$(EXTRAS)]"
+	touch $@
+
+# After $(VENV): python3-venv is there, and the two editable installs never run at once.
+$(BROKER_VENV)/bin/.installed: pyproject.toml $(BIN)/.installed
+	$(PYTHON) -m venv $(BROKER_VENV)
+	$(BROKER_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BROKER_VENV)/bin/python -m pip install -q -e ".[broker]"
 	touch $@
 
 # Debian packages the tests and the demo use, installed when root and missing:
 #   mosquitto   the broker of the integration tests and the demo (the demo falls back to the
-#               embedded pure-Python broker, amqtt, without it)
+#               embedded pure-Python broker, amqtt in $(BROKER_VENV), without it)
 #   prometheus  promtool and a real Prometheus for the monitoring tests (deploy/prometheus)
 #   chromium, chromium-driver   a real headless browser for the edge's status page test
 # Without root the tests that need them are skipped (CI, which is root, fails instead).
@@ -88,4 +100,4 @@ bench: setup
 	$(BIN)/ddnn bench
 
 clean:
-	rm -rf $(VENV) runs build .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(BROKER_VENV) runs build .pytest_cache .ruff_cache

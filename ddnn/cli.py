@@ -40,12 +40,12 @@ EXTRA_OF = {
     "onnxruntime": "device", "paho": "device", "fastapi": "cloud", "uvicorn": "cloud",
     "prometheus_client": "device", "urllib3": "device", "PIL": "device",
     "torch": "train", "onnx": "train", "onnxscript": "train",
-    "tqdm": "train", "matplotlib": "train", "amqtt": "demo", "cryptography": "sign",
+    "tqdm": "train", "matplotlib": "train", "cryptography": "sign",
     "flwr": "federate",
 }
 
 COMMAND_EXTRAS = {"device": "device", "gateway": "device", "edge": "edge", "cloud": "cloud",
-                  "train": "train", "demo": "device,edge,cloud,train,demo",
+                  "train": "train", "demo": "device,edge,cloud,train",
                   "federate": "train,federate"}
 
 

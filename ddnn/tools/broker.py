@@ -2,7 +2,9 @@
 
 Production deployments run their own broker (see ``deploy/mosquitto``); this module exists so
 that ``ddnn demo`` and the test suite work on a machine with no services. The broker always
-runs as a child process on a loopback port and is stopped with :meth:`BrokerProcess.stop`.
+runs as a child process on a loopback port and is stopped with :meth:`BrokerProcess.stop`;
+amqtt runs in an environment of its own (:mod:`ddnn.tools.embedded_broker`: it cannot be
+installed beside Flower).
 
 amqtt runs with :class:`ddnn.tools.amqtt_plugins.OpenSessions`: its stock anonymous access
 keeps no queue for a persistent session, so the edge's restart would lose the messages
@@ -23,7 +25,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from pathlib import Path
 
 from ddnn.envelope import MAX_MESSAGE
 from ddnn.errors import ConfigError
+from ddnn.tools import embedded_broker
 
 log = logging.getLogger(__name__)
 
@@ -133,25 +135,27 @@ def start_broker(
     persist: Path | None = None,
 ) -> BrokerProcess:
     """Start Mosquitto (or amqtt when Mosquitto is absent or ``prefer="amqtt"``) and wait for it.
-    ``persist``: Mosquitto's persistence directory (state kept across restarts)."""
+    ``persist``: Mosquitto's persistence directory (state kept across restarts). Without the
+    broker asked for, a :class:`ConfigError` says how to get one."""
     port = port or free_port(host)
-    workdir = Path(tempfile.mkdtemp(prefix="ddnn-broker-"))
     exe = mosquitto_path()
     if prefer not in ("auto", "mosquitto", "amqtt"):
         raise ConfigError(f"unknown broker kind {prefer!r}")
     if prefer == "mosquitto" and exe is None:
         raise ConfigError("mosquitto is not installed (apt-get install mosquitto)")
+    workdir = Path(tempfile.mkdtemp(prefix="ddnn-broker-"))
     if exe is not None and prefer != "amqtt":
         conf = workdir / "mosquitto.conf"
         if persist is not None:
             Path(persist).mkdir(parents=True, exist_ok=True)
         conf.write_text(mosquitto_config(host, port, persist))
         cmd, kind = [exe, "-c", str(conf)], "mosquitto"
-    else:
-        cmd, kind = (
-            [sys.executable, "-m", "ddnn.tools.broker", "--host", host, "--port", str(port)],
-            "amqtt",
-        )
+    else:  # amqtt, in an environment of its own
+        try:
+            cmd, kind = embedded_broker.command(host, port), "amqtt"
+        except ConfigError:
+            shutil.rmtree(workdir, ignore_errors=True)
+            raise
     with open(workdir / "broker.log", "wb") as logf:  # the child keeps its own descriptor
         proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
     try:

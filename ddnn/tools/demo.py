@@ -59,7 +59,8 @@ def register(sub, data_sub, formatter) -> None:
         "--broker-kind",
         choices=["auto", "mosquitto", "amqtt"],
         default="auto",
-        help="which broker to start when --broker is not given",
+        help="which broker to start when --broker is not given (auto: Mosquitto when "
+        "installed, else the embedded amqtt of `make setup`'s .venv-broker)",
     )
     p.add_argument("--cloud", default=None, help="use this cloud URL instead of starting one")
     p.add_argument(

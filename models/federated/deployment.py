@@ -1,20 +1,21 @@
 """Flower's deployment engine, run as real processes: the SuperLink (``flower-superlink``), one
-SuperNode per site (``flower-supernode``), the Flower App they run, and the run submitted to
-the SuperLink's Control API with Flower's own client (what ``flwr run`` does).
+SuperNode per site (``flower-supernode``), the Flower App they run, and Flower's own command
+line (``flwr run``, ``flwr ls``, ``flwr supernode register``) against the SuperLink, as a Flower
+user would drive it.
 
-Every address is passed explicitly; Flower's home (``FLWR_HOME``: its configuration, the
-installed app) is a directory of ours; telemetry, update checks and runtime dependency
-installation are off (a site may have no internet, and the app's dependencies are this
-package's). The ``flwr`` command itself is not used: this install's typer (pinned by amqtt)
-cannot build its command line, while its functions work. No torch here.
+Every address is passed explicitly; Flower's home (``FLWR_HOME``: its configuration with our
+one SuperLink connection, the installed app) is a directory of ours; telemetry, update checks
+and runtime dependency installation are off (a site may have no internet, and the app's
+dependencies are this package's). No torch here.
 """
 
 from __future__ import annotations
 
 import contextlib
-import io
+import json
 import logging
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -51,21 +52,6 @@ def flower_env(home: Path) -> dict[str, str]:
     env = {**os.environ, **QUIET_FLOWER, "FLWR_HOME": str(home)}
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     return env
-
-
-@contextlib.contextmanager
-def flower_home(home: Path):
-    """Point this process's Flower functions at ``home`` for the duration."""
-    saved = {k: os.environ.get(k) for k in [*QUIET_FLOWER, "FLWR_HOME"]}
-    os.environ.update({**QUIET_FLOWER, "FLWR_HOME": str(home)})
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _script(name: str) -> str:
@@ -186,14 +172,17 @@ def wait_http(address: str, process: FlowerProcess, timeout: float,
         time.sleep(0.2)
 
 
-def write_app(directory: Path) -> Path:
-    """The Flower App (what ``flwr run`` packages): a pyproject naming our ServerApp and
-    ClientApp and the run config's keys with their defaults."""
+def app_pyproject() -> str:
+    """The Flower App's pyproject: our ServerApp and ClientApp (imported from the installed
+    package on the SuperLink and SuperNodes) and the run config's keys with their defaults.
+    ``deploy/flower-app/pyproject.toml`` is this text, for Flower users' ``flwr run``."""
     from ddnn.models.federated.settings import app_defaults
 
-    directory.mkdir(parents=True, exist_ok=True)
     config = "\n".join(f"{k} = {_toml(v)}" for k, v in app_defaults().items())
-    (directory / "pyproject.toml").write_text(f"""[project]
+    return f"""# The Flower App of `ddnn federate` (models/federated/deployment.py writes it).
+# Run it on your own SuperLink: `flwr run deploy/flower-app CONNECTION --run-config ...`, where the
+# SuperLink's and the SuperNodes' environments have ddnn installed (docs/federated.md).
+[project]
 name = "{APP_NAME}"
 version = "1.0.0"
 description = "Federated fine-tuning of a ddnn bundle"
@@ -209,7 +198,13 @@ clientapp = "ddnn.models.federated.client_app:app"
 
 [tool.flwr.app.config]
 {config}
-""", encoding="utf-8")
+"""
+
+
+def write_app(directory: Path) -> Path:
+    """The Flower App (what ``flwr run`` packages) in ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "pyproject.toml").write_text(app_pyproject(), encoding="utf-8")
     return directory
 
 
@@ -230,63 +225,60 @@ def write_connection(home: Path, address: str, ca: Path | None) -> None:
         f'address = "{address}"\n{tls}\n', encoding="utf-8")
 
 
-@contextlib.contextmanager
-def control_client(home: Path):
-    """Flower's Control API client for our connection (what every ``flwr`` command uses)."""
-    from flwr.cli.flower_config import read_superlink_connection
-    from flwr.cli.utils import init_http_client_from_connection
+def flwr(home: Path, *args: str, timeout: float = 300.0) -> dict:
+    """One ``flwr`` command with ``--format json`` in Flower's ``home``; its JSON answer. Its
+    failure (an error Flower reports, or no JSON at all) is a :class:`DdnnError`."""
+    argv = [_script("flwr"), *args, "--format", "json"]
+    try:
+        done = subprocess.run(argv, env=flower_env(home), cwd=home, capture_output=True,
+                              text=True, stdin=subprocess.DEVNULL, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        raise DdnnError(f"`flwr {args[0]}` did not answer within {timeout:.0f} s") from None
+    except OSError as e:  # no `flwr` beside this Python nor on PATH
+        raise DdnnError(f"cannot run Flower's `flwr` ({e}): pip install 'ddnn[federate]'"
+                        ) from None
+    try:
+        answer = json.loads(done.stdout)
+    except ValueError:
+        answer = None
+    if not isinstance(answer, dict):
+        tail = re.sub(r"\x1b\[[0-9;]*m", "", done.stderr or done.stdout).strip()[-2000:]
+        raise DdnnError(f"`flwr {args[0]}` failed (status {done.returncode}): {tail}")
+    if not answer.get("success"):
+        # Flower's message starts with the "Using SuperLink: ..." banner; the reason follows.
+        lines = str(answer.get("error-message", "")).strip().splitlines()
+        raise DdnnError(f"`flwr {args[0]}`: {lines[-1].strip() if lines else 'failed'}")
+    return answer
 
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # a line per poll otherwise
-    with flower_home(home), contextlib.redirect_stdout(io.StringIO()):  # "Using SuperLink: …"
-        client = init_http_client_from_connection(read_superlink_connection(CONNECTION))
-    with flower_home(home):
-        try:
-            yield client
-        finally:
-            client.close()
+
+def write_run_config(path: Path, run_config: dict) -> Path:
+    """The run config as the TOML file ``flwr run --run-config`` takes."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in run_config.items()),
+                    encoding="utf-8")
+    return path
 
 
 def submit(home: Path, app_dir: Path, run_config: dict) -> int:
-    """Start a run of the app with ``run_config`` on the SuperLink; returns its run id."""
-    import hashlib
-
-    from flwr.cli.build import build_fab_from_disk
-    from flwr.common.config import get_metadata_from_config
-    from flwr.common.serde import fab_to_proto, user_config_to_proto
-    from flwr.proto.control_pb2 import StartRunRequest
-    from flwr.supercore.fab import Fab
-
-    with flower_home(home):
-        from flwr.cli.config_utils import load_and_validate
-
-        config, _ = load_and_validate(app_dir / "pyproject.toml")
-        fab_bytes = build_fab_from_disk(app_dir)
-        get_metadata_from_config(config)
-        fab = Fab(hashlib.sha256(fab_bytes).hexdigest(), fab_bytes, {})
-        request = StartRunRequest(fab=fab_to_proto(fab),
-                                  override_config=user_config_to_proto(run_config))
-    with control_client(home) as client:
-        response = client.StartRun(request)
-    if not response.HasField("run_id"):
-        raise DdnnError("the SuperLink did not start the run")
-    return int(response.run_id)
+    """``flwr run``: start a run of the app with ``run_config`` on our SuperLink; its run id."""
+    config = write_run_config(home / "run-config.toml", run_config)
+    answer = flwr(home, "run", str(app_dir.resolve()), CONNECTION, "--run-config", str(config))
+    return int(answer["run-id"])
 
 
-def run_status(client, run_id: int) -> tuple[str, str, str]:
-    """(status, sub-status, details) of a run: ``finished``, ``completed``|``failed``, ..."""
-    from flwr.proto.control_pb2 import ListRunsRequest
-
-    res = client.ListRuns(ListRunsRequest(run_id=run_id))
-    run = res.run_dict[run_id]
-    return run.status.status, run.status.sub_status, run.status.details
+def run_status(home: Path, run_id: int) -> tuple[str, str, str]:
+    """``flwr ls --run-id``: (status, sub-status, details) of a run, e.g. ``finished``,
+    ``completed`` or ``failed``, Flower's reason."""
+    answer = flwr(home, "ls", CONNECTION, "--run-id", str(run_id))
+    run = next((r for r in answer.get("runs", []) if str(r.get("run-id")) == str(run_id)), None)
+    if run is None:
+        raise DdnnError(f"the SuperLink does not know run {run_id}")
+    status, _, sub = str(run.get("status", "")).partition(":")
+    return status, sub, str(run.get("status-details", ""))
 
 
 def register_supernode(home: Path, public_key: Path) -> int:
-    """Allow the SuperNode holding the private half of ``public_key`` (an OpenSSH ECDSA
-    public key) to join; returns the node id Flower gave it."""
-    from flwr.cli.supernode.register import try_load_public_key
-    from flwr.proto.control_pb2 import RegisterNodeRequest
-
-    key = try_load_public_key(public_key)
-    with control_client(home) as client:
-        return int(client.RegisterNode(RegisterNodeRequest(public_key=key)).node_id)
+    """``flwr supernode register``: allow the SuperNode holding the private half of
+    ``public_key`` (an OpenSSH ECDSA public key) to join; the node id Flower gave it."""
+    answer = flwr(home, "supernode", "register", str(Path(public_key).resolve()), CONNECTION)
+    return int(answer["node-id"])

@@ -55,22 +55,28 @@ class ProgressReader:
 
 
 def follow(home: Path, run_id: int, work: Path, watched: list[flower.FlowerProcess],
-           on_round: Callable[[dict], None], timeout: float) -> dict:
-    """Wait for the run to finish, reporting rounds; returns the ServerApp's result."""
+           on_round: Callable[[dict], None], timeout: float, check_every: float = 10.0) -> dict:
+    """Wait for the run to finish, reporting rounds; returns the ServerApp's result.
+
+    The rounds come from the ServerApp's progress file; the run's status from ``flwr ls``
+    (a Flower process each time: every ``check_every`` seconds, and at once when the ServerApp
+    has written its result), so a run that fails before writing one is seen too."""
     reader = ProgressReader(work / PROGRESS, on_round)
     deadline = time.monotonic() + timeout
-    with flower.control_client(home) as control:
-        while True:
-            reader.poll()
-            for p in watched:
-                p.check_alive()
-            status, sub, details = flower.run_status(control, run_id)
+    next_check = time.monotonic()
+    while True:
+        reader.poll()
+        for p in watched:
+            p.check_alive()
+        if (work / RESULT).exists() or time.monotonic() >= next_check:
+            status, sub, details = flower.run_status(home, run_id)
             if status == "finished":
                 reader.poll()
                 break
-            if time.monotonic() > deadline:
-                raise DdnnError(f"the federation did not finish within {timeout:.0f} s")
-            time.sleep(0.5)
+            next_check = time.monotonic() + check_every
+        if time.monotonic() > deadline:
+            raise DdnnError(f"the federation did not finish within {timeout:.0f} s")
+        time.sleep(0.5)
     result = json.loads((work / RESULT).read_text()) if (work / RESULT).exists() else {}
     if sub != "completed" or "error" in result:
         reason = result.get("error") or details or f"run {sub}"
@@ -145,7 +151,10 @@ def serve(s: FederationSettings, host: str, port: int, home: Path, tls: flower.T
                                s.run_config())
         log.info("federation run %s started; waiting for %d site(s) at %s:%d", run_id,
                  s.wait_sites, host, port)
-        result = follow(home / "superlink", run_id, work, [link], on_round, timeout)
+        # Hours may pass waiting for the sites: Flower's status once a minute is enough (the
+        # ServerApp's result, or its error, is seen at once).
+        result = follow(home / "superlink", run_id, work, [link], on_round, timeout,
+                        check_every=60.0)
     return _sign(result, key)
 
 

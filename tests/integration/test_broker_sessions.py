@@ -7,13 +7,13 @@ embedded broker is configured with ``ddnn.tools.amqtt_plugins.OpenSessions`` to 
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 
 import pytest
 
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import mosquitto_path, start_broker
+from tests.support.brokers import needs_embedded_broker
 from tests.support.polling import wait_for
 
 TOPIC = "sessions/probe"
@@ -23,8 +23,8 @@ TOPIC = "sessions/probe"
 def broker(request):
     if request.param == "mosquitto" and mosquitto_path() is None:
         pytest.skip("mosquitto is not installed")
-    if request.param == "amqtt" and importlib.util.find_spec("amqtt") is None:
-        pytest.skip("amqtt is not installed (pip install 'ddnn[demo]')")
+    if request.param == "amqtt":
+        needs_embedded_broker()
     b = start_broker(prefer=request.param)
     yield b
     b.stop()

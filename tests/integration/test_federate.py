@@ -1,6 +1,7 @@
 """Federated fine-tuning with real Flower processes on loopback: a SuperLink, a SuperNode per
 site, the ServerApp and ClientApps they start. One run on one machine (FedAvg), one deployed as
-`ddnn federate server` + two `ddnn federate client` over TLS (dynamic averaging)."""
+`ddnn federate server` + two `ddnn federate client` over TLS (dynamic averaging), and one a
+Flower user starts with `flwr run` on their own SuperLink."""
 
 from __future__ import annotations
 
@@ -22,9 +23,11 @@ from ddnn.models.export import write_manifest
 from ddnn.models.federated.driver import free_port
 from ddnn.stacking import Stacking
 from ddnn.tools.evaluate import evaluate
+from tests.support.polling import wait_for
 
 # Each federation takes about a minute on two idle cores; far longer when the machine is busy.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = ["--rounds", "2", "--epochs", "6", "--lr", "0.005", "--batch-size", "32"]
 
 
@@ -196,3 +199,51 @@ def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites,
     assert result["communicated_bytes"] < fedavg[0]["communicated_bytes"]
     server_log = (tmp_path / "srv" / "superlink.log").read_text()
     assert "Starting insecure" not in server_log
+
+
+def test_a_flower_user_runs_the_app_with_flwr_run_on_their_own_superlink(sites, tmp_path):
+    """What docs/federated.md tells a Flower user: a SuperLink, a SuperNode per site naming its
+    data, a Flower configuration naming the SuperLink, and `flwr run deploy/flower-app` with
+    the run config; the ServerApp writes the bundle's next version."""
+    from ddnn.models.federated import deployment as flower
+
+    _, paths, start = sites
+    port, home, out, work = free_port(), tmp_path / "flwr", tmp_path / "flwr-run", tmp_path / "w"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "mine"\n\n[superlink.mine]\naddress = "127.0.0.1:{port}"\n'
+        "insecure = true\n")
+    env = {**flower.flower_env(home), "OMP_NUM_THREADS": "1"}
+    flwr = [str(Path(sys.executable).parent / "flwr")]
+    config = (f'bundle="{start}" out="{out}" work="{work}" wait-sites=2 rounds=1 epochs=1 '
+              'batch-size=32')
+    with flower.superlink(tmp_path / "link", "127.0.0.1", port, tmp_path / "link.log") as link:
+        flower.wait_http(f"127.0.0.1:{port}", link, timeout=60)
+        nodes = [flower.supernode(tmp_path / f"node{i}", f"127.0.0.1:{port}", free_port(),
+                                  tmp_path / f"node{i}.log", data=p).start()
+                 for i, p in enumerate(paths)]
+        try:
+            run = subprocess.run([*flwr, "run", "deploy/flower-app", "mine", "--run-config",
+                                  config, "--format", "json"], cwd=ROOT, env=env,
+                                 capture_output=True, text=True, timeout=120)
+            started = json.loads(run.stdout)
+            assert started["success"], started
+            # The ServerApp writes its result (or its error) last.
+            wait_for(lambda: (work / "result.json").exists(), timeout=800, what="the run",
+                     procs=[link.proc, *(n.proc for n in nodes)])
+            assert "error" not in json.loads((work / "result.json").read_text())
+
+            def finished():
+                ls = subprocess.run([*flwr, "ls", "mine", "--run-id", started["run-id"],
+                                     "--format", "json"], env=env, capture_output=True,
+                                    text=True, timeout=120)
+                status = json.loads(ls.stdout)["runs"][0]["status"]
+                return status if status.startswith("finished") else None
+
+            assert wait_for(finished, timeout=120, what="Flower's status") == "finished:completed"
+        finally:
+            for node in nodes:
+                node.stop()
+    bundle = load_bundle(out)
+    assert bundle.manifest.version == "1.10"
+    assert bundle.manifest.training["federation"]["rounds"] == 1

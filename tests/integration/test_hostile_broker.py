@@ -15,7 +15,6 @@ amqtt broker where it has the same bound).
 from __future__ import annotations
 
 import getpass
-import importlib.util
 import shutil
 import subprocess
 import threading
@@ -35,6 +34,7 @@ from ddnn.tools.broker import (
     wait_for_port,
 )
 from ddnn.topics import Topics
+from tests.support.brokers import needs_embedded_broker
 from tests.support.polling import wait_for
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "mosquitto"
@@ -200,8 +200,8 @@ def any_broker(request, tmp_path):
         proc.terminate()
         proc.wait(10)
         return
-    if request.param == "amqtt" and importlib.util.find_spec("amqtt") is None:
-        pytest.skip("amqtt is not installed (pip install 'ddnn[demo]')")
+    if request.param == "amqtt":
+        needs_embedded_broker()
     broker = start_broker(prefer=request.param.removeprefix("test-"))
     yield broker.port
     broker.stop()
@@ -249,11 +249,11 @@ def test_receivers_drop_retained_messages_of_kinds_never_retained(mosquitto, cli
         edge.stop()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("amqtt") is None, reason="amqtt is not installed")
 def test_the_embedded_broker_retains_only_where_ddnn_retains(clients):
     """Mosquitto keeps a retained message on any topic a client may write (the ACL names those:
     a few per device); the embedded amqtt, which has no ACL, keeps one only on the kinds ddnn
     retains."""
+    needs_embedded_broker()
     topics = Topics("t")
     with start_broker(prefer="amqtt") as broker:
         vandal = clients(broker.port, "vandal")

@@ -3,13 +3,13 @@ and brokers that speak only MQTT 3.1.1."""
 
 from __future__ import annotations
 
-import importlib.util
 import threading
 
 import pytest
 
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.tools.broker import start_broker
+from tests.support.brokers import needs_embedded_broker
 from tests.support.polling import wait_for
 
 pytestmark = pytest.mark.filterwarnings(
@@ -67,8 +67,7 @@ def test_messages_sent_again_after_a_reconnection_get_their_topic_back(mosquitto
 
 
 def test_a_broker_without_mqtt5_gets_full_topics():
-    if importlib.util.find_spec("amqtt") is None:
-        pytest.skip("amqtt is not installed (pip install 'ddnn[demo]')")
+    needs_embedded_broker()
     with start_broker(prefer="amqtt") as broker:
         got: list = []
         sub = _listen(broker.url, got, "v3-sub")

@@ -6,13 +6,26 @@ from __future__ import annotations
 
 import contextlib
 import getpass
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import pytest
+
 from ddnn.plumbing.mqtt import MqttSecurity
 from ddnn.tools.broker import free_port, mosquitto_path, wait_for_port
+from ddnn.tools.embedded_broker import embedded_broker_python
+
+
+def needs_embedded_broker() -> None:
+    """Skip (fail on CI) where no environment runs the embedded amqtt broker."""
+    if embedded_broker_python() is None:
+        message = "no environment with amqtt (`make setup` makes .venv-broker)"
+        if os.environ.get("CI"):
+            pytest.fail(message)  # CI must run the embedded broker's tests, not skip them
+        pytest.skip(message)
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,10 @@ one Flower accepts; the site's paths reach its SuperNode intact."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 pytest.importorskip("flwr")
@@ -40,6 +44,44 @@ def test_the_flower_app_validates_and_takes_our_run_config(tmp_path):
     assert parse_config_args([node]) == {"data": str((tmp_path / "site one.npz").resolve())}
     with pytest.raises(ConfigError, match="quote"):
         deployment.node_config("it's.npz", None)
+
+
+def test_the_committed_flower_app_is_the_one_ddnn_federate_runs():
+    """deploy/flower-app, what a Flower user runs with `flwr run`, never drifts from the app
+    `ddnn federate` writes (the run config's keys and defaults)."""
+    committed = Path(__file__).resolve().parents[2] / "deploy" / "flower-app" / "pyproject.toml"
+    assert committed.read_text(encoding="utf-8") == deployment.app_pyproject()
+
+
+def test_the_run_config_file_flwr_run_takes_holds_the_settings(tmp_path):
+    import tomllib  # Python 3.11, as Flower 1.42
+
+    s = FederationSettings(bundle='/b "quoted"\\x', out="/o", work="/w", lr=1e-5, rounds=3)
+    path = deployment.write_run_config(tmp_path / "run.toml", s.run_config())
+    assert FederationSettings.from_run_config(tomllib.loads(path.read_text())) == s
+
+
+def test_flowers_command_line_starts():
+    """`flwr`, the command line of this environment's Flower (it did not start beside amqtt's
+    typer 0.15: "Type not yet supported: typing.Literal")."""
+    script = Path(sys.executable).parent / "flwr"
+    entry = ("import sys; from importlib.metadata import entry_points; "
+             "(e,) = entry_points(group='console_scripts', name='flwr'); sys.exit(e.load()())")
+    argv = [str(script)] if script.exists() else [sys.executable, "-c", entry]
+    done = subprocess.run([*argv, "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "run" in done.stdout and "supernode" in done.stdout
+
+
+def test_flowers_refusal_reaches_the_operator(tmp_path):
+    """What `flwr` says when it fails (here: a SuperNode key that is not one) is the error."""
+    from ddnn.errors import DdnnError
+    from ddnn.models.federated.driver import free_port
+
+    deployment.write_connection(tmp_path, f"127.0.0.1:{free_port()}", None)
+    (tmp_path / "site.pub").write_text("not a key\n")
+    with pytest.raises(DdnnError, match=r"(?s)`flwr supernode` failed.*Unsupported key type"):
+        deployment.register_supernode(tmp_path, tmp_path / "site.pub")
 
 
 def test_a_site_directory_of_recorded_experience_is_learnt_from_as_experience(tmp_path):
