@@ -19,9 +19,10 @@ import numpy as np
 
 from ddnn.bundle import Bundle, load_bundle
 from ddnn.device.agent import DeviceAgent
-from ddnn.device.buffer import DELIVERED, Outbox, OutMessage
+from ddnn.device.buffer import Outbox
 from ddnn.device.failover import FailoverTransport
 from ddnn.device.health import DeviceMetrics, DeviceVersionProbe, SourceWatch, monitor
+from ddnn.device.message import DELIVERED, OutMessage
 from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
 from ddnn.device.spool_run import SpoolRun, default_spool_dir
