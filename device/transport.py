@@ -123,7 +123,7 @@ class MqttTransport:
 
     def update_status(self, **info) -> None:
         """Change fields of the retained status (the bundle version after an update)."""
-        self.client.update_status(**info)
+        self.client.presence.update(**info)
 
     @property
     def connected(self) -> bool:

@@ -1,16 +1,15 @@
 """The client: one paho client, its network loop in a background thread.
 
 It adds what the tiers need and paho leaves to the caller: a last will plus a retained
-online/offline status, subscriptions restored on every reconnect (and a wait for their
-SUBACKs), reconnection with exponential backoff (paho's own, started even when the broker is
-down at start-up), every failed attempt logged (throttled) and kept for health, a bounded wait
-for the CONNACK (:mod:`~ddnn.plumbing.mqtt.attempts`), a refusal for good reported once, and
-``connected``/``subscribed`` events.
+online/offline status (:mod:`~ddnn.plumbing.mqtt.presence`), subscriptions restored on every
+reconnect (and a wait for their SUBACKs), reconnection with exponential backoff (paho's own,
+started even when the broker is down at start-up), every failed attempt logged (throttled) and
+kept for health, a bounded wait for the CONNACK (:mod:`~ddnn.plumbing.mqtt.attempts`), a
+refusal for good reported once, and ``connected``/``subscribed`` events.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import ssl
@@ -32,14 +31,13 @@ from ddnn.plumbing.mqtt.errors import (
     BrokerRefusedError,
     ssl_reason,
 )
+from ddnn.plumbing.mqtt.presence import Presence
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.status import status_payload
-from ddnn.topics import DELIVERY, may_retain
+from ddnn.topics import may_retain
 
 log = logging.getLogger("ddnn.plumbing.mqtt")  # one logger for the package (operators filter on it)
 
 SESSION_EXPIRY = 7 * 24 * 3600  # seconds a broker keeps a persistent session of an absent client
-STATUS = DELIVERY["status"]
 
 
 @dataclass
@@ -97,8 +95,9 @@ class MqttClient:
         self._paho = _import_paho()
         self.url = BrokerUrl.parse(url)
         self.options = options or MqttOptions()
-        self.status_topic = status_topic
-        self.status_info = status_info or {}
+        self.connected = threading.Event()
+        # The retained status (online, offline, the last will), its fields changed by callers.
+        self.presence = Presence(status_topic, status_info, self.publish, self.connected)
         self._on_message = on_message
         self._on_connect_cb = on_connect
         self._on_disconnect_cb = on_disconnect
@@ -108,7 +107,6 @@ class MqttClient:
         # without this hook such a publish counts as acknowledged, after a warning.
         self._on_publish_refused = on_publish_refused
         self.refused: BrokerRefusedError | None = None
-        self.connected = threading.Event()
         # Set once the broker acknowledged every subscription of the current connection: a
         # message published before that may never reach this client.
         self.subscribed = threading.Event()
@@ -154,9 +152,7 @@ class MqttClient:
         c.max_queued_messages_set(o.max_queued)
         c.reconnect_delay_set(o.reconnect_min, o.reconnect_max)
         c.connect_timeout = o.connect_timeout  # TCP and TLS (paho's default: 5 s)
-        if self.status_topic:
-            c.will_set(self.status_topic, status_payload("offline", **self.status_info),
-                       STATUS.qos, retain=STATUS.retain)
+        self.presence.will(c)
         c.on_connect = self._handle_connect
         c.on_disconnect = self._handle_disconnect
         c.on_message = self._handle_message
@@ -232,9 +228,7 @@ class MqttClient:
         self._unacked_subscriptions = mids
         if not mids:
             self.subscribed.set()
-        if self.status_topic:
-            client.publish(self.status_topic, status_payload("online", **self.status_info),
-                           STATUS.qos, retain=STATUS.retain)
+        self.presence.online(client)
         log.info("connected to %s%s%s", self.url, " (reconnected)" if self.connects > 1 else "",
                  f" after {failures} failed attempts" if failures else "")
         self.connected.set()
@@ -350,14 +344,6 @@ class MqttClient:
             log.warning("publish to %s failed: %s", topic, self._paho.error_string(info.rc))
         return info
 
-    def update_status(self, **info: Any) -> None:
-        """Change fields of the retained online status, and publish it now when connected."""
-        # A new dict, never an update in place: paho's thread reads it on every reconnection.
-        self.status_info = {**self.status_info, **info}
-        if self.status_topic and self.connected.is_set():
-            self.publish(self.status_topic, status_payload("online", **self.status_info),
-                         STATUS.qos, retain=STATUS.retain)
-
     def alive(self) -> bool:
         """paho's network thread runs (it ends only on :meth:`stop` or a refusal for good)."""
         return _paho.network_thread_alive(self._client)
@@ -376,13 +362,8 @@ class MqttClient:
         self._stopping = True
         self.attempts.stop()
         was_connected = self.connected.is_set()
-        if self.status_topic and was_connected:
-            info = self._client.publish(self.status_topic,
-                                        status_payload("offline", **self.status_info),
-                                        STATUS.qos, retain=STATUS.retain)
-            # Lost the connection meanwhile (RuntimeError/ValueError): the last will says it.
-            with contextlib.suppress(RuntimeError, ValueError):
-                info.wait_for_publish(timeout)
+        if was_connected:
+            self.presence.offline(self._client, timeout)
         self._client.disconnect()
         # Bounded: paho's own loop_stop() waits for its thread however long it is inside a
         # connection attempt (TCP and TLS take up to connect_timeout each) or its backoff's
