@@ -87,7 +87,7 @@ class GatewayService:
         stopping, by the next run of the gateway)."""
         if self._stopping:
             return False
-        delivery = self.local.delivering
+        delivery = self.local.inbox.delivering
         parsed = self.topics.parse_device(topic)
         if parsed is None or not self.roster.forwards(parsed[0]):
             return None
@@ -165,7 +165,7 @@ class GatewayService:
                     self.forwarded["refused"] += len(deliveries)
             if taken:
                 for d in deliveries:
-                    self.local.ack(d)
+                    self.local.inbox.ack(d)
             # A refused batch is counted above; MqttClient already warns about refused
             # publishes with the ACL hint, first and then one in a thousand.
 

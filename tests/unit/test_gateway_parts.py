@@ -83,7 +83,7 @@ def test_statuses_keep_what_the_edge_reads_for_a_bounded_set_of_devices():
 def test_a_batch_the_edge_s_broker_refused_stays_on_the_site_broker():
     g = _gateway()
     acked = []
-    g.local.ack = acked.append
+    g.local.inbox.ack = acked.append
     g._batches = {5: [(50, 1), (51, 1)], 6: [(60, 1)]}
     for ack in ((5, False), (6, True), None):
         g._acks.put(ack)

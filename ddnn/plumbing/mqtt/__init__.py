@@ -5,6 +5,8 @@
   for good;
 * :mod:`~ddnn.plumbing.mqtt.presence`: :class:`Presence`, a client's retained online/offline
   status and last will (``client.presence.update(...)`` changes its fields);
+* :mod:`~ddnn.plumbing.mqtt.inbox`: :class:`Inbox`, what the broker delivers on to the handler
+  (stale retained messages dropped, a persistent session's acknowledgements);
 * :mod:`~ddnn.plumbing.mqtt.attempts`: failed connection attempts, logged (throttled) and kept
   for health, and the bounded wait for the CONNACK;
 * :mod:`~ddnn.plumbing.mqtt.broker`: the broker URL, TLS files and credentials;

@@ -31,9 +31,9 @@ from ddnn.plumbing.mqtt.errors import (
     BrokerRefusedError,
     ssl_reason,
 )
+from ddnn.plumbing.mqtt.inbox import Inbox
 from ddnn.plumbing.mqtt.presence import Presence
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.topics import may_retain
 
 log = logging.getLogger("ddnn.plumbing.mqtt")  # one logger for the package (operators filter on it)
 
@@ -116,9 +116,6 @@ class MqttClient:
         self.disconnected_since: float | None = time.monotonic()
         self.publishes_refused = 0
         self._refusals_log = LogThrottle(every=1000)  # the first, then one in a thousand
-        self.retained_dropped = 0  # retained messages on kinds never retained (topics.DELIVERY)
-        self._retained_log = LogThrottle(every=1000)
-        self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
         self._tls_alert: str | None = None
         self._aliases = TopicAliases()
@@ -155,7 +152,10 @@ class MqttClient:
         self.presence.will(c)
         c.on_connect = self._handle_connect
         c.on_disconnect = self._handle_disconnect
-        c.on_message = self._handle_message
+        # What arrives, on to on_message (``inbox.delivering``, ``inbox.ack`` for a
+        # persistent session's handler that acknowledges later).
+        self.inbox = Inbox(c, self._on_message, o.persistent)
+        c.on_message = self.inbox.deliver
         c.on_connect_fail = self._handle_connect_fail
         c.on_socket_open = lambda client, userdata, sock: self.attempts.opened(sock)
         c.on_subscribe = self._handle_subscribe
@@ -273,34 +273,7 @@ class MqttClient:
                 return
         self._on_published(mid)  # type: ignore[misc]
 
-    def _handle_message(self, client, userdata, msg) -> None:
-        handled = None
-        self.delivering = (msg.mid, msg.qos)  # for a handler that acknowledges later
-        try:
-            if msg.retain and not may_retain(msg.topic):
-                # Stale by nature (a retained score is taken again by every new subscriber):
-                # only status and bundle announcements are retained in ddnn.
-                self.retained_dropped += 1
-                if self._retained_log():
-                    log.warning("dropped a retained message on %s, a kind never retained (%d "
-                                "so far)", msg.topic[:200], self.retained_dropped)
-            elif self._on_message is not None:
-                handled = self._on_message(msg.topic, msg.payload)
-        except Exception:  # a handler bug must not kill paho's network thread
-            log.exception("message handler failed on %s", msg.topic)
-        # Persistent sessions acknowledge by hand: a message the handler declined (False) stays
-        # unacknowledged, so the broker delivers it again to this client id's next session.
-        if self.options.persistent and msg.qos > 0 and handled is not False:
-            client.ack(msg.mid, msg.qos)
-
     # --- public API -------------------------------------------------------------------------
-
-    def ack(self, delivery: tuple[int, int]) -> None:
-        """Acknowledge a message a persistent session's handler declined (returned False) and
-        kept ``delivering`` of: until then the broker holds it for this client id."""
-        mid, qos = delivery
-        if qos > 0:
-            self._client.ack(mid, qos)
 
     def start(self) -> MqttClient:
         """Connect in the background; paho retries with backoff until the broker answers."""
