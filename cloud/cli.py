@@ -28,7 +28,9 @@ def run(settings: CloudSettings) -> int:
     return 0
 
 
-ROLE = Role("cloud", "serve bundles over the Open Inference Protocol (KServe v2) REST API",
-            DESCRIPTION, OPTIONS, CloudSettings, ENV_PREFIX, run, example="MAX_BATCH_SIZE")
+ROLE = Role(name="cloud",
+            help="serve bundles over the Open Inference Protocol (KServe v2) REST API",
+            description=DESCRIPTION, options=OPTIONS, settings=CloudSettings,
+            env_prefix=ENV_PREFIX, run=run, example="MAX_BATCH_SIZE")
 register = ROLE.register
 settings_from = ROLE.settings_from

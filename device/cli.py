@@ -33,7 +33,8 @@ def run(settings: DeviceSettings) -> int:
     return 0
 
 
-ROLE = Role("device", "run a device agent (device segment, MQTT uplink)", DESCRIPTION,
-            OPTIONS, DeviceSettings, ENV_PREFIX, run, example="BROKER=mqtt://broker:1883")
+ROLE = Role(name="device", help="run a device agent (device segment, MQTT uplink)",
+            description=DESCRIPTION, options=OPTIONS, settings=DeviceSettings,
+            env_prefix=ENV_PREFIX, run=run, example="BROKER=mqtt://broker:1883")
 register = ROLE.register
 settings_from = ROLE.settings_from

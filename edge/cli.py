@@ -38,7 +38,8 @@ def run(settings: EdgeSettings) -> int:
     return 0
 
 
-ROLE = Role("edge", "run an edge aggregator (local + edge exits, cloud client)", DESCRIPTION,
-            OPTIONS, EdgeSettings, ENV_PREFIX, run, example="DEADLINE_MS")
+ROLE = Role(name="edge", help="run an edge aggregator (local + edge exits, cloud client)",
+            description=DESCRIPTION, options=OPTIONS, settings=EdgeSettings,
+            env_prefix=ENV_PREFIX, run=run, example="DEADLINE_MS")
 register = ROLE.register
 settings_from = ROLE.settings_from

@@ -20,7 +20,7 @@ from ddnn.plumbing import options
 from ddnn.plumbing.options import Option
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Role:
     """One running role as a subcommand: parsed, resolved into settings, run."""
 

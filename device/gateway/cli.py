@@ -37,7 +37,8 @@ def run(settings: GatewaySettings) -> int:
     return 0
 
 
-ROLE = Role("gateway", "batch a site's device messages up one uplink", DESCRIPTION, OPTIONS,
-            GatewaySettings, ENV_PREFIX, run)
+ROLE = Role(name="gateway", help="batch a site's device messages up one uplink",
+            description=DESCRIPTION, options=OPTIONS, settings=GatewaySettings,
+            env_prefix=ENV_PREFIX, run=run)
 register = ROLE.register
 settings_from = ROLE.settings_from

@@ -21,6 +21,11 @@ class _Settings:
 _OPTIONS = (Option("broker", str, "URL", "the broker"), Option("port", int, "N", "a port"))
 
 
+def _role(run, **more) -> Role:
+    return Role(name="thing", help="run a thing", description="Run a thing.", options=_OPTIONS,
+                settings=_Settings, env_prefix="DDNN_THING_", run=run, **more)
+
+
 def _parser(role: Role) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="ddnn")
     role.register(parser.add_subparsers(dest="command"), None, argparse.HelpFormatter)
@@ -29,8 +34,7 @@ def _parser(role: Role) -> argparse.ArgumentParser:
 
 def test_a_role_runs_on_flags_over_variables_over_defaults(monkeypatch):
     ran = []
-    role = Role("thing", "run a thing", "Run a thing.", _OPTIONS, _Settings, "DDNN_THING_",
-                lambda s: ran.append(s) or 3, example="PORT=9")
+    role = _role(lambda s: ran.append(s) or 3, example="PORT=9")
     monkeypatch.setenv("DDNN_THING_BROKER", "mqtt://env")
     monkeypatch.setenv("DDNN_THING_PORT", "7")
     args = _parser(role).parse_args(["thing", "--port", "9"])
@@ -40,8 +44,7 @@ def test_a_role_runs_on_flags_over_variables_over_defaults(monkeypatch):
 
 
 def test_a_role_says_how_variables_stand_in_for_flags(capsys):
-    role = Role("thing", "run a thing", "Run a thing.", _OPTIONS, _Settings, "DDNN_THING_",
-                lambda s: 0, example="PORT=9")
+    role = _role(lambda s: 0, example="PORT=9")
     with pytest.raises(SystemExit):
         _parser(role).parse_args(["thing", "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -51,7 +54,6 @@ def test_a_role_says_how_variables_stand_in_for_flags(capsys):
 
 
 def test_a_required_option_missing_everywhere_is_a_config_error():
-    role = Role("thing", "run a thing", "Run a thing.", _OPTIONS, _Settings, "DDNN_THING_",
-                lambda s: 0)
+    role = _role(lambda s: 0)
     with pytest.raises(ConfigError, match="--broker .or DDNN_THING_BROKER. is required"):
         role.settings_from(argparse.Namespace(), {})
