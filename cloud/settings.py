@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.errors import ConfigError
-from ddnn.plumbing.options import Option, boolean, describe, optional_int, path
+from ddnn.plumbing.options import Option, boolean, describe, optional_int, path, section
 
 ENV_PREFIX = "DDNN_CLOUD_"
 CLIENT_CERT_MODES = ("required", "optional", "none")  # --ssl-client-cert
@@ -127,59 +127,72 @@ class CloudSettings:
 
 # The options table: one row per field above (its default is the field's default).
 OPTIONS = (
-    Option("bundle", path, "DIR", "serve this bundle directory (a repository of one bundle)"),
-    Option("repository", path, "DIR", "serve every bundle directory under this directory; new "
-                                      "versions dropped in are picked up without a restart"),
-    Option("host", str, "ADDR", "address to listen on (0.0.0.0: every interface)"),
-    Option("port", int, "PORT", "TCP port to listen on"),
-    Option("batching", boolean, "BOOL",
-           "dynamic batching: run concurrent requests of a model as one ONNX Runtime call"),
-    Option("max-batch-size", int, "N", "most samples in one batched ONNX Runtime call"),
-    Option("max-queue-delay-ms", float, "MS",
-           "longest a request waits for others to join its batch, in milliseconds"),
-    Option("max-queue", int, "N", "samples that may wait per model; requests beyond it get 503"),
-    Option("inference-threads", int, "N", "worker threads calling ONNX Runtime"),
-    Option("ort-threads", optional_int, "N",
-           "ONNX Runtime intra-op threads per session ('none': ONNX Runtime's choice, every "
-           "core; its idle threads spin, which costs the HTTP side CPU)"),
-    Option("poll-interval", float, "SECONDS",
-           "seconds between repository scans for new or changed bundles (0: never)"),
-    Option("max-body-bytes", int, "BYTES", "largest accepted request body (larger: 413)"),
-    Option("max-header-bytes", int, "BYTES",
-           "largest request line plus headers (larger: 431, and the connection is closed)"),
-    Option("header-timeout", float, "SECONDS",
-           "seconds a client may take from connecting (or its request's first byte) to the end "
-           "of its headers (then 408, and the connection is closed)"),
-    Option("body-timeout", float, "SECONDS",
-           "seconds a client may take from the end of its headers to the end of its body (then "
-           "the connection is closed)"),
-    Option("keep-alive-timeout", float, "SECONDS",
-           "an idle keep-alive connection is closed after this many seconds"),
-    Option("token", str, "TOKEN", "the edges' token: require 'Authorization: Bearer TOKEN' on "
-                                  "every route but the health checks (prefer the environment "
-                                  "variable to the flag)", secret=True),
-    Option("download-token", str, "TOKEN",
-           "the devices' read-only token (their --ota-token): good for bundle downloads "
-           "(GET /v1/bundles/...) only, 403 elsewhere; needs --token", secret=True),
-    Option("ssl-certfile", path, "FILE", "TLS certificate (PEM); with --ssl-keyfile serves HTTPS"),
-    Option("ssl-keyfile", path, "FILE", "TLS private key (PEM)"),
-    Option("ssl-keyfile-password", str, "TEXT", "password of the TLS private key", secret=True),
-    Option("ssl-ca-certs", path, "FILE",
-           "CA certificate(s) (PEM) that client certificates must chain to: mutual TLS. With it "
-           "a client without such a certificate is refused in the TLS handshake (see "
-           "--ssl-client-cert); needs --ssl-certfile"),
-    Option("ssl-client-cert", str, "MODE",
-           "client certificates: required (the handshake fails without one that chains to "
-           "--ssl-ca-certs), optional (one that is presented must chain to it), none (never "
-           "asked for); unset: required with --ssl-ca-certs, else none",
-           choices=CLIENT_CERT_MODES),
-    Option("ssl-client-roles", boolean, "BOOL",
-           "with --ssl-ca-certs, a client certificate's role (the OU of its subject, "
-           "deploy/make-certs.sh) decides what it may call: OU=edge every route, OU=device bundle "
-           "downloads only, others the health checks only (403); false: any certificate of the "
-           "CA, the token decides"),
-    Option("access-log", boolean, "BOOL", "log one line per request"),
-    Option("bundle-key", path, "FILE", "Ed25519 public key (PEM): serve only bundles whose "
-                                       "manifest it signed (ddnn bundle sign); others are refused "
-                                       "and listed UNAVAILABLE"),
+    *section("What it serves", (
+        Option("bundle", path, "DIR", "serve this bundle directory (a repository of one bundle)"),
+        Option("repository", path, "DIR", "serve every bundle directory under this directory; new "
+                                          "versions dropped in are picked up without a restart"),
+        Option("poll-interval", float, "SECONDS",
+               "seconds between repository scans for new or changed bundles (0: never)"),
+        Option("bundle-key", path, "FILE",
+               "Ed25519 public key (PEM): serve only bundles whose manifest it signed (ddnn "
+               "bundle sign); others are refused and listed UNAVAILABLE"),
+    )),
+    *section("Listening", (
+        Option("host", str, "ADDR", "address to listen on (0.0.0.0: every interface)"),
+        Option("port", int, "PORT", "TCP port to listen on"),
+        Option("access-log", boolean, "BOOL", "log one line per request"),
+    )),
+    *section("Inference and batching", (
+        Option("batching", boolean, "BOOL",
+               "dynamic batching: run concurrent requests of a model as one ONNX Runtime call"),
+        Option("max-batch-size", int, "N", "most samples in one batched ONNX Runtime call"),
+        Option("max-queue-delay-ms", float, "MS",
+               "longest a request waits for others to join its batch, in milliseconds"),
+        Option("max-queue", int, "N",
+               "samples that may wait per model; requests beyond it get 503"),
+        Option("inference-threads", int, "N", "worker threads calling ONNX Runtime"),
+        Option("ort-threads", optional_int, "N",
+               "ONNX Runtime intra-op threads per session ('none': ONNX Runtime's choice, every "
+               "core; its idle threads spin, which costs the HTTP side CPU)"),
+    )),
+    *section("Bounds on clients", (
+        Option("max-body-bytes", int, "BYTES", "largest accepted request body (larger: 413)"),
+        Option("max-header-bytes", int, "BYTES",
+               "largest request line plus headers (larger: 431, and the connection is closed)"),
+        Option("header-timeout", float, "SECONDS",
+               "seconds a client may take from connecting (or its request's first byte) to the end "
+               "of its headers (then 408, and the connection is closed)"),
+        Option("body-timeout", float, "SECONDS",
+               "seconds a client may take from the end of its headers to the end of its body (then "
+               "the connection is closed)"),
+        Option("keep-alive-timeout", float, "SECONDS",
+               "an idle keep-alive connection is closed after this many seconds"),
+    )),
+    *section("Access: tokens and TLS", (
+        Option("token", str, "TOKEN", "the edges' token: require 'Authorization: Bearer TOKEN' on "
+                                      "every route but the health checks (prefer the environment "
+                                      "variable to the flag)", secret=True),
+        Option("download-token", str, "TOKEN",
+               "the devices' read-only token (their --ota-token): good for bundle downloads "
+               "(GET /v1/bundles/...) only, 403 elsewhere; needs --token", secret=True),
+        Option("ssl-certfile", path, "FILE",
+               "TLS certificate (PEM); with --ssl-keyfile serves HTTPS"),
+        Option("ssl-keyfile", path, "FILE", "TLS private key (PEM)"),
+        Option("ssl-keyfile-password", str, "TEXT", "password of the TLS private key",
+               secret=True),
+        Option("ssl-ca-certs", path, "FILE",
+               "CA certificate(s) (PEM) that client certificates must chain to: mutual TLS. "
+               "With it a client without such a certificate is refused in the TLS handshake "
+               "(see --ssl-client-cert); needs --ssl-certfile"),
+        Option("ssl-client-cert", str, "MODE",
+               "client certificates: required (the handshake fails without one that chains to "
+               "--ssl-ca-certs), optional (one that is presented must chain to it), none (never "
+               "asked for); unset: required with --ssl-ca-certs, else none",
+               choices=CLIENT_CERT_MODES),
+        Option("ssl-client-roles", boolean, "BOOL",
+               "with --ssl-ca-certs, a client certificate's role (the OU of its subject, "
+               "deploy/make-certs.sh) decides what it may call: OU=edge every route, OU=device "
+               "bundle downloads only, others the health checks only (403); false: any "
+               "certificate of the CA, the token decides"),
+    )),
 )

@@ -14,59 +14,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ddnn import names
 from ddnn.aggregation import AGGREGATIONS, aggregated_channels
 from ddnn.codec import CODECS
 from ddnn.errors import BundleError, DdnnError
 from ddnn.exits import ExitPolicy
+from ddnn.manifest_format import (
+    FORMAT,
+    FORMAT_VERSION,
+    KIND_NAMES,
+    check_format,
+    check_name,
+    class_names,
+)
+from ddnn.raw_manifest import RawManifest
 from ddnn.segment import SegmentSpec, expect_shape, sha256_file
 from ddnn.stacking import Stacking
 
-FORMAT = "ddnn-bundle"
-FORMAT_VERSION = 2
 # The version that may hold ``stacking`` (ddnn.stacking), which a reader of version 1 would
 # ignore and so answer otherwise than the bundle's calibration; a bundle without it is written
 # as version 1, which every reader loads.
 STACKING_FORMAT = 2
 MANIFEST = "manifest.json"
-
-
-def check_name(kind: str, value: str) -> str:
-    """Validate a model name or version by the name rule (:mod:`ddnn.names`)."""
-    return names.check_name(kind, value, BundleError)
-
-
-def class_names(value: Any) -> tuple[str, ...]:
-    """The manifest's class list: distinct non-empty strings (a bare string is not a list)."""
-    if not isinstance(value, list) or not all(isinstance(c, str) and c for c in value):
-        raise BundleError(f"classes must be a list of non-empty strings, got {value!r:.80}")
-    if len(set(value)) != len(value):
-        raise BundleError(f"classes must be distinct, got {value!r:.80}")
-    return tuple(value)
-
-
-# What a bundle holds: a hierarchy (the tiers' segments), or a raw-offload reference (one
-# model on raw views, served as {name}-raw).
-KIND_NAMES = {"ddnn": "a hierarchy bundle", "raw": "a raw-offload reference bundle"}
-
-
-def check_format(d: Any, kind: str) -> int:
-    """The manifest's format version, once its format and kind are what the caller reads."""
-    if not isinstance(d, dict) or d.get("format") != FORMAT:
-        raise BundleError(f"not a ddnn bundle manifest (format must be {FORMAT!r})")
-    version = d.get("format_version")
-    if not isinstance(version, int) or version < 1:
-        raise BundleError(f"invalid bundle format_version {version!r}")
-    if version > FORMAT_VERSION:
-        raise BundleError(
-            f"bundle format version {version} is newer than this ddnn supports "
-            f"({FORMAT_VERSION}); upgrade ddnn"
-        )
-    found = d.get("kind", "ddnn")
-    if found != kind:
-        what = KIND_NAMES.get(found, f"of unknown kind {found!r}")
-        raise BundleError(f"this bundle is {what}, not {KIND_NAMES[kind]}")
-    return version
 
 
 def _level(value: Any) -> int:
@@ -276,15 +244,13 @@ class Manifest:
         expect_shape(self.escalated.output("scores"), (self.num_classes,), "escalated scores")
 
 
-def parse_manifest(d: Any, kind: str | None = "ddnn") -> Manifest:
+def parse_manifest(d: Any, kind: str | None = "ddnn") -> Manifest | RawManifest:
     """A manifest of ``kind`` (None: either) from its JSON object; refuses any other kind.
     Kind "raw" gives a :class:`ddnn.raw_manifest.RawManifest`."""
     found = d.get("kind", "ddnn") if isinstance(d, dict) else "ddnn"
     if kind is None and found in KIND_NAMES:
         kind = found
     if kind == "raw":
-        from ddnn.raw_manifest import RawManifest
-
         return RawManifest.from_dict(d)
     return Manifest.from_dict(d)
 

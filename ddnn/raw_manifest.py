@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ddnn.bundle import FORMAT, check_format, check_name, class_names
 from ddnn.errors import BundleError
+from ddnn.manifest_format import FORMAT, check_format, check_name, class_names
 from ddnn.segment import SegmentSpec, expect_shape
 
 

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ddnn import envelope as env
-from ddnn.device.buffer import OutMessage
+from ddnn.device.message import OutMessage
 from ddnn.device.settings import DeviceSettings
 from ddnn.device.sources import is_absent
 from ddnn.envelope import DecodeError, MessageType

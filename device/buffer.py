@@ -14,44 +14,15 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
 
+from ddnn.device.message import DELIVERED, OutMessage, Receipt
+from ddnn.device.spool import Spool
+from ddnn.device.spool_run import SpoolRun
 from ddnn.errors import ConfigError
 from ddnn.plumbing.throttle import LogThrottle
 
-if TYPE_CHECKING:
-    from ddnn.device.spool_run import SpoolRun
-
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class OutMessage:
-    """A message to send: its kind (``scores``, ``absent``, ``skipped``, ``features`` or
-    ``results``: which
-    topic or route), body, and the frame it belongs to."""
-
-    kind: str
-    payload: bytes
-    frame: int = -1
-
-
-class Receipt(Protocol):
-    """What a transport returns for a message it took: whether the peer acknowledged it."""
-
-    def is_published(self) -> bool: ...
-
-
-class Acknowledged:
-    """The receipt of a message the peer acknowledged at once (an HTTP answer)."""
-
-    def is_published(self) -> bool:
-        return True
-
-
-DELIVERED = Acknowledged()
 
 
 class Outbox:
@@ -87,8 +58,6 @@ class Outbox:
         self._seq = 0
         self._spool = None
         if spool:
-            from ddnn.device.spool import Spool  # (the spool module uses OutMessage)
-
             # A segment stays until its last message is done: smaller ones keep the disk near
             # the bound.
             segment = min(4 << 20, max(64 << 10, (max_bytes or 4 << 23) // 8))

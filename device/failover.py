@@ -26,7 +26,7 @@ import threading
 from collections.abc import Callable
 
 from ddnn import envelope as env
-from ddnn.device.buffer import OutMessage, Receipt
+from ddnn.device.message import OutMessage, Receipt
 from ddnn.device.transport import HttpTransport, MqttTransport
 
 log = logging.getLogger(__name__)

@@ -19,34 +19,34 @@ import numpy as np
 
 from ddnn.bundle import Bundle, load_bundle
 from ddnn.device.agent import DeviceAgent
-from ddnn.device.buffer import DELIVERED, Outbox, OutMessage
+from ddnn.device.buffer import Outbox
 from ddnn.device.failover import FailoverTransport
 from ddnn.device.health import DeviceMetrics, DeviceVersionProbe, SourceWatch, monitor
+from ddnn.device.message import OutMessage
+from ddnn.device.sender import Sender
 from ddnn.device.settings import DeviceSettings, after_send_mode
 from ddnn.device.sources import Camera, ImageFolder, NpzReplay
 from ddnn.device.spool_run import SpoolRun, default_spool_dir
 from ddnn.device.transport import HttpTransport, MqttTransport
+from ddnn.device.updates import DeviceUpdates
 from ddnn.errors import ConfigError
 from ddnn.plumbing.good_version import resume
 from ddnn.plumbing.health import MonitorServer
-from ddnn.plumbing.lifecycle import Lifecycle, Worker
+from ddnn.plumbing.lifecycle import Lifecycle
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttOptions
-from ddnn.plumbing.ota import BundleUpdater
-from ddnn.plumbing.ota_settings import UpdateHooks
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics, default_device_ids
 
 log = logging.getLogger(__name__)
 
-# Seconds to wait at exit for a send under way: the HTTP fallback's timeout, plus a margin.
-SENDER_JOIN = 6.0
-
 Source = Iterable[tuple[int, np.ndarray]]  # (frame id, float32 (3, H, W) image in [0, 1])
 
 
 class DeviceService:
-    """Wires a :class:`DeviceAgent` to a transport through a bounded :class:`Outbox`.
+    """Wires a :class:`DeviceAgent` to a transport through a bounded :class:`Outbox` and its
+    :class:`~ddnn.device.sender.Sender`, with over-the-air updates (MQTT only,
+    :class:`~ddnn.device.updates.DeviceUpdates`), and replays the source (:meth:`run`).
 
     ``settings`` must be resolved for ``bundle`` (:meth:`from_settings` does that). Nothing
     runs until the ``with`` block: entering starts the parts of :attr:`lifecycle` in order —
@@ -63,10 +63,6 @@ class DeviceService:
         if hasattr(source, "stop_event"):  # a camera or a followed folder stops waiting too
             source.stop_event = self.stop_event
         self.refused: BrokerRefusedError | None = None  # the broker refused us for good
-        self._sender_done = threading.Event()
-        self.sender = Worker("device-sender", self._send_loop, stop=self._sender_done.set,
-                             join=SENDER_JOIN)
-        self._send_lock = threading.Lock()
         self.outbox = Outbox(settings.buffer, None if settings.no_spool else settings.spool,
                              sync_every=settings.spool_sync_every,
                              sync_interval=settings.spool_sync_ms / 1000,
@@ -78,8 +74,12 @@ class DeviceService:
         self.agent = DeviceAgent(BundleRuntime(bundle, threads=settings.threads), settings,
                                  emit=self.deliver)
         self.transport = self._transport()
+        self.sender = Sender(self.outbox, self.transport)
         # Updates are announced over MQTT.
-        self.updater = self._updater() if self.mqtt is not None else None
+        self.updates = (DeviceUpdates(settings, bundle, self.agent, self.metrics, self.mqtt,
+                                      DeviceVersionProbe(self))
+                        if self.mqtt is not None else None)
+        self.updater = self.updates.updater if self.updates is not None else None
         self._clean = True  # False when leaving on an error: a version on probation is condemned
         self.lifecycle = self._lifecycle()
 
@@ -123,15 +123,6 @@ class DeviceService:
                 model=self.agent.manifest.name, deployment=s.deployment, device=s.device_id))
         return transport
 
-    def _updater(self) -> BundleUpdater:
-        s = self.settings
-        hooks = UpdateHooks(apply=self._apply_update, on_result=self._update_result,
-                            on_retry=lambda ann, why: self._update_result(None),
-                            on_rollback=self._rolled_back)
-        return BundleUpdater(self.bundle, hooks, policy=s.updates, source=s.update_source,
-                             public_key=s.bundle_key, tag=s.device_id,
-                             probe=DeviceVersionProbe(self))
-
     # --- lifetime ----------------------------------------------------------------------------
 
     def _lifecycle(self) -> Lifecycle:
@@ -145,24 +136,16 @@ class DeviceService:
         if self.updater is not None:
             parts.add("bundle updater", self.updater,
                       stop=lambda: self.updater.stop(clean=self._clean))
-        parts.add("outbox", stop=self._close_outbox)
+        parts.add("outbox", stop=self.sender.close_outbox)
         parts.add({MqttTransport: "mqtt", HttpTransport: "http fallback",
                    FailoverTransport: "mqtt+http failover"}[type(self.transport)],
                   self.transport)
-        parts.add("sender", self.sender)
+        parts.add("sender", self.sender.worker)
         return parts
 
     def _start_http(self) -> None:
         s = self.settings
         self.http = monitor(self, s.http.host, s.http.port).start()
-
-    def _close_outbox(self) -> None:
-        self.outbox.settle()  # acknowledged while stopping: not sent again by the next process
-        if self.sender.alive():  # closing the spool under a send would lose its done mark
-            log.warning("the sender is still inside a send after %.0f s; the outbox is left "
-                        "for the next start to recover", SENDER_JOIN)
-        else:
-            self.outbox.close()
 
     def __enter__(self) -> DeviceService:
         self.lifecycle.start()
@@ -183,7 +166,7 @@ class DeviceService:
             self.outbox.dropped,
         )
 
-    # --- hooks of the transport and the updater ------------------------------------------------
+    # --- hooks of the transport ---------------------------------------------------------------
 
     def _on_bundle(self, payload: bytes) -> None:
         if self.updater is not None:
@@ -194,63 +177,9 @@ class DeviceService:
         self.refused = error
         self.stop_event.set()
 
-    def _apply_update(self, bundle: Bundle) -> None:
-        old = self.agent.manifest
-        self.agent.swap(BundleRuntime(bundle, threads=self.settings.threads))
-        self.metrics.bundle.set(0, model=old.name, version=old.version)
-        self.metrics.bundle.set(1, model=bundle.manifest.name, version=bundle.manifest.version)
-        if self.mqtt is not None:
-            self.mqtt.update_status(model=bundle.ref)
-
-    def _rolled_back(self, ref: str, why: str) -> None:
-        """A version failed its probation (or a crash during it): counted, and in the retained
-        status until an update succeeds."""
-        self.metrics.bundle_updates.inc(result="rolled_back")
-        if self.mqtt is not None:
-            self.mqtt.update_status(rolled_back_from=ref, ota_error=why[:300])
-
-    def _update_result(self, ok: bool | None) -> None:
-        """Count an update's outcome (None: a fetch to retry); a refusal is also in the
-        retained status (``ota_error``), beside the version that keeps running."""
-        self.metrics.bundle_updates.inc(result={True: "applied", False: "refused",
-                                                None: "retry"}[ok])
-        if ok is not None and self.updater is not None and self.mqtt is not None:
-            error = self.updater.last_error if not ok else None
-            cleared = {"rolled_back_from": None} if ok else {}  # a newer version applied
-            self.mqtt.update_status(ota_error=error[:300] if error else None, **cleared)
-
-    # --- sending -----------------------------------------------------------------------------
-
-    def _send_loop(self) -> None:
-        # Order matters (the edge sees scores before the features they announce): one sender,
-        # oldest first, and a message leaves the outbox only once the transport took it.
-        # With a spool a message stays on disk until the broker acknowledged it (settle).
-        while not self._sender_done.is_set():
-            self.outbox.settle()
-            msg = self.outbox.peek(timeout=0.05)
-            if msg is None:
-                continue
-            if not self.transport.can_send():
-                self._sender_done.wait(0.005)  # broker down or paho's window full: wait a tick
-                continue
-            with self._send_lock:
-                receipt = self.transport.send(msg)
-                if receipt:
-                    self.outbox.taken(DELIVERED if receipt is True else receipt, msg)
-
     def deliver(self, msg: OutMessage) -> None:
-        """Send at once when nothing older waits (saves a thread hop), else queue in order.
-        With a spool every message goes to disk first, for the sender to send."""
-        # Never wait for the sender: it may be inside a slow HTTP send, and the camera must not
-        # stall behind it. When it is busy, the message queues behind what it is sending.
-        if not self.outbox.spooled and self._send_lock.acquire(blocking=False):
-            try:
-                if (len(self.outbox) == 0 and self.transport.can_send()
-                        and self.transport.send(msg)):
-                    return
-            finally:
-                self._send_lock.release()
-        self.outbox.put(msg)
+        """What the agent emits: to the sender (sent at once, or queued in order)."""
+        self.sender.deliver(msg)
 
     # --- a whole replay ----------------------------------------------------------------------
 
@@ -303,15 +232,7 @@ class DeviceService:
 
     def drain(self, timeout: float) -> bool:
         """Wait until the outbox is empty and the broker acknowledged everything."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline and not self.stop_event.is_set():
-            if len(self.outbox) == 0 and self.transport.idle():
-                return True
-            self.stop_event.wait(0.01)
-        left = len(self.outbox)
-        if left:
-            log.warning("%d messages still undelivered at exit", left)
-        return left == 0
+        return self.sender.drain(timeout, self.stop_event)
 
 
 def for_bundle(settings: DeviceSettings, bundle: Bundle) -> DeviceSettings:

@@ -33,7 +33,7 @@ import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ddnn.device.buffer import OutMessage
+from ddnn.device.message import OutMessage
 from ddnn.device.spool_run import SpoolLock, SpoolRun, adopt
 from ddnn.errors import ConfigError
 
@@ -119,7 +119,9 @@ class Spool:
         self.next_seq = 0
         self._recover()
         if run is not None:
-            self.recovered = adopt(self, run)
+            self.recovered, stale = adopt(self.dir, self.recovered, run)
+            for seq, _ in stale:
+                self.done(seq)
         if self.recovered:
             log.info("spool: %d unacknowledged messages recovered from %s; sending them again "
                      "(at least once: the edge drops duplicates)", len(self.recovered), self.dir)

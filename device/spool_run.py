@@ -27,13 +27,9 @@ import os
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from ddnn.device.message import OutMessage
 from ddnn.errors import ConfigError
-
-if TYPE_CHECKING:
-    from ddnn.device.buffer import OutMessage
-    from ddnn.device.spool import Spool
 
 log = logging.getLogger(__name__)
 
@@ -95,27 +91,27 @@ class SpoolLock:
             self._fd = None
 
 
-def adopt(spool: Spool, run: SpoolRun) -> list[tuple[int, OutMessage]]:
-    """The messages of ``spool.recovered`` that ``run`` sends again; the others are marked done
-    (dropped, logged). Records ``run`` as the spool's owner."""
-    recovered, owner = spool.recovered, spool.dir / OWNER
+def adopt(directory: Path, recovered: list[tuple[int, OutMessage]], run: SpoolRun
+          ) -> tuple[list[tuple[int, OutMessage]], list[tuple[int, OutMessage]]]:
+    """Which of the messages recovered from the spool in ``directory`` ``run`` sends again, and
+    which it drops (logged; the spool marks them done): ``(keep, stale)``. Records ``run`` as
+    the spool's owner."""
+    owner = directory / OWNER
     previous = _read(owner)
     keep, stale = recovered, []
     if recovered and previous is not None and previous != run.record():
         keep, stale = [], recovered
         log.warning("spool %s: dropping %d messages another run left (%s); this run is %s",
-                    spool.dir, len(stale), _describe(previous), _describe(run.record()))
+                    directory, len(stale), _describe(previous), _describe(run.record()))
     elif run.replayed is not None:
         again = run.replayed
         stale = [(seq, m) for seq, m in recovered if m.frame in again]
         keep = [(seq, m) for seq, m in recovered if m.frame not in again]
         if stale:
             log.info("spool %s: %d recovered messages are of frames this replay sends again; "
-                     "dropped", spool.dir, len(stale))
-    for seq, _ in stale:
-        spool.done(seq)
+                     "dropped", directory, len(stale))
     _write(owner, run.record())
-    return keep
+    return keep, stale
 
 
 def _describe(record: dict) -> str:

@@ -15,7 +15,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from ddnn.device.buffer import OutMessage, Receipt
+from ddnn.device.message import OutMessage, Receipt
 from ddnn.plumbing.mqtt import BrokerRefusedError, MqttClient, MqttOptions
 from ddnn.plumbing.retry import RETRY_STATUSES, RetryPolicy
 from ddnn.plumbing.throttle import LogThrottle
@@ -124,7 +124,7 @@ class MqttTransport:
 
     def update_status(self, **info) -> None:
         """Change fields of the retained status (the bundle version after an update)."""
-        self.client.update_status(**info)
+        self.client.presence.update(**info)
 
     @property
     def connected(self) -> bool:

@@ -13,6 +13,10 @@ settings; its rows (:func:`grouped`) keep their flat names, so flags, variables,
 are what they were: ``--cloud-timeout`` and ``DDNN_EDGE_CLOUD_TIMEOUT`` fill
 ``EdgeSettings.cloud_link.timeout``. :func:`bind` lets code build and read settings by the
 flat names too (``EdgeSettings(cloud_timeout=5).cloud_timeout``).
+
+**Sections.** Rows may carry the concern they belong to (:func:`section`): ``--help`` lists
+them under it, one heading per section in the order of the table, so a long table reads as a
+few short ones.
 """
 
 from __future__ import annotations
@@ -65,6 +69,7 @@ class Option:
     # group's own field this row fills (default: the flat name).
     within: str | None = None
     key: str | None = None
+    section: str | None = None  # the heading it is listed under in --help (see section())
 
     @property
     def dest(self) -> str:
@@ -88,6 +93,11 @@ class Option:
 def grouped(field: str, rows: Iterable[Option]) -> tuple[Option, ...]:
     """The rows of an option group whose dataclass a tier holds in its settings ``field``."""
     return tuple(dataclasses.replace(o, within=field) for o in rows)
+
+
+def section(title: str, rows: Iterable[Option]) -> tuple[Option, ...]:
+    """``rows`` under the heading ``title`` in ``--help``."""
+    return tuple(dataclasses.replace(o, section=title) for o in rows)
 
 
 def _field_default(cls: type, name: str) -> Any:
@@ -164,13 +174,17 @@ def _shown(value: Any) -> str:
 
 def add_options(parser: argparse.ArgumentParser, options: Iterable[Option], settings_cls: type,
                 prefix: str) -> None:
-    """Add one flag per option; an absent flag leaves no attribute (the variable applies)."""
+    """Add one flag per option, under its section's heading; an absent flag leaves no
+    attribute (the variable applies)."""
     groups: dict[str, Any] = {}
+    sections: dict[str | None, Any] = {None: parser}
     for o in options:
-        target = parser
+        if o.section not in sections:  # one heading per section, in the table's order
+            sections[o.section] = parser.add_argument_group(o.section)
+        target = sections[o.section]
         if o.group:
             if o.group not in groups:  # one argparse group per name (not one per row)
-                groups[o.group] = parser.add_mutually_exclusive_group()
+                groups[o.group] = target.add_mutually_exclusive_group()
             target = groups[o.group]
         default = "hidden" if o.secret else _shown(_default(settings_cls, o))
         need = "required; " if _required(settings_cls, o) else ""
@@ -259,9 +273,14 @@ def _without_credentials(url: str) -> str:
 
 
 def markdown_table(options: Iterable[Option], settings_cls: type, prefix: str) -> str:
-    """The options as a Markdown table (flag, variable, default, meaning) for the docs."""
+    """The options as a Markdown table (flag, variable, default, meaning) for the docs, a
+    bold row before each section's rows."""
     rows = ["| option | environment variable | default | meaning |", "|---|---|---|---|"]
+    heading = None
     for o in options:
+        if o.section is not None and o.section != heading:
+            rows.append(f"| **{o.section}** | | | |")
+        heading = o.section
         default = "(hidden)" if o.secret else _shown(_default(settings_cls, o))
         if _required(settings_cls, o):
             default = "required"

@@ -23,6 +23,8 @@ the name and version to look for:
   and hashed while it streams; one deadline covers the whole download, however slowly the
   server trickles; a failed or refused download leaves nothing on disk.
 
+Those rules are :mod:`ddnn.plumbing.update_rules` (:class:`UpdateRules`).
+
 An accepted announcement is the tier's target until it is applied or refused: kept on disk
 beside the bundle (``.ddnn-ota/target-{tag}.json``), fetched again with backoff while the
 server cannot serve it (:class:`~ddnn.plumbing.download.Unreachable`), and taken up again by
@@ -40,7 +42,7 @@ import time
 from pathlib import Path
 
 from ddnn.bundle import Bundle, Manifest
-from ddnn.errors import BundleError, ConfigError, DdnnError
+from ddnn.errors import BundleError, DdnnError
 from ddnn.plumbing.announcement import Announcement, TargetFile, bundle_url
 from ddnn.plumbing.download import Origin, Unreachable, fetch_bundle
 from ddnn.plumbing.good_version import staging_root as default_staging_root
@@ -54,27 +56,13 @@ from ddnn.plumbing.ota_settings import (
 from ddnn.plumbing.probation import UpdateGuard, VersionProbe
 from ddnn.plumbing.retry import RetryPolicy
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.versions import is_newer, parse_version
+from ddnn.plumbing.update_rules import UpdateRules, compatible
+from ddnn.versions import is_newer
+
+# Besides the updater, what announcing and fetching code reads from here, where it lived first.
+__all__ = ["Announcement", "BundleUpdater", "Origin", "bundle_url", "compatible"]
 
 log = logging.getLogger(__name__)
-
-def compatible(running: Manifest, new: Manifest) -> None:
-    """Raise :class:`BundleError` unless ``new`` can replace ``running`` in a live hierarchy:
-    the same model name, views, classes, input and wire tensors (devices and edge update one
-    after the other, so for a moment they exchange messages of both versions)."""
-    checks = {
-        "model name": (running.name, new.name),
-        "views": (running.views, new.views),
-        "classes": (running.classes, new.classes),
-        "input shape": (running.input_shape, new.input_shape),
-        "codecs": (running.codec, new.codec),
-        "device features": (running.devices[0].output("features").shape,
-                            new.devices[0].output("features").shape),
-    }
-    for what, (a, b) in checks.items():
-        if a != b:
-            raise BundleError(f"incompatible update: {what} {b} differs from the running {a}")
-
 
 class BundleUpdater:
     """Follows a tier's bundle topic: fetches, verifies and applies announced versions.
@@ -115,10 +103,7 @@ class BundleUpdater:
         self.tag = tag  # in staging names: tiers sharing a bundle directory never collide
         self.hooks, self.policy, self.source = hooks, policy, source
         self.public_key, self.timeout = public_key, timeout
-        try:
-            self.origin = Origin.of(source.origin) if source.origin else None
-        except BundleError as e:
-            raise ConfigError(f"cloud URL for bundle updates: {e}") from None
+        self.rules = UpdateRules(policy, source, public_key)
         self.staging_root = staging_root or default_staging_root(running)
         self.target = TargetFile(self.staging_root / (f"target-{tag}.json" if tag
                                                       else "target.json"))
@@ -126,9 +111,6 @@ class BundleUpdater:
         self.refused = 0
         self.failures = 0  # failed fetches in a row of the current target
         self.last_error: str | None = None
-        if public_key is None and not policy.allow_unsigned:
-            log.warning("no bundle key: over-the-air bundle updates will be refused (configure "
-                        "--bundle-key, or allow unsigned updates explicitly)")
         self._lock = threading.Lock()
         self._pending: Announcement | None = None  # the target, until applied or refused
         if retry is None:  # 1 s doubling up to the policy's longest wait
@@ -173,7 +155,7 @@ class BundleUpdater:
             self.target.forget(ann)  # applied, rolled back, or the tier was redeployed with it
             return
         try:
-            self._precheck(ann)
+            self.rules.precheck(ann, self.running.manifest)
         except DdnnError as e:
             log.warning("dropping the saved update target %s:%s: %s", ann.name, ann.version, e)
             self.target.forget(ann)
@@ -202,7 +184,7 @@ class BundleUpdater:
         if self._rolled_back(ann):
             return
         try:
-            self._precheck(ann)
+            self.rules.precheck(ann, self.running.manifest)
         except DdnnError as e:  # refused before anything is fetched or announced to the tier
             self._refuse(ann, str(e))
             return
@@ -254,39 +236,6 @@ class BundleUpdater:
                 else:
                     self._pending = None
 
-    def _url(self, ann: Announcement) -> str:
-        if ann.url is not None:
-            return ann.url
-        if self.source.origin is None:
-            raise ConfigError("the announcement has no url and this tier knows no cloud")
-        return bundle_url(self.source.origin, ann.name, ann.version)
-
-    def _precheck(self, ann: Announcement) -> str:
-        """What can be refused from the announcement alone; returns the URL to fetch."""
-        url = self._url(ann)
-        if self.origin is not None and Origin.of(url) != self.origin:
-            raise BundleError(f"the announced URL {url!r:.200} is not on the cloud's origin "
-                              f"{self.origin}; bundles are fetched from the cloud only")
-        if self.public_key is None and not self.policy.allow_unsigned:
-            raise BundleError("over-the-air bundles must be signed and no bundle key is "
-                              "configured (--bundle-key); unsigned updates are refused unless "
-                              "allowed explicitly")
-        self._check_version(ann.name, ann.version)
-        return url
-
-    def _check_version(self, name: str, version: str) -> None:
-        running = self.running.manifest
-        if self.policy.allow_downgrade or name != running.name:
-            return  # another model is refused by compatible()
-        if not is_newer(version, running.version):
-            ordered = parse_version(version) is not None and \
-                parse_version(running.version) is not None
-            why = "" if ordered else (" (only versions that are integers or dotted integers "
-                                      "can be ordered)")
-            raise BundleError(f"version {version} is not newer than the running "
-                              f"{running.version}{why}; downgrades are refused unless allowed "
-                              "explicitly")
-
     # --- one attempt ----------------------------------------------------------------------------
 
     def update(self, ann: Announcement) -> bool:
@@ -323,14 +272,10 @@ class BundleUpdater:
         running = self.running.manifest
         suffix = f"-{self.tag}" if self.tag else ""
         staging = self.staging_root / f"{ann.name}-{ann.version}{suffix}"
-        url = self._precheck(ann)
+        url = self.rules.precheck(ann, running)
 
         def check(m: Manifest) -> None:  # on the verified manifest, before its files
-            if (m.name, m.version) != (ann.name, ann.version):
-                raise BundleError(f"{url} holds {m.name}:{m.version}, not "
-                                  f"{ann.name}:{ann.version}")
-            self._check_version(m.name, m.version)
-            compatible(running, m)
+            self.rules.check_manifest(m, ann, url, running)
 
         if staging.resolve() == self.running.path.resolve():
             raise BundleError(f"{staging} holds the running bundle")

@@ -18,7 +18,7 @@ from ddnn.plumbing.options import Option, boolean, path
 
 if TYPE_CHECKING:
     from ddnn.bundle import Bundle
-    from ddnn.plumbing.ota import Announcement
+    from ddnn.plumbing.announcement import Announcement
 
 
 @dataclass(frozen=True, kw_only=True)

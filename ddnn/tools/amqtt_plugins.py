@@ -10,7 +10,8 @@ where the protocol retains.
   (3.1.2.4). It authenticates nobody: demo and test brokers only.
 * :class:`BoundedBroker`: amqtt's queue for an absent persistent client has no bound (Mosquitto's
   ``max_queued_messages``/``max_queued_bytes``): it drops a message past
-  :data:`~ddnn.tools.broker.MAX_QUEUED_MESSAGES` or :data:`~ddnn.tools.broker.MAX_QUEUED_BYTES`
+  :data:`~ddnn.tools.broker_limits.MAX_QUEUED_MESSAGES` or
+  :data:`~ddnn.tools.broker_limits.MAX_QUEUED_BYTES`
   for that client, as Mosquitto does; delivers the queue with the retain flag off (amqtt set
   it, MQTT 3.3.1-9 says off: the edge ignores retained scores); keeps retained messages only on
   topic kinds ddnn retains (:data:`ddnn.topics.DELIVERY`) and at most
@@ -28,7 +29,7 @@ from amqtt.broker import Broker
 from amqtt.plugins.base import BaseAuthPlugin
 
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.tools.broker import MAX_QUEUED_BYTES, MAX_QUEUED_MESSAGES
+from ddnn.tools.broker_limits import MAX_QUEUED_BYTES, MAX_QUEUED_MESSAGES
 from ddnn.topics import may_retain
 
 log = logging.getLogger(__name__)

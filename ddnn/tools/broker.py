@@ -10,7 +10,7 @@ amqtt runs with :class:`ddnn.tools.amqtt_plugins.OpenSessions`: its stock anonym
 keeps no queue for a persistent session, so the edge's restart would lose the messages
 published meanwhile (Mosquitto keeps them); ``tests/integration/test_broker_sessions.py``
 checks both. Both brokers bound what they queue for an absent persistent client
-(:data:`MAX_QUEUED_MESSAGES`, :data:`MAX_QUEUED_BYTES`; amqtt through
+(:mod:`ddnn.tools.broker_limits`; amqtt through
 :class:`ddnn.tools.amqtt_plugins.BoundedBroker`), so one client flooding while the edge is away
 cannot grow the broker without bound
 (``tests/integration/test_hostile_broker.py::test_an_absent_clients_queue_is_bounded``).
@@ -30,25 +30,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from ddnn.envelope import MAX_MESSAGE
 from ddnn.errors import ConfigError
 from ddnn.tools import embedded_broker
+from ddnn.tools.broker_limits import MAX_PACKET, MAX_QUEUED_BYTES, MAX_QUEUED_MESSAGES
 
 log = logging.getLogger(__name__)
-
-# The largest MQTT packet a ddnn client ever sends: one envelope of MAX_MESSAGE bytes (the
-# receivers' bound, ddnn.envelope) in a PUBLISH with the longest topic MQTT allows (2 + 65535
-# bytes), the fixed header (at most 5), the packet id (2) and room for MQTT 5 properties. The
-# broker disconnects a client sending a larger packet before it routes anything (Mosquitto's
-# max_packet_size), so no subscriber ever receives one; the exact envelope bound stays with the
-# receivers, which count a larger payload as "oversized". deploy/mosquitto/*.conf use the same.
-MAX_PACKET = MAX_MESSAGE + (64 << 10) + 1024
-# What a broker queues per client while it is away (a persistent session: the edge, a gateway,
-# a bridge), whichever bound comes first; past them new messages for it are dropped. 32 MiB is
-# hours of a site's scores, or 32 envelopes of the largest size: without it one client publishing
-# 1 MiB messages grew Mosquitto from 10 to 311 MiB in 6 s. deploy/mosquitto/*.conf use the same.
-MAX_QUEUED_MESSAGES = 100_000
-MAX_QUEUED_BYTES = 32 << 20
 
 
 def mosquitto_config(host: str, port: int, persist: Path | None = None) -> str:

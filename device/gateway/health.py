@@ -53,7 +53,7 @@ class GatewayMetrics:
             self.refused.catch_up(f["refused"])
             for name, client in (("up", service.up), ("local", service.local)):
                 self.broker_up.set(1 if client.connected.is_set() else 0, broker=name)
-            states = [s.get("state") for s in list(service.statuses.values())]
+            states = [s.get("state") for s in list(service.roster.statuses.values())]
             for state in ("online", "offline"):
                 self.devices.set(states.count(state), state=state)
         return self.registry.render()
@@ -64,7 +64,7 @@ def readiness(service) -> Check:
     refusing it."""
     grace, now = service.settings.health_grace, time.monotonic()
     check = Check(details={"forwarded": dict(service.forwarded),
-                           "devices": len(service.statuses)})
+                           "devices": len(service.roster.statuses)})
     for what, client in (("the edge's broker", service.up), ("the site's broker", service.local)):
         if client.refused is not None:
             check.reasons.append(f"{what} refused this gateway for good: {client.refused}")

@@ -14,36 +14,32 @@ import time
 
 from ddnn import envelope as env
 from ddnn.batch import MAX_ENTRY, batches, pack_batch
-from ddnn.device.gateway.coalescer import Coalescer, Group, Key
+from ddnn.device.gateway.coalescer import Coalescer, Group
 from ddnn.device.gateway.health import GatewayMetrics, monitor
-from ddnn.device.gateway.settings import MAX_DEVICES, GatewaySettings
-from ddnn.envelope import DecodeError, MessageType
+from ddnn.device.gateway.roster import SiteRoster
+from ddnn.device.gateway.settings import GatewaySettings
+from ddnn.envelope import DecodeError
 from ddnn.plumbing.health import MonitorServer
 from ddnn.plumbing.lifecycle import Lifecycle, Worker
 from ddnn.plumbing.mqtt import MqttClient, MqttOptions
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result, ResultError
-from ddnn.status import status_fields, status_time
 from ddnn.topics import DELIVERY, DEVICE_KINDS, Topics, subscription
 
 log = logging.getLogger(__name__)
 
-# What of a device's status goes up (the edge reads these; the rest stays on the site).
-_STATUS_FIELDS = ("state", "view", "model", "mode", "since")
-MAX_MASK = 32  # bytes of a pull's view mask the gateway keeps (256 views)
 STOP_WAIT = 5.0  # seconds a stopping gateway waits for its last batches' acknowledgements
 
 
 class GatewayService:
-    """The two MQTT clients and the coalescer between them; a context manager over its
+    """The two MQTT clients and the coalescer between them, for the devices of its
+    :class:`~ddnn.device.gateway.roster.SiteRoster`; a context manager over its
     :attr:`lifecycle` (the HTTP server with ``--http-port``, the edge's broker, the site's
     broker, the acknowledging and the flushing threads: stopped in reverse)."""
 
     def __init__(self, settings: GatewaySettings):
         s = self.settings = settings
         t = self.topics = Topics(s.deployment, s.topic_prefix)
-        self.statuses: dict[str, dict] = {}  # device -> the status fields it sent up
-        self._pulled: dict[int, bytes] = {}  # frame -> the views' mask of the edge's pull
         self._lock = threading.Lock()
         self._batches: dict[int, list] = {}  # upstream mid -> local deliveries to acknowledge
         # PUBACKs from upstream as (mid, taken): paho reports them with its own lock held, so
@@ -55,7 +51,9 @@ class GatewayService:
         self.forwarded = dict.fromkeys(("batches", "messages", "complete", "timed_out",
                                         "dropped", "refused"), 0)
         self._drops_log = LogThrottle(every=1000)  # the first, then one in a thousand
-        self.coalescer = Coalescer(s.coalesce_ms / 1000, self._expected, self._send)
+        self.roster = SiteRoster(s.devices)
+        self.coalescer = Coalescer(s.coalesce_ms / 1000, self.roster.expected, self._send,
+                                   max_groups=self.roster.max_pulls)
         self.up = MqttClient(
             s.broker, f"ddnn-{s.deployment}-{s.gateway_id}",
             MqttOptions(keepalive=s.keepalive, reconnect_max=s.reconnect_max,
@@ -89,15 +87,16 @@ class GatewayService:
         stopping, by the next run of the gateway)."""
         if self._stopping:
             return False
-        delivery = self.local.delivering
+        delivery = self.local.inbox.delivering
         parsed = self.topics.parse_device(topic)
-        if parsed is None or not self._forwards(parsed[0]):
+        if parsed is None or not self.roster.forwards(parsed[0]):
             return None
         device, kind = parsed
         if kind == "results":  # a one-view device's own answer: up as it is, the edge checks it
             return self._device_result(device, payload, delivery)
         if kind == "status":
-            self._device_status(device, payload)
+            if self.roster.status(device, payload):
+                self.up.presence.update(devices=dict(self.roster.statuses))
             return None
         try:
             if len(payload) > MAX_ENTRY:  # before decoding: the cheap check first
@@ -129,24 +128,6 @@ class GatewayService:
                       DELIVERY["results"].qos, [delivery])
         return False
 
-    def _forwards(self, device: str) -> bool:
-        """A device of this gateway: listed, or (without a list) one of the first seen."""
-        if self.settings.devices:
-            return device in self.settings.devices
-        return device in self.statuses or len(self.statuses) < MAX_DEVICES
-
-    def _expected(self, key: Key) -> set[str]:
-        """The devices a group waits for: the online ones; for features, those pulled."""
-        kind, frame = key
-        online = {d for d, f in self.statuses.items() if f.get("state") == "online"}
-        if kind == "scores":
-            return online
-        with self._lock:
-            mask = self._pulled.get(frame)
-        if mask is None:
-            return set()  # a pull we did not see (or push mode): wait for the window
-        return {d for d in online if _pulled(mask, self.statuses[d].get("view"))}
-
     def _send(self, groups: list[Group]) -> None:
         """The ready groups' messages, in as few batches as the format allows."""
         entries = [e for g in groups for e in g.entries]
@@ -154,9 +135,8 @@ class GatewayService:
         with self._lock:
             self.forwarded["complete"] += complete
             self.forwarded["timed_out"] += len(groups) - complete
-            for g in groups:
-                if g.key[0] == "features":
-                    self._pulled.pop(g.key[1], None)
+        for g in groups:
+            self.roster.sent(g.key)
         for chunk in batches(entries):
             data = pack_batch((device, payload) for device, payload, _ in chunk)
             self._publish(self.topics.gateway(self.settings.gateway_id, "messages"), data,
@@ -185,7 +165,7 @@ class GatewayService:
                     self.forwarded["refused"] += len(deliveries)
             if taken:
                 for d in deliveries:
-                    self.local.ack(d)
+                    self.local.inbox.ack(d)
             # A refused batch is counted above; MqttClient already warns about refused
             # publishes with the ACL hint, first and then one in a thousand.
 
@@ -193,44 +173,16 @@ class GatewayService:
         with self._lock:
             self.forwarded[what] += 1
 
-    def _device_status(self, device: str, payload: bytes) -> None:
-        info = status_fields(payload)
-        if info.get("state") not in ("online", "offline"):
-            return
-        fields = {k: info[k] for k in _STATUS_FIELDS if k in info}
-        if "since" in fields and status_time(info, "since") is None:
-            del fields["since"]  # not a time that can be true: the edge is not told it
-        if self.statuses.get(device) == fields:
-            return  # nothing new for the edge (retained statuses come again on reconnection)
-        self.statuses[device] = fields
-        self.up.update_status(devices=dict(self.statuses))
-
     # --- down: edge -> devices ----------------------------------------------------------------
 
     def _from_edge(self, topic: str, payload: bytes) -> None:
         t, s = self.topics, self.settings
         if topic == t.requests(s.edge_id):
-            self._remember_pull(payload)
+            self.roster.remember_pull(payload)
             self.local.publish(topic, payload, DELIVERY["requests"].qos)
         elif topic in (t.edge_status(s.edge_id), t.bundle):
             wire = DELIVERY["status" if topic != t.bundle else "bundle"]
             self.local.publish(topic, payload, wire.qos, retain=wire.retain)
-
-    def _remember_pull(self, payload: bytes) -> None:
-        """Which views the edge pulled for a frame: its features' (or details') group waits for
-        them."""
-        try:
-            e = env.decode(payload)
-        except DecodeError:
-            return  # the devices drop and count it
-        # (a detail pull names its senders the same way; their details travel as features)
-        if (e.kind not in (MessageType.REQUEST, MessageType.DETAIL_REQUEST)
-                or e.codec != "binary" or len(e.payload) > MAX_MASK):
-            return
-        with self._lock:
-            self._pulled[e.frame] = e.payload
-            while len(self._pulled) > self.coalescer.max_groups:
-                self._pulled.pop(next(iter(self._pulled)))
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -282,9 +234,3 @@ class GatewayService:
         """Stop every part, in reverse order (see :meth:`_lifecycle`)."""
         self.lifecycle.stop()
 
-
-def _pulled(mask: bytes, view) -> bool:
-    """Whether the request's packed view mask (binary codec: MSB first) holds ``view``."""
-    if not isinstance(view, int) or isinstance(view, bool) or not 0 <= view < 8 * len(mask):
-        return False
-    return bool(mask[view // 8] >> (7 - view % 8) & 1)

@@ -9,7 +9,7 @@ from ddnn.errors import ConfigError
 from ddnn.names import check_name
 from ddnn.plumbing.health import MonitorHttp
 from ddnn.plumbing.mqtt import CONNECT_TIMEOUT_OPTION, SECURITY_OPTIONS, BrokerUrl, MqttSecurity
-from ddnn.plumbing.options import Option, bind, boolean, describe, grouped, id_list
+from ddnn.plumbing.options import Option, bind, boolean, describe, grouped, id_list, section
 from ddnn.topics import Topics
 
 ENV_PREFIX = "DDNN_GATEWAY_"
@@ -64,30 +64,44 @@ LOCAL_SECURITY_OPTIONS = tuple(
                         help=f"{o.help} (the devices' broker)") for o in SECURITY_OPTIONS)
 
 OPTIONS = (
-    Option("local", str, "URL", "the devices' MQTT broker (local to the site; mqtts:// for TLS)"),
-    *grouped("local_security", LOCAL_SECURITY_OPTIONS),
-    Option("broker", str, "URL", "the edge's MQTT broker, over the uplink (mqtts:// for TLS)"),
-    *grouped("security", SECURITY_OPTIONS),
-    Option("gateway-id", str, "ID", "this gateway's id: its topics, and what the edge lets it "
-                                    "speak for (edge --gateways)"),
-    Option("devices", id_list, "IDS", "comma-separated devices to forward (unset: any device "
-                                      f"on the site broker, {MAX_DEVICES} at most)"),
-    Option("deployment", str, "NAME", "deployment whose devices to forward"),
-    Option("edge-id", str, "ID", "the edge whose pulls, status and announcements to repeat"),
-    Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
-    Option("coalesce-ms", float, "MS", "longest a device message waits for the other devices' "
-                                       "messages of its frame before its batch goes"),
-    Option("forward-results", boolean, "BOOL", "forward the devices' own results (one-view "
-                                               "bundles decide on the device)"),
-    Option("keepalive", int, "S", "MQTT keepalive, seconds"),
-    Option("reconnect-max", int, "S", "cap of the reconnection backoff, seconds"),
-    CONNECT_TIMEOUT_OPTION,
-    *grouped("http", (
-        Option("http-host", str, "ADDR", "address of the gateway's HTTP server", key="host"),
-        Option("http-port", int, "PORT",
-               "port of the gateway's HTTP server (/metrics, /healthz, /livez); unset: none",
-               key="port"))),
-    Option("health-grace", float, "S",
-           "seconds either broker may be unreachable before /healthz answers 503"),
+    *section("The site's broker (the devices')", (
+        Option("local", str, "URL",
+               "the devices' MQTT broker (local to the site; mqtts:// for TLS)"),
+        *grouped("local_security", LOCAL_SECURITY_OPTIONS),
+    )),
+    *section("The edge's broker (over the uplink)", (
+        Option("broker", str, "URL",
+               "the edge's MQTT broker, over the uplink (mqtts:// for TLS)"),
+        *grouped("security", SECURITY_OPTIONS),
+    )),
+    *section("What it forwards", (
+        Option("gateway-id", str, "ID", "this gateway's id: its topics, and what the edge lets "
+                                        "it speak for (edge --gateways)"),
+        Option("devices", id_list, "IDS", "comma-separated devices to forward (unset: any "
+                                          f"device on the site broker, {MAX_DEVICES} at most)"),
+        Option("deployment", str, "NAME", "deployment whose devices to forward"),
+        Option("edge-id", str, "ID", "the edge whose pulls, status and announcements to repeat"),
+        Option("topic-prefix", str, "PREFIX", "first topic level(s)"),
+        Option("coalesce-ms", float, "MS", "longest a device message waits for the other "
+                                           "devices' messages of its frame before its batch "
+                                           "goes"),
+        Option("forward-results", boolean, "BOOL", "forward the devices' own results (one-view "
+                                                   "bundles decide on the device)"),
+    )),
+    *section("Both connections", (
+        Option("keepalive", int, "S", "MQTT keepalive, seconds"),
+        Option("reconnect-max", int, "S", "cap of the reconnection backoff, seconds"),
+        CONNECT_TIMEOUT_OPTION,
+    )),
+    *section("Monitoring", (
+        *grouped("http", (
+            Option("http-host", str, "ADDR", "address of the gateway's HTTP server",
+                   key="host"),
+            Option("http-port", int, "PORT",
+                   "port of the gateway's HTTP server (/metrics, /healthz, /livez); unset: "
+                   "none", key="port"))),
+        Option("health-grace", float, "S",
+               "seconds either broker may be unreachable before /healthz answers 503"),
+    )),
 )
 bind(GatewaySettings, OPTIONS)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ddnn.device.buffer import OutMessage
+from ddnn.device.message import OutMessage
 from ddnn.device.service import DeviceService
 from ddnn.device.settings import DeviceSettings
 from ddnn.device.transport import HttpTransport

@@ -244,7 +244,7 @@ def test_receivers_drop_retained_messages_of_kinds_never_retained(mosquitto, cli
         wait_for(lambda: (topics.device("cam0", "scores"), bytes(3)) in got, what="live scores")
         assert (topics.device("cam0", "status"), b"{}") in got  # retained where ddnn retains
         assert (topics.device("cam0", "scores"), b"stale") not in got
-        assert edge.retained_dropped == 1
+        assert edge.inbox.retained_dropped == 1
     finally:
         edge.stop()
 

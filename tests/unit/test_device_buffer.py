@@ -4,7 +4,8 @@ import zlib
 
 import numpy as np
 
-from ddnn.device.buffer import Outbox, OutMessage
+from ddnn.device.buffer import Outbox
+from ddnn.device.message import OutMessage
 from ddnn.device.sources import ImageFolder, is_absent, read_image
 
 

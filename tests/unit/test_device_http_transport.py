@@ -9,7 +9,7 @@ from typing import ClassVar
 
 import pytest
 
-from ddnn.device.buffer import OutMessage
+from ddnn.device.message import OutMessage
 from ddnn.device.transport import HttpTransport
 
 

@@ -117,3 +117,21 @@ def test_an_over_the_air_token_goes_only_with_its_origin(env):
     assert s.ota_token == "t0ken-for-bundles" and s.describe()["ota_token"] == "***"
     with pytest.raises(ConfigError, match="need --ota-origin"):
         settings_from(argparse.Namespace(), {**env, "DDNN_DEVICE_OTA_TOKEN": "t0ken"})
+
+
+def test_options_are_grouped_by_concern_in_code_and_in_help(env, capsys):
+    from ddnn.cli import build_parser
+    from ddnn.device.settings import OPTIONS, FrameSource, OutboxPolicy
+
+    s = settings_from(argparse.Namespace(fps="5", buffer="7"), env)
+    assert isinstance(s.source, FrameSource) and s.source.fps == s.fps == 5.0
+    assert isinstance(s.outbox, OutboxPolicy) and s.outbox.buffer == s.buffer == 7
+    assert all(o.section for o in OPTIONS), "every row is listed under a heading"
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["device", "--help"])
+    text = capsys.readouterr().out
+    headings = [o.section for o in OPTIONS]
+    at = [text.index(f"\n{h}:\n") for h in dict.fromkeys(headings)]
+    assert at == sorted(at), "headings in the table's order"
+    frames = text.index("\nFrame source")
+    assert frames < text.index("  --camera INDEX") < text.index("\nMQTT uplink:")

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from ddnn.device.buffer import Outbox, OutMessage
+from ddnn.device.buffer import Outbox
+from ddnn.device.message import OutMessage
 from ddnn.device.spool import Spool
 from ddnn.device.spool_run import SpoolRun, default_spool_dir
 from ddnn.errors import ConfigError

@@ -8,6 +8,7 @@ import numpy as np
 
 from ddnn import envelope as env
 from ddnn.batch import MAX_ENTRIES, MAX_ENTRY, batches, pack_batch, unpack_batch
+from ddnn.device.gateway.roster import SiteRoster
 from ddnn.device.gateway.service import GatewayService
 from ddnn.device.gateway.settings import MAX_DEVICES, GatewaySettings
 from ddnn.envelope import MAX_MESSAGE, MessageType
@@ -31,7 +32,7 @@ def test_batches_stay_within_the_format_s_bounds():
 
 
 def test_only_pull_masks_are_remembered_and_they_are_bounded():
-    g = _gateway()
+    roster = SiteRoster(max_pulls=100)
     scores = env.encode(env.pack(MessageType.SCORES, version="1", frame=1,
                                  tensor=np.zeros((1, 3), np.float32), codec="float16"))
     huge = env.encode(env.pack(MessageType.REQUEST, version="1", frame=2,
@@ -39,31 +40,50 @@ def test_only_pull_masks_are_remembered_and_they_are_bounded():
     mask = env.encode(env.pack(MessageType.REQUEST, version="1", frame=3,
                                tensor=np.array([1, -1, 1], np.float32), codec="binary"))
     for payload in (scores, huge, mask, b"junk"):
-        g._remember_pull(payload)
-    assert g._pulled == {3: bytes([0b10100000])}
-    for frame in range(g.coalescer.max_groups + 5):
-        g._remember_pull(env.encode(env.pack(MessageType.REQUEST, version="1", frame=frame,
-                                             tensor=np.ones(3, np.float32), codec="binary")))
-    assert len(g._pulled) == g.coalescer.max_groups
+        roster.remember_pull(payload)
+    assert roster.pulled == {3: bytes([0b10100000])}
+    for frame in range(roster.max_pulls + 5):
+        roster.remember_pull(env.encode(env.pack(MessageType.REQUEST, version="1", frame=frame,
+                                                 tensor=np.ones(3, np.float32), codec="binary")))
+    assert len(roster.pulled) == roster.max_pulls
+    # the gateway's coalescer holds as many groups as its roster remembers pulls
+    g = _gateway()
+    assert g.coalescer.max_groups == g.roster.max_pulls
+
+
+def test_a_features_group_waits_for_the_online_devices_the_edge_pulled():
+    roster = SiteRoster()
+    for device, view, state in (("cam0", 0, "online"), ("cam1", 1, "online"),
+                                ("cam2", 2, "offline"), ("cam3", 3, "online")):
+        roster.status(device, json.dumps({"state": state, "view": view}).encode())
+    assert roster.expected(("scores", 7)) == {"cam0", "cam1", "cam3"}
+    assert roster.expected(("features", 7)) == set(), "no pull seen: wait for the window"
+    roster.remember_pull(env.encode(env.pack(MessageType.REQUEST, version="1", frame=7,
+                                             tensor=np.array([1, -1, 1, -1], np.float32),
+                                             codec="binary")))
+    assert roster.expected(("features", 7)) == {"cam0"}, "cam2 pulled but offline"
+    roster.sent(("features", 7))
+    assert roster.pulled == {}
 
 
 def test_statuses_keep_what_the_edge_reads_for_a_bounded_set_of_devices():
-    g = _gateway()
+    roster = SiteRoster()
     noisy = {"state": "online", "view": 1, "mode": "pull", "junk": "x" * 10_000}
-    g._device_status("cam1", json.dumps(noisy).encode())
-    assert g.statuses == {"cam1": {"state": "online", "view": 1, "mode": "pull"}}
+    assert roster.status("cam1", json.dumps(noisy).encode())
+    assert not roster.status("cam1", json.dumps(noisy).encode()), "nothing new to send up"
+    assert roster.statuses == {"cam1": {"state": "online", "view": 1, "mode": "pull"}}
     for i in range(MAX_DEVICES + 50):
-        if g._forwards(f"fake{i}"):
-            g._device_status(f"fake{i}", b"online")
-    assert len(g.statuses) == MAX_DEVICES
-    listed = _gateway(devices=("cam0",))
-    assert listed._forwards("cam0") and not listed._forwards("cam1")
+        if roster.forwards(f"fake{i}"):
+            roster.status(f"fake{i}", b"online")
+    assert len(roster.statuses) == MAX_DEVICES
+    listed = _gateway(devices=("cam0",)).roster
+    assert listed.forwards("cam0") and not listed.forwards("cam1")
 
 
 def test_a_batch_the_edge_s_broker_refused_stays_on_the_site_broker():
     g = _gateway()
     acked = []
-    g.local.ack = acked.append
+    g.local.inbox.ack = acked.append
     g._batches = {5: [(50, 1), (51, 1)], 6: [(60, 1)]}
     for ack in ((5, False), (6, True), None):
         g._acks.put(ack)

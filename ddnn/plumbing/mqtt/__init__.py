@@ -3,6 +3,10 @@
 * :mod:`~ddnn.plumbing.mqtt.client`: :class:`MqttClient` — last will and retained status,
   subscriptions restored (and their SUBACKs awaited) on every reconnect, backoff, refusals
   for good;
+* :mod:`~ddnn.plumbing.mqtt.presence`: :class:`Presence`, a client's retained online/offline
+  status and last will (``client.presence.update(...)`` changes its fields);
+* :mod:`~ddnn.plumbing.mqtt.inbox`: :class:`Inbox`, what the broker delivers on to the handler
+  (stale retained messages dropped, a persistent session's acknowledgements);
 * :mod:`~ddnn.plumbing.mqtt.attempts`: failed connection attempts, logged (throttled) and kept
   for health, and the bounded wait for the CONNACK;
 * :mod:`~ddnn.plumbing.mqtt.broker`: the broker URL, TLS files and credentials;
@@ -29,6 +33,7 @@ from ddnn.plumbing.mqtt.broker import (
 )
 from ddnn.plumbing.mqtt.client import SESSION_EXPIRY, MqttClient, MqttOptions
 from ddnn.plumbing.mqtt.errors import BrokerRefusedError, MqttError
+from ddnn.plumbing.mqtt.presence import Presence
 
 __all__ = [
     "CONNECT_TIMEOUT_OPTION",
@@ -40,6 +45,7 @@ __all__ = [
     "MqttError",
     "MqttOptions",
     "MqttSecurity",
+    "Presence",
     "TopicAliases",
     "tls_context",
 ]

@@ -1,16 +1,15 @@
 """The client: one paho client, its network loop in a background thread.
 
 It adds what the tiers need and paho leaves to the caller: a last will plus a retained
-online/offline status, subscriptions restored on every reconnect (and a wait for their
-SUBACKs), reconnection with exponential backoff (paho's own, started even when the broker is
-down at start-up), every failed attempt logged (throttled) and kept for health, a bounded wait
-for the CONNACK (:mod:`~ddnn.plumbing.mqtt.attempts`), a refusal for good reported once, and
-``connected``/``subscribed`` events.
+online/offline status (:mod:`~ddnn.plumbing.mqtt.presence`), subscriptions restored on every
+reconnect (and a wait for their SUBACKs), reconnection with exponential backoff (paho's own,
+started even when the broker is down at start-up), every failed attempt logged (throttled) and
+kept for health, a bounded wait for the CONNACK (:mod:`~ddnn.plumbing.mqtt.attempts`), a
+refusal for good reported once, and ``connected``/``subscribed`` events.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import socket
 import ssl
@@ -32,14 +31,13 @@ from ddnn.plumbing.mqtt.errors import (
     BrokerRefusedError,
     ssl_reason,
 )
+from ddnn.plumbing.mqtt.inbox import Inbox
+from ddnn.plumbing.mqtt.presence import Presence
 from ddnn.plumbing.throttle import LogThrottle
-from ddnn.status import status_payload
-from ddnn.topics import DELIVERY, may_retain
 
 log = logging.getLogger("ddnn.plumbing.mqtt")  # one logger for the package (operators filter on it)
 
 SESSION_EXPIRY = 7 * 24 * 3600  # seconds a broker keeps a persistent session of an absent client
-STATUS = DELIVERY["status"]
 
 
 @dataclass
@@ -97,8 +95,9 @@ class MqttClient:
         self._paho = _import_paho()
         self.url = BrokerUrl.parse(url)
         self.options = options or MqttOptions()
-        self.status_topic = status_topic
-        self.status_info = status_info or {}
+        self.connected = threading.Event()
+        # The retained status (online, offline, the last will), its fields changed by callers.
+        self.presence = Presence(status_topic, status_info, self.publish, self.connected)
         self._on_message = on_message
         self._on_connect_cb = on_connect
         self._on_disconnect_cb = on_disconnect
@@ -108,7 +107,6 @@ class MqttClient:
         # without this hook such a publish counts as acknowledged, after a warning.
         self._on_publish_refused = on_publish_refused
         self.refused: BrokerRefusedError | None = None
-        self.connected = threading.Event()
         # Set once the broker acknowledged every subscription of the current connection: a
         # message published before that may never reach this client.
         self.subscribed = threading.Event()
@@ -118,9 +116,6 @@ class MqttClient:
         self.disconnected_since: float | None = time.monotonic()
         self.publishes_refused = 0
         self._refusals_log = LogThrottle(every=1000)  # the first, then one in a thousand
-        self.retained_dropped = 0  # retained messages on kinds never retained (topics.DELIVERY)
-        self._retained_log = LogThrottle(every=1000)
-        self.delivering: tuple[int, int] = (0, 0)  # (mid, qos) of the message being handled
         self._stopping = False
         self._tls_alert: str | None = None
         self._aliases = TopicAliases()
@@ -154,12 +149,13 @@ class MqttClient:
         c.max_queued_messages_set(o.max_queued)
         c.reconnect_delay_set(o.reconnect_min, o.reconnect_max)
         c.connect_timeout = o.connect_timeout  # TCP and TLS (paho's default: 5 s)
-        if self.status_topic:
-            c.will_set(self.status_topic, status_payload("offline", **self.status_info),
-                       STATUS.qos, retain=STATUS.retain)
+        self.presence.will(c)
         c.on_connect = self._handle_connect
         c.on_disconnect = self._handle_disconnect
-        c.on_message = self._handle_message
+        # What arrives, on to on_message (``inbox.delivering``, ``inbox.ack`` for a
+        # persistent session's handler that acknowledges later).
+        self.inbox = Inbox(c, self._on_message, o.persistent)
+        c.on_message = self.inbox.deliver
         c.on_connect_fail = self._handle_connect_fail
         c.on_socket_open = lambda client, userdata, sock: self.attempts.opened(sock)
         c.on_subscribe = self._handle_subscribe
@@ -232,9 +228,7 @@ class MqttClient:
         self._unacked_subscriptions = mids
         if not mids:
             self.subscribed.set()
-        if self.status_topic:
-            client.publish(self.status_topic, status_payload("online", **self.status_info),
-                           STATUS.qos, retain=STATUS.retain)
+        self.presence.online(client)
         log.info("connected to %s%s%s", self.url, " (reconnected)" if self.connects > 1 else "",
                  f" after {failures} failed attempts" if failures else "")
         self.connected.set()
@@ -279,34 +273,7 @@ class MqttClient:
                 return
         self._on_published(mid)  # type: ignore[misc]
 
-    def _handle_message(self, client, userdata, msg) -> None:
-        handled = None
-        self.delivering = (msg.mid, msg.qos)  # for a handler that acknowledges later
-        try:
-            if msg.retain and not may_retain(msg.topic):
-                # Stale by nature (a retained score is taken again by every new subscriber):
-                # only status and bundle announcements are retained in ddnn.
-                self.retained_dropped += 1
-                if self._retained_log():
-                    log.warning("dropped a retained message on %s, a kind never retained (%d "
-                                "so far)", msg.topic[:200], self.retained_dropped)
-            elif self._on_message is not None:
-                handled = self._on_message(msg.topic, msg.payload)
-        except Exception:  # a handler bug must not kill paho's network thread
-            log.exception("message handler failed on %s", msg.topic)
-        # Persistent sessions acknowledge by hand: a message the handler declined (False) stays
-        # unacknowledged, so the broker delivers it again to this client id's next session.
-        if self.options.persistent and msg.qos > 0 and handled is not False:
-            client.ack(msg.mid, msg.qos)
-
     # --- public API -------------------------------------------------------------------------
-
-    def ack(self, delivery: tuple[int, int]) -> None:
-        """Acknowledge a message a persistent session's handler declined (returned False) and
-        kept ``delivering`` of: until then the broker holds it for this client id."""
-        mid, qos = delivery
-        if qos > 0:
-            self._client.ack(mid, qos)
 
     def start(self) -> MqttClient:
         """Connect in the background; paho retries with backoff until the broker answers."""
@@ -350,14 +317,6 @@ class MqttClient:
             log.warning("publish to %s failed: %s", topic, self._paho.error_string(info.rc))
         return info
 
-    def update_status(self, **info: Any) -> None:
-        """Change fields of the retained online status, and publish it now when connected."""
-        # A new dict, never an update in place: paho's thread reads it on every reconnection.
-        self.status_info = {**self.status_info, **info}
-        if self.status_topic and self.connected.is_set():
-            self.publish(self.status_topic, status_payload("online", **self.status_info),
-                         STATUS.qos, retain=STATUS.retain)
-
     def alive(self) -> bool:
         """paho's network thread runs (it ends only on :meth:`stop` or a refusal for good)."""
         return _paho.network_thread_alive(self._client)
@@ -376,13 +335,8 @@ class MqttClient:
         self._stopping = True
         self.attempts.stop()
         was_connected = self.connected.is_set()
-        if self.status_topic and was_connected:
-            info = self._client.publish(self.status_topic,
-                                        status_payload("offline", **self.status_info),
-                                        STATUS.qos, retain=STATUS.retain)
-            # Lost the connection meanwhile (RuntimeError/ValueError): the last will says it.
-            with contextlib.suppress(RuntimeError, ValueError):
-                info.wait_for_publish(timeout)
+        if was_connected:
+            self.presence.offline(self._client, timeout)
         self._client.disconnect()
         # Bounded: paho's own loop_stop() waits for its thread however long it is inside a
         # connection attempt (TCP and TLS take up to connect_timeout each) or its backoff's
