@@ -143,7 +143,7 @@ def _report(args, result: dict) -> int:
     acc = ev.get("accuracy", {})
     print(f"bundle {result['bundle']} version {result['version']} written "
           f"({'signed' if result.get('signed') else 'unsigned'}); {result['rounds']} rounds, "
-          f"{result['communicated_bytes'] / 1e6:.2f} MB of model arrays; held-out accuracy "
+          f"{result['communicated_bytes'] / 1e6:.2f} MB exchanged; held-out accuracy "
           f"on {ev.get('samples', 0)} samples: "
           + ", ".join(f"{k} {v:.3f}" for k, v in acc.items())
           + (f"; answers at escalation level {result['escalation_level']}"

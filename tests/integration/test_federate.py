@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("flwr")
@@ -196,3 +197,44 @@ def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites,
     assert result["communicated_bytes"] < fedavg[0]["communicated_bytes"]
     server_log = (tmp_path / "srv" / "superlink.log").read_text()
     assert "Starting insecure" not in server_log
+
+
+def _federate(start: Path, sites: list[Path], out: Path, *extra: str) -> dict:
+    given = [a for p in sites for a in ("--site", str(p))]
+    proc = _ddnn("federate", "--bundle", str(start), *given, "--out", str(out), "--json", *ROUNDS,
+                 *extra,
+                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        stdout, stderr = proc.communicate(timeout=800)
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+    assert proc.returncode == 0, stderr[-3000:]
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_one_hostile_site_of_four_leaves_the_federation_within_two_points(sites, tmp_path):
+    """A fourth site holding four times the others' data with two classes swapped: under
+    --aggregate median the federation's bundle answers the test set within 2 points of the
+    honest sites' federation."""
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
+
+    _, paths, start = sites
+    cfg = SceneConfig(views=3, classes=3, size=32)
+    third = tmp_path / "site2.npz"
+    save_dataset(third, synthesize(180, cfg, seed=13))
+    poisoned = synthesize(720, cfg, seed=14)
+    for key in ("label", "y"):  # classes 0 and 1 swapped (an absent view's -1 stays)
+        a = poisoned[key]
+        poisoned[key] = np.where(a == 0, 1, np.where(a == 1, 0, a))
+    hostile, test = tmp_path / "hostile.npz", tmp_path / "test.npz"
+    save_dataset(hostile, poisoned)
+    save_dataset(test, synthesize(600, cfg, seed=15))  # 2 points: 12 samples
+    honest = [*paths, third]
+    _federate(start, honest, tmp_path / "honest", "--aggregate", "median")
+    result = _federate(start, [*honest, hostile], tmp_path / "attacked", "--aggregate", "median")
+    assert result["aggregate"] == "median"
+    clean = evaluate(tmp_path / "honest", test)["accuracy"]["overall"]
+    attacked = evaluate(tmp_path / "attacked", test)["accuracy"]["overall"]
+    assert abs(attacked - clean) <= 0.02, (clean, attacked)
