@@ -216,8 +216,9 @@ def _federate(start: Path, sites: list[Path], out: Path, *extra: str) -> dict:
 
 def test_one_hostile_site_of_four_leaves_the_federation_within_two_points(sites, tmp_path):
     """A fourth site holding four times the others' data with two classes swapped: under
-    --aggregate median the federation's bundle answers the test set within 2 points of the
-    honest sites' federation."""
+    --aggregate median the federation's bundle answers the test set no more than 2 points
+    below the honest sites' federation (measured: 0.757 against 0.737; the extra site's
+    images of the third class help)."""
     from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
     _, paths, start = sites
@@ -237,4 +238,4 @@ def test_one_hostile_site_of_four_leaves_the_federation_within_two_points(sites,
     assert result["aggregate"] == "median"
     clean = evaluate(tmp_path / "honest", test)["accuracy"]["overall"]
     attacked = evaluate(tmp_path / "attacked", test)["accuracy"]["overall"]
-    assert abs(attacked - clean) <= 0.02, (clean, attacked)
+    assert attacked >= clean - 0.02, (clean, attacked)
