@@ -23,6 +23,7 @@ or median (Yin et al., 2018), which count each site once.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -141,9 +142,11 @@ def count_problem(examples) -> str | None:
     if isinstance(examples, bool) or not isinstance(examples, (int, float, np.integer,
                                                                 np.floating)):
         return f"example count {examples!r} is not a number"
-    if not np.isfinite(examples) or float(examples) != int(examples):
+    # (An int of any size is whole and finite; a float must be both.)
+    if isinstance(examples, (float, np.floating)) and not (
+            math.isfinite(examples) and float(examples).is_integer()):
         return f"example count {examples!r} is not a whole number"
-    if not 1 <= examples <= MAX_EXAMPLES:
+    if not 1 <= int(examples) <= MAX_EXAMPLES:
         return f"example count {int(examples)} is out of range (1 to {MAX_EXAMPLES})"
     return None
 
@@ -155,7 +158,7 @@ def metrics_problem(metrics: Mapping) -> str | None:
         if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
                                                              np.floating)):
             return f"metric {str(name)[:40]!r} is a {type(value).__name__}, not a number"
-        if not np.isfinite(value):
+        if isinstance(value, (float, np.floating)) and not math.isfinite(value):
             return f"metric {str(name)[:40]!r} is {value}"
     return None
 

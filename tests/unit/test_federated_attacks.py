@@ -172,7 +172,8 @@ def test_robust_rules_are_coordinate_wise():
 
 @pytest.mark.parametrize("count, problem", [
     (10, None), (10.0, None), (2**40, None), (0, "out of range"), (-3.0, "out of range"),
-    (2**62, "out of range"), (2.5, "whole number"), (float("nan"), "whole number"),
+    (2**62, "out of range"), (2**80, "out of range"), (np.int64(7), None),
+    (np.float32(2.5), "whole number"), (2.5, "whole number"), (float("nan"), "whole number"),
     (float("inf"), "whole number"), ([10.0], "not a number"), ("10", "not a number"),
     (True, "not a number"), (None, "not a number")])
 def test_an_example_count_must_be_a_whole_number_in_range(count, problem):
@@ -185,3 +186,4 @@ def test_metrics_must_be_finite_numbers():
     assert "list" in metrics_problem({"loss": [1.0]})
     assert "nan" in metrics_problem({"loss": float("nan")})
     assert "str" in metrics_problem({"loss": "low"})
+    assert metrics_problem({"steps": 2**80, "loss": np.float32(0.5)}) is None  # whole, finite
