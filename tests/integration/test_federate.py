@@ -205,7 +205,7 @@ def _federate(start: Path, sites: list[Path], out: Path, *extra: str) -> dict:
                  *extra,
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        stdout, stderr = proc.communicate(timeout=800)
+        stdout, stderr = proc.communicate(timeout=1200)
     finally:
         if proc.poll() is None:
             proc.terminate()
@@ -214,6 +214,7 @@ def _federate(start: Path, sites: list[Path], out: Path, *extra: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.timeout(2400)  # two federations of four sites, one with four times the data
 def test_one_hostile_site_of_four_leaves_the_federation_within_two_points(sites, tmp_path):
     """A fourth site holding four times the others' data with two classes swapped: under
     --aggregate median the federation's bundle answers the test set no more than 2 points
