@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from ddnn.models.federated.settings import FederationSettings
+from ddnn.models.federated.strategy import AGGREGATES
 
 D = FederationSettings(bundle="", out="", work="")
 
@@ -69,6 +70,9 @@ def _federation_options(p) -> None:
     p.add_argument("--strategy", default=D.strategy, choices=["fedavg", "dma"],
                    help="fedavg: average every round; dma: dynamic model averaging (sites "
                    "send only past a divergence threshold)")
+    p.add_argument("--aggregate", default=D.aggregate, choices=list(AGGREGATES),
+                   help="how the good replies combine: mean (weighted by capped example "
+                   "counts), or coordinate-wise trimmed-mean or median (robust to a hostile site)")
     p.add_argument("--rounds", type=int, default=D.rounds, help="federated rounds")
     p.add_argument("--epochs", type=float, default=D.epochs, help="local epochs per round")
     p.add_argument("--lr", type=float, default=D.lr, help="learning rate of round 1 (cosine "
@@ -108,6 +112,7 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         raise ConfigError("--bundle and --out are required")
     return FederationSettings(
         bundle=args.bundle, out=args.out, work=work, strategy=args.strategy,
+        aggregate=args.aggregate,
         rounds=args.rounds, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         holdout=args.holdout, seed=args.seed, threshold=args.dma_threshold,
         check_steps=args.dma_check_steps, min_sites=args.min_sites, wait_sites=wait_sites,
@@ -138,7 +143,7 @@ def _report(args, result: dict) -> int:
     acc = ev.get("accuracy", {})
     print(f"bundle {result['bundle']} version {result['version']} written "
           f"({'signed' if result.get('signed') else 'unsigned'}); {result['rounds']} rounds, "
-          f"{result['communicated_bytes'] / 1e6:.2f} MB of model arrays; held-out accuracy "
+          f"{result['communicated_bytes'] / 1e6:.2f} MB exchanged; held-out accuracy "
           f"on {ev.get('samples', 0)} samples: "
           + ", ".join(f"{k} {v:.3f}" for k, v in acc.items())
           + (f"; answers at escalation level {result['escalation_level']}"

@@ -26,7 +26,19 @@ def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     return {k: a.numpy() for k, a in record.items()}
 
 
-def model_bytes(content) -> int:
-    """Bytes of the model arrays in a message's content (what ``communicated_bytes`` adds up;
-    Flower's own count: each array's serialized data and its name)."""
-    return content[ARRAYS].count_bytes() if ARRAYS in content.array_records else 0
+def message_bytes(message) -> int:
+    """The bytes a Flower message takes as it travels (what ``communicated_bytes`` adds up):
+    Flower sends a message as a tree of objects (the message with its metadata and any error,
+    its records, each array and the chunks of its data), each serialized on its own and sent
+    once however often it occurs; this is the sum of their serialized sizes. Arrays, tables,
+    metrics and config alike: everything the server and a site exchange in that message."""
+    sizes: dict[str, int] = {}
+
+    def visit(obj) -> None:
+        if obj.object_id not in sizes:
+            sizes[obj.object_id] = len(obj.deflate())
+            for child in (obj.children or {}).values():
+                visit(child)
+
+    visit(message)
+    return sum(sizes.values())

@@ -2,8 +2,11 @@
 
 Each round: the strategy says what every connected site gets (``configure``); the messages go
 out and the replies come back within ``round_timeout`` (a silent or failing site is dropped
-from the round and logged); the strategy averages the good updates (``aggregate``) and, for
-dynamic averaging's full synchronization, asks the quiet sites for their models (``complete``).
+from the round and logged); each reply is decoded and screened on its own (:func:`decode_reply`:
+a reply whose metrics are not numbers, whose arrays do not decode or whose example count cannot
+be true is refused, logged and counted, and the round goes on with the others); the strategy
+screens and combines the good updates (``aggregate``) and, for dynamic averaging's full
+synchronization, asks the quiet sites for their models (``complete``).
 After the last round the model is evaluated on every site's held-out split (federated
 evaluation, which also calibrates the thresholds) and written as the next bundle version.
 Progress goes to ``WORK/progress.jsonl``, the summary to ``WORK/result.json``.
@@ -28,11 +31,17 @@ from ddnn.models.federated.records import (
     METRICS,
     STACKING,
     from_record,
-    model_bytes,
+    message_bytes,
     to_record,
 )
 from ddnn.models.federated.settings import FederationSettings
-from ddnn.models.federated.strategy import Outcome, Reply, make_strategy
+from ddnn.models.federated.strategy import (
+    Outcome,
+    Reply,
+    count_problem,
+    make_strategy,
+    metrics_problem,
+)
 
 log = logging.getLogger("ddnn.federate")
 app = ServerApp()
@@ -40,7 +49,8 @@ PROGRESS, RESULT = "progress.jsonl", "result.json"
 
 
 class Exchange:
-    """Messages out and replies in over the Grid, counting the model bytes both ways."""
+    """Messages out and replies in over the Grid, counting every message's bytes both ways
+    (:func:`~ddnn.models.federated.records.message_bytes`: arrays, tables, metrics, config)."""
 
     def __init__(self, grid: Grid, settings: FederationSettings, base_config: dict):
         self.grid, self.settings, self.base = grid, settings, base_config
@@ -54,16 +64,16 @@ class Exchange:
             content = RecordDict({CONFIG: ConfigRecord({**self.base, "round": rnd, **extra})})
             if weights is not None:
                 content[ARRAYS] = to_record(weights)
-            self.bytes_down += model_bytes(content)
-            messages.append(Message(content, dst_node_id=node, message_type=kind,
-                                    group_id=str(rnd)))
+            message = Message(content, dst_node_id=node, message_type=kind, group_id=str(rnd))
+            self.bytes_down += message_bytes(message)
+            messages.append(message)
         replies = {}
         for reply in self.grid.send_and_receive(messages, timeout=self.settings.round_timeout):
             node = reply.metadata.src_node_id
+            self.bytes_up += message_bytes(reply)
             if reply.has_error():
                 log.warning("round %d: site %s failed: %s", rnd, node, reply.error.reason)
                 continue
-            self.bytes_up += model_bytes(reply.content)
             replies[node] = reply.content
         for node in set(payloads) - set(replies):
             log.warning("round %d: no answer from site %s; it is left out of the round",
@@ -75,11 +85,39 @@ class Exchange:
         return self.bytes_down + self.bytes_up
 
 
-def _reply(node: int, content: RecordDict) -> Reply:
-    metrics = dict(content[METRICS]) if METRICS in content.metric_records else {}
-    weights = from_record(content[ARRAYS]) if ARRAYS in content.array_records else None
-    examples = metrics.get("examples", 0)
-    return Reply(node, weights, int(examples) if float(examples).is_integer() else -1, metrics)
+def decode_reply(node: int, content: RecordDict) -> Reply | str:
+    """A site's training (or query) reply as the strategies take it, or why it is refused:
+    records of other kinds than ours, metrics that are not finite numbers, an example count
+    that cannot be true (``strategy.count_problem``), arrays that do not decode. The strategy
+    then checks the model itself (``UpdateGuard``). Nothing a site sends raises past here."""
+    if METRICS not in content.metric_records:
+        return "no metrics record"
+    if ARRAYS in content and ARRAYS not in content.array_records:
+        return f"{ARRAYS!r} is not an array record"
+    metrics = dict(content[METRICS])
+    problem = metrics_problem(metrics) or count_problem(metrics.get("examples"))
+    if problem is not None:
+        return problem
+    weights = None
+    if ARRAYS in content:
+        try:
+            weights = from_record(content[ARRAYS])
+        except Exception as e:  # bytes from a site: any failure to decode them is its fault
+            return f"arrays that do not decode ({type(e).__name__}: {str(e)[:80]})"
+    return Reply(node, weights, int(metrics["examples"]), metrics)
+
+
+def decode_replies(rnd: int, answers: dict[int, RecordDict]) -> tuple[list[Reply], dict]:
+    """The answers that decode, and the refused ones with their reasons (logged)."""
+    replies, refused = [], {}
+    for node, content in answers.items():
+        decoded = decode_reply(node, content)
+        if isinstance(decoded, Reply):
+            replies.append(decoded)
+        else:
+            refused[node] = decoded
+            log.warning("round %d: refused the reply of site %s: %s", rnd, node, decoded)
+    return replies, refused
 
 
 def wait_for_sites(grid: Grid, count: int, timeout: float) -> list[int]:
@@ -104,7 +142,7 @@ def _held_out(replies: list[Reply]) -> float | None:
 def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, progress):
     from ddnn.models.federated.trainer import round_lr
 
-    strategy = make_strategy(s.strategy, initial, threshold=s.threshold,
+    strategy = make_strategy(s.strategy, initial, s.aggregate, threshold=s.threshold,
                              check_steps=s.check_steps, min_sites=s.min_sites)
     history = []
     for rnd in range(1, s.rounds + 1):
@@ -114,16 +152,20 @@ def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, p
         lr = round_lr(s.lr, rnd, s.rounds)
         payloads = {n: (i.weights, {"reference": i.reference, "lr": lr}) for n, i in plan.items()}
         answers = exchange.send(MessageType.TRAIN, rnd, payloads)
-        replies = [_reply(n, c) for n, c in answers.items()]
+        replies, unfit = decode_replies(rnd, answers)
         outcome = strategy.aggregate(rnd, replies)
         if outcome.requests:
             more = exchange.send(MessageType.QUERY, rnd, {n: (None, {}) for n in outcome.requests})
-            late = strategy.complete(rnd, [_reply(n, c) for n, c in more.items()])
+            late_replies, late_unfit = decode_replies(rnd, more)
+            late = strategy.complete(rnd, late_replies)
+            unfit.update(late_unfit)
             outcome = Outcome(outcome.accepted + late.accepted,
-                              {**outcome.refused, **late.refused}, late.synchronized)
-        entry = {"round": rnd, "sites": len(nodes), "replied": len(replies),
+                              {**outcome.refused, **late.refused}, late.synchronized,
+                              capped={**outcome.capped, **late.capped})
+        entry = {"round": rnd, "sites": len(nodes), "replied": len(answers),
                  "sent_models": sum(r.weights is not None for r in replies),
-                 "accepted": len(outcome.accepted), "refused": outcome.refused,
+                 "accepted": len(outcome.accepted), "refused": {**unfit, **outcome.refused},
+                 "capped": outcome.capped,
                  "sync": outcome.synchronized, "holdout_accuracy": _held_out(replies),
                  "communicated_bytes": exchange.communicated,
                  "seconds": round(time.perf_counter() - start, 2)}
@@ -139,7 +181,7 @@ def final_model(grid: Grid, strategy, exchange: Exchange, rounds: int, history: 
         return strategy.model  # FedAvg's, or every site's model went into the last average
     nodes = sorted(grid.get_node_ids())
     more = exchange.send(MessageType.QUERY, rounds + 1, {n: (None, {}) for n in nodes})
-    strategy.complete(rounds + 1, [_reply(n, c) for n, c in more.items()])
+    strategy.complete(rounds + 1, decode_replies(rounds + 1, more)[0])
     return strategy.model
 
 
@@ -195,7 +237,10 @@ def _screened(answers: dict[int, RecordDict], grid: int, views: int, detail: int
 
     kept = {}
     for node, content in answers.items():
-        found = problem(content)
+        try:
+            found = problem(content)
+        except Exception as e:  # a check the answer broke: refused, as one that fails it
+            found = f"an answer that cannot be checked ({type(e).__name__}: {str(e)[:80]})"
         if found is None and first is not None and float(
                 content[METRICS]["samples"]) != float(first[node][METRICS]["samples"]):
             found = "other held-out samples than in the first evaluation"
@@ -278,16 +323,19 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     weights = final_model(grid, strategy, exchange, s.rounds, history)
     cal, stacking, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,
                                                    UplinkCost.of(start.manifest), arch)
-    summary = {"strategy": s.strategy, "rounds": s.rounds, "epochs": s.epochs, "lr": s.lr,
-               "communicated_bytes": exchange.communicated, "bytes_down": exchange.bytes_down,
-               "bytes_up": exchange.bytes_up, "evaluation": evaluation, "history": history}
+    refused = sum(len(h["refused"]) for h in history)
+    summary = {"strategy": s.strategy, "aggregate": s.aggregate, "rounds": s.rounds,
+               "epochs": s.epochs, "lr": s.lr, "communicated_bytes": exchange.communicated,
+               "bytes_down": exchange.bytes_down, "bytes_up": exchange.bytes_up,
+               "refused_replies": refused, "evaluation": evaluation, "history": history}
     if s.strategy == "dma":
         summary.update({"threshold": s.threshold, "check_steps": s.check_steps})
     bundle = write_federated_bundle(start, arch, weights, s.out, version, cal, summary,
                                     stacking)
     return {"rounds": s.rounds, "communicated_bytes": exchange.communicated,
             "version": bundle.manifest.version, "bundle": str(bundle.path),
-            "strategy": s.strategy, "evaluation": evaluation,
+            "strategy": s.strategy, "aggregate": s.aggregate, "refused_replies": refused,
+            "evaluation": evaluation,
             "thresholds": dict(bundle.manifest.thresholds),
             "escalation_level": bundle.manifest.escalation_level,
             "seconds": round(time.perf_counter() - started, 2)}

@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from ddnn.errors import ConfigError
-from ddnn.models.federated.strategy import DMA_CHECK_STEPS, DMA_THRESHOLD
+from ddnn.models.federated.strategy import AGGREGATES, DMA_CHECK_STEPS, DMA_THRESHOLD
 from ddnn.operating_curve import AGREEMENT
 
 STRATEGIES = ("fedavg", "dma")
@@ -25,6 +25,7 @@ class FederationSettings:
     out: str  # where the new bundle goes
     work: str  # progress.jsonl and result.json, read by `ddnn federate`
     strategy: str = "fedavg"  # fedavg or dma
+    aggregate: str = "mean"  # how good replies combine: mean, trimmed-mean or median
     rounds: int = 10  # rounds of local training and averaging
     epochs: float = 2.0  # local epochs per round
     lr: float = 2e-3  # Adam learning rate of the first round (cosine decay over the rounds)
@@ -46,6 +47,8 @@ class FederationSettings:
     def __post_init__(self) -> None:
         if self.strategy not in STRATEGIES:
             raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
+        if self.aggregate not in AGGREGATES:
+            raise ConfigError(f"aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
         if self.rounds < 1 or self.epochs <= 0 or self.lr <= 0 or self.batch_size < 1:
             raise ConfigError("rounds, epochs, lr and batch size must be positive")
         if not 0.0 < self.holdout < 1.0:

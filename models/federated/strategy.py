@@ -11,14 +11,19 @@ tests drive them with plain arrays.
   within the threshold are balanced among themselves; otherwise the server asks the quiet
   sites for their models too, averages all of them into a new reference and re-syncs everyone.
 
-Both refuse a bad update (wrong names or shapes, NaN/inf, an outlying norm) with a logged
-reason (:class:`UpdateGuard`), and a round with fewer good replies than ``min_sites`` leaves the
-shared model as it was.
+Both refuse a bad reply (numbers that are not numbers or counts that cannot be true:
+:func:`metrics_problem`; wrong names or shapes, NaN/inf, an outlying norm: :class:`UpdateGuard`)
+with a logged reason, and a round with fewer good replies than ``min_sites`` leaves the shared
+model as it was. No site's claim buys it the round: a claimed example count weighs at most
+``MAX_WEIGHT_RATIO`` times the round's median claim (:func:`capped_counts`), and the good models
+are combined by a rule (:data:`AGGREGATES`): the weighted mean, or a coordinate-wise trimmed mean
+or median (Yin et al., 2018), which count each site once.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
@@ -33,6 +38,10 @@ DMA_THRESHOLD = 0.05  # relative squared divergence ||w - r||^2 / ||r||^2 a site
 DMA_CHECK_STEPS = 4  # local steps between two divergence checks on a site
 MAX_RELATIVE_UPDATE = 1.0  # an update moving the model by more than its own norm is refused
 MAX_NORM_RATIO = 5.0  # ... or by more than this many times the round's median update norm
+MAX_WEIGHT_RATIO = 2.0  # a site weighs at most this many times the round's median claimed count
+MAX_EXAMPLES = 2**40  # more examples than any site holds: a larger claim is refused
+TRIM = 0.2  # trimmed mean: the share of sites dropped at each end of every coordinate
+AGGREGATES = ("mean", "trimmed-mean", "median")
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,7 @@ class Outcome:
     refused: dict[int, str] = field(default_factory=dict)  # site -> reason
     synchronized: str = "none"  # "none", "balanced" (among violators) or "full"
     requests: tuple[int, ...] = ()
+    capped: dict[int, int] = field(default_factory=dict)  # site -> the count it weighed as
 
 
 def squared_norm(weights: Mapping[str, np.ndarray]) -> float:
@@ -83,6 +93,74 @@ def weighted_average(models: list[Weights], weights: list[float]) -> Weights:
             acc += model[name] * (w / total)
         out[name] = acc.astype(first.dtype)
     return out
+
+
+def coordinate_median(models: list[Weights]) -> Weights:
+    """Every coordinate's median over ``models`` (each site counted once)."""
+    return {name: np.median(np.stack([m[name] for m in models]).astype(np.float64), axis=0)
+            .astype(first.dtype) for name, first in models[0].items()}
+
+
+def trimmed_mean(models: list[Weights], trim: float = TRIM) -> Weights:
+    """Every coordinate's mean over ``models`` once its ``k`` largest and ``k`` smallest values
+    are dropped: ``k = floor(trim * n)``, and at least one from three models up (else one
+    hostile site of three would always count)."""
+    n = len(models)
+    k = max(int(trim * n), 1 if n >= 3 else 0)
+    out: Weights = {}
+    for name, first in models[0].items():
+        ranked = np.sort(np.stack([m[name] for m in models]).astype(np.float64), axis=0)
+        out[name] = ranked[k:n - k].mean(axis=0).astype(first.dtype)
+    return out
+
+
+def combine(rule: str, models: list[Weights], weights: list[float]) -> Weights:
+    """The models combined by ``rule`` (:data:`AGGREGATES`); only ``mean`` reads ``weights``."""
+    if rule == "mean":
+        return weighted_average(models, weights)
+    if rule == "trimmed-mean":
+        return trimmed_mean(models)
+    if rule == "median":
+        return coordinate_median(models)
+    raise ValueError(f"unknown aggregate {rule!r}: one of {AGGREGATES}")
+
+
+def capped_counts(examples: list[int], ratio: float = MAX_WEIGHT_RATIO) -> list[float]:
+    """Each claimed count, at most ``ratio`` times the round's median claim (the lower median:
+    with two sites the smaller claim, so one of two cannot raise the bar it is held to). A site
+    cannot show how much data it trained on; this bounds what an inflated claim buys to
+    ``ratio`` honest sites' worth while fewer than half the sites inflate theirs."""
+    if not examples:
+        return []
+    cap = ratio * sorted(examples)[(len(examples) - 1) // 2]
+    return [float(min(e, cap)) for e in examples]
+
+
+def count_problem(examples) -> str | None:
+    """Why ``examples`` cannot be a site's example count, or None: a whole number from 1 to
+    :data:`MAX_EXAMPLES`."""
+    if isinstance(examples, bool) or not isinstance(examples, (int, float, np.integer,
+                                                                np.floating)):
+        return f"example count {examples!r} is not a number"
+    # (An int of any size is whole and finite; a float must be both.)
+    if isinstance(examples, (float, np.floating)) and not (
+            math.isfinite(examples) and float(examples).is_integer()):
+        return f"example count {examples!r} is not a whole number"
+    if not 1 <= int(examples) <= MAX_EXAMPLES:
+        return f"example count {int(examples)} is out of range (1 to {MAX_EXAMPLES})"
+    return None
+
+
+def metrics_problem(metrics: Mapping) -> str | None:
+    """Why a site's metrics cannot be true numbers, or None: every value a finite real number
+    (a list, a string, NaN or infinity is refused)."""
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer,
+                                                             np.floating)):
+            return f"metric {str(name)[:40]!r} is a {type(value).__name__}, not a number"
+        if isinstance(value, (float, np.floating)) and not math.isfinite(value):
+            return f"metric {str(name)[:40]!r} is {value}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -113,9 +191,7 @@ class UpdateGuard:
         ref_norm = np.sqrt(squared_norm(reference))
         for r in replies:
             assert r.weights is not None
-            reason = self.check_form(reference, r.weights)
-            if reason is None and not (isinstance(r.examples, int) and r.examples > 0):
-                reason = f"example count {r.examples!r} is not a positive integer"
+            reason = self.check_form(reference, r.weights) or count_problem(r.examples)
             if reason is None:
                 step = np.sqrt(distance2(r.weights, reference))
                 if step > self.max_relative_update * ref_norm:
@@ -136,16 +212,41 @@ class UpdateGuard:
         return [r for r, _ in formed if r.node not in refused], refused
 
 
+@dataclass(frozen=True)
+class Combiner:
+    """How the good replies of a round become one model: their claimed counts capped
+    (:func:`capped_counts`), then combined by ``rule`` (:func:`combine`)."""
+
+    rule: str = "mean"
+    weight_ratio: float = MAX_WEIGHT_RATIO
+
+    def __post_init__(self) -> None:
+        if self.rule not in AGGREGATES:
+            raise ValueError(f"unknown aggregate {self.rule!r}: one of {AGGREGATES}")
+
+    def __call__(self, rnd: int, replies: list[Reply]) -> tuple[Weights, dict[int, int]]:
+        """The combined model and the sites whose claims were capped (-> what they weighed)."""
+        counted = capped_counts([r.examples for r in replies], self.weight_ratio)
+        capped = {r.node: int(c) for r, c in zip(replies, counted, strict=True)
+                  if c < r.examples}
+        for node, c in capped.items():
+            log.warning("round %d: site %s claims more examples than %g x the round's median "
+                        "claim; it weighs as %d", rnd, node, self.weight_ratio, c)
+        return combine(self.rule, [r.weights for r in replies], counted), capped
+
+
 class FedAvg:
-    """Federated averaging: everyone starts from the shared model; replies are averaged
-    weighted by their example counts."""
+    """Federated averaging: everyone starts from the shared model; the good replies are
+    combined (by default averaged, weighted by their capped example counts)."""
 
     name = "fedavg"
 
-    def __init__(self, initial: Weights, min_sites: int = 1, guard: UpdateGuard | None = None):
+    def __init__(self, initial: Weights, min_sites: int = 1, guard: UpdateGuard | None = None,
+                 combiner: Combiner | None = None):
         self.model: Weights = {k: np.asarray(v) for k, v in initial.items()}
         self.min_sites = max(1, min_sites)
         self.guard = guard or UpdateGuard()
+        self.combiner = combiner or Combiner()
 
     def configure(self, rnd: int, nodes: Iterable[int]) -> dict[int, Instruction]:
         return {n: Instruction(self.model) for n in nodes}
@@ -157,8 +258,8 @@ class FedAvg:
             log.warning("round %d: %d good update(s), fewer than the %d required; the model "
                         "stays as it was", rnd, len(good), self.min_sites)
             return Outcome(refused=refused)
-        self.model = weighted_average([r.weights for r in good], [r.examples for r in good])
-        return Outcome(tuple(r.node for r in good), refused, "full")
+        self.model, capped = self.combiner(rnd, good)
+        return Outcome(tuple(r.node for r in good), refused, "full", capped=capped)
 
     def complete(self, rnd: int, replies: list[Reply]) -> Outcome:  # never asks for more
         return Outcome()
@@ -175,11 +276,12 @@ class DynamicAveraging:
 
     def __init__(self, initial: Weights, threshold: float = DMA_THRESHOLD,
                  check_steps: int = DMA_CHECK_STEPS, min_sites: int = 1,
-                 guard: UpdateGuard | None = None):
+                 guard: UpdateGuard | None = None, combiner: Combiner | None = None):
         self.model: Weights = {k: np.asarray(v) for k, v in initial.items()}  # the reference
         self.threshold, self.check_steps = float(threshold), int(check_steps)
         self.min_sites = max(1, min_sites)
         self.guard = guard or UpdateGuard()
+        self.combiner = combiner or Combiner()
         self._synced: set[int] = set()  # sites that hold the current reference
         self._pending: dict[int, Weights] = {}  # balanced models to hand back to violators
         self._round: dict[int, Reply] = {}  # this round's models, while a full sync gathers
@@ -212,11 +314,11 @@ class DynamicAveraging:
             self._synced.discard(node)
         if not good:
             return Outcome(refused=refused)
-        average = weighted_average([r.weights for r in good], [r.examples for r in good])
+        average, capped = self.combiner(rnd, good)
         if len(good) > 1 and self.divergence(average) <= self.threshold:
             for r in good:
                 self._pending[r.node] = average
-            return Outcome(tuple(r.node for r in good), refused, "balanced")
+            return Outcome(tuple(r.node for r in good), refused, "balanced", capped=capped)
         self._round = {r.node: r for r in good}
         if not quiet:
             return self._full_sync(rnd, refused)
@@ -236,14 +338,15 @@ class DynamicAveraging:
             log.warning("round %d: %d model(s) gathered, fewer than the %d required; the "
                         "reference stays as it was", rnd, len(gathered), self.min_sites)
             return Outcome(refused=refused)
-        self.model = weighted_average([r.weights for r in gathered],
-                                      [r.examples for r in gathered])
+        self.model, capped = self.combiner(rnd, gathered)
         self._synced.clear()  # everyone gets the new reference next round
-        return Outcome(tuple(r.node for r in gathered), refused, "full")
+        return Outcome(tuple(r.node for r in gathered), refused, "full", capped=capped)
 
 
-def make_strategy(name: str, initial: Weights, **options) -> FedAvg | DynamicAveraging:
-    """The strategy called ``name`` (``fedavg`` or ``dma``)."""
+def make_strategy(name: str, initial: Weights, aggregate: str = "mean",
+                  **options) -> FedAvg | DynamicAveraging:
+    """The strategy called ``name`` (``fedavg`` or ``dma``), combining by ``aggregate``."""
+    options.setdefault("combiner", Combiner(aggregate))
     if name == "fedavg":
         options.pop("threshold", None)
         options.pop("check_steps", None)

@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("flwr")
 
-from flwr.app import Array, ArrayRecord, Error, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -36,12 +36,19 @@ class FlakyGrid(Grid):
 
     def __init__(self):
         self.timeouts: list[float | None] = []
+        self.sent, self.returned = [], []  # every message each way, to count their bytes
 
     def get_node_ids(self):
         return [1, 2, 3, 4]
 
     def send_and_receive(self, messages, *, timeout=None):
         self.timeouts.append(timeout)
+        self.sent += messages
+        replies = self._replies(messages)
+        self.returned += replies
+        return replies
+
+    def _replies(self, messages):
         replies = []
         for msg in messages:
             node = msg.metadata.dst_node_id
@@ -92,10 +99,106 @@ def test_rounds_go_on_without_the_silent_the_failing_and_the_bad_site(caplog):
     assert all(2 in h["refused"] and "NaN" in h["refused"][2] for h in history)
     np.testing.assert_allclose(strategy.model["w"], 1.02, rtol=1e-6)  # site 1's two steps
     assert grid.timeouts == [7.0, 7.0]
+    # Every message counted whole, as Flower sends it: its objects, each once, serialized.
+    assert exchange.bytes_down == sum(map(wire_bytes, grid.sent))
+    assert exchange.bytes_up == sum(map(wire_bytes, grid.returned))  # the error reply too
     per_model = to_record(START).count_bytes()
-    assert exchange.bytes_down == 2 * 4 * per_model and exchange.bytes_up == 2 * 2 * per_model
+    assert exchange.bytes_down > 2 * 4 * per_model  # the models, and the config with them
+    assert exchange.bytes_up > 2 * 2 * per_model  # the models, and the metrics with them
     assert "no answer from site 3" in caplog.text and "site 4 failed: out of memory" in caplog.text
     assert CONFIG  # the records' names are the ones the ClientApp reads
+
+
+def wire_bytes(message) -> int:
+    """Flower's own traversal of what it sends for a message: every object of its tree once."""
+    from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects
+
+    return sum(len(o.deflate()) for o in get_all_nested_objects(message).values())
+
+
+class HostileGrid(FlakyGrid):
+    """Sites 1 to 3 train well; site 4 answers with ``reply(weights)``, a reply's content."""
+
+    def __init__(self, reply):
+        super().__init__()
+        self.reply = reply
+
+    def _replies(self, messages):
+        out = []
+        for msg in messages:
+            weights = from_record(msg.content[ARRAYS])
+            if msg.metadata.dst_node_id == 4:
+                content = self.reply(weights)
+            else:
+                content = RecordDict({ARRAYS: to_record({k: v + 0.01 for k, v in weights.items()}),
+                                      METRICS: MetricRecord({"examples": 10.0, "loss": 0.5})})
+            out.append(Message(content, reply_to=msg))
+        return out
+
+
+def _sent(metrics: dict, arrays=None):
+    """A reply's content: ``arrays`` (the shared weights moved a little by default)."""
+    def reply(weights):
+        content = RecordDict({METRICS: MetricRecord(metrics)})
+        content[ARRAYS] = (arrays(weights) if arrays is not None
+                           else to_record({k: v + 0.01 for k, v in weights.items()}))
+        return content
+    return reply
+
+
+def _undecodable(weights):
+    return ArrayRecord({k: Array(dtype="float32", shape=tuple(v.shape), stype="numpy.ndarray",
+                                 data=b"\x93NUMPY?") for k, v in weights.items()})
+
+
+MALFORMED = {
+    "list-in-metrics": (_sent({"examples": 10.0, "loss": [1.0, 2.0]}), "'loss' is a list"),
+    "list-count": (_sent({"examples": [10.0]}), "'examples' is a list"),
+    "nan-in-metrics": (_sent({"examples": 10.0, "loss": float("nan")}), "'loss' is nan"),
+    "no-count": (_sent({"loss": 0.5}), "example count None"),
+    "count-2**62": (_sent({"examples": float(2**62)}), "out of range"),
+    "negative-count": (_sent({"examples": -10.0}), "out of range"),
+    "fractional-count": (_sent({"examples": 10.5}), "not a whole number"),
+    "undecodable-arrays": (_sent({"examples": 10.0}, _undecodable), "do not decode"),
+    "other-serialization": (_sent({"examples": 10.0}, lambda w: ArrayRecord({
+        k: Array(dtype="float32", shape=tuple(v.shape), stype="torch.Tensor", data=v.tobytes())
+        for k, v in w.items()})), "do not decode"),
+    "arrays-not-arrays": (_sent({"examples": 10.0}, lambda w: MetricRecord({"w": 1.0})),
+                          "not an array record"),
+    "config-as-metrics": (lambda w: RecordDict({METRICS: ConfigRecord({"examples": "ten"}),
+                                                ARRAYS: to_record(w)}), "no metrics record"),
+    "wrong-names": (_sent({"examples": 10.0}, lambda w: to_record({"x": w["w"]})), "missing"),
+    "wrong-shapes": (_sent({"examples": 10.0}, lambda w: to_record({**w, "w": w["w"][:2]})),
+                     "expected float32[4, 4]"),
+    "nan-arrays": (_sent({"examples": 10.0}, lambda w: to_record(
+        {k: np.full_like(v, np.nan) for k, v in w.items()})), "NaN"),
+}
+
+
+@pytest.mark.parametrize("kind", list(MALFORMED))
+def test_a_malformed_reply_is_refused_and_the_round_goes_on(kind, caplog):
+    """Whatever one site sends, the run does not end: its reply is refused with the reason,
+    logged and counted in the round's record, and the others' updates make the model."""
+    reply, reason = MALFORMED[kind]
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=2)
+    grid = HostileGrid(reply)
+    exchange = Exchange(grid, s, {"arch": "{}"})
+    strategy, history = run_rounds(grid, s, exchange, START, lambda e: None)
+    for h in history:
+        assert h["replied"] == 4 and h["accepted"] == 3 and list(h["refused"]) == [4]
+        assert reason in h["refused"][4], h["refused"][4]
+    assert f"site 4: {history[0]['refused'][4]}" in caplog.text  # logged as refused
+    np.testing.assert_allclose(strategy.model["w"], 1.02, rtol=1e-6)  # the other three's
+    json.dumps(history)  # the round's record stays plain JSON
+
+
+def test_fewer_good_replies_than_min_sites_leave_the_model_as_it_was():
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, min_sites=4)
+    grid = HostileGrid(MALFORMED["list-in-metrics"][0])
+    strategy, history = run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START,
+                                   lambda e: None)
+    assert all(h["accepted"] == 0 and 4 in h["refused"] for h in history)
+    np.testing.assert_array_equal(strategy.model["w"], START["w"])
 
 
 class EvaluatingGrid(FlakyGrid):

@@ -29,9 +29,9 @@ def test_fedavg_weights_replies_by_their_examples():
     s = FedAvg(model(1.0))
     plan = s.configure(1, [7, 8])
     assert set(plan) == {7, 8} and all(i.weights is s.model for i in plan.values())
-    out = s.aggregate(1, [Reply(7, model(1.2), 30), Reply(8, model(1.6), 10)])
-    assert out.accepted == (7, 8) and not out.refused
-    np.testing.assert_allclose(s.model["conv.weight"], 1.3)  # (1.2*30 + 1.6*10) / 40
+    out = s.aggregate(1, [Reply(7, model(1.2), 20), Reply(8, model(1.6), 10)])
+    assert out.accepted == (7, 8) and not out.refused and not out.capped
+    np.testing.assert_allclose(s.model["conv.weight"], 4 / 3, rtol=1e-6)  # (1.2*20+1.6*10)/30
     assert s.model["conv.weight"].dtype == np.float32
 
 
