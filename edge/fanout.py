@@ -3,8 +3,9 @@
 Each :class:`~ddnn.result.Result` goes to the sinks one result at a time (the MQTT results
 topic, a file, an application's callback, and last the recent results behind
 ``GET /v1/results``), so every sink sees the same sequence. A sink that fails is counted
-(``ddnn_edge_dropped_total{reason="sink"}``) and logged once, and the others still get the
-result. The fan-out counts what it published and says when ``expect`` results are out.
+(``on_dropped("sink")``: ``ddnn_edge_dropped_total{reason="sink"}``) and logged once, and the
+others still get the result. The fan-out counts what it published and says when ``expect``
+results are out.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import logging
 import threading
 from collections.abc import Sequence
 
-from ddnn.edge.metrics import EdgeMetrics
+from ddnn.edge.events import EdgeEvents
 from ddnn.edge.sinks import RecentResults, ResultSink
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.result import Result
@@ -26,12 +27,12 @@ RECENT_RESULTS = 1000  # results kept for GET /v1/results
 class ResultFanout:
     """Publishes each result to ``sinks`` and then to the recent results."""
 
-    def __init__(self, sinks: Sequence[ResultSink], metrics: EdgeMetrics,
+    def __init__(self, sinks: Sequence[ResultSink], events: EdgeEvents,
                  expect: int | None = None, recent: int = RECENT_RESULTS):
         self.recent = RecentResults(recent)
         # The recent results last: the sinks that carry results away come first.
         self.sinks: list[ResultSink] = [*sinks, self.recent]
-        self.metrics, self.expect = metrics, expect
+        self.events, self.expect = events, expect
         self._lock = threading.Lock()  # every sink sees the results in one order
         self.answered = 0
         self.done = threading.Event()  # set after ``expect`` results
@@ -54,7 +55,7 @@ class ResultFanout:
                 try:
                     sink.publish(result)
                 except Exception:  # a full disk or a broken sink must not silence the others
-                    self.metrics.dropped.inc(reason="sink")
+                    self.events.on_dropped("sink")
                     if self._failed(type(sink).__name__):
                         log.exception("result sink %s failed; counted in "
                                       'ddnn_edge_dropped_total{reason="sink"}',

@@ -111,7 +111,7 @@ class EdgeHealth:
         if updater is not None:
             check.details["bundle"] = updater.status()  # type: ignore[attr-defined]
         if self.mqtt is not None:
-            self._broker_reasons(check, now)
+            self._broker_reasons(check, now, self.mqtt)
             grown = now - self.started > s.health_grace
             if states and all(st == "offline" or (st == "unknown" and grown)
                               for st in states.values()):
@@ -132,12 +132,12 @@ class EdgeHealth:
                     f"answered for {stalled:.0f} s (more than --stall-after {s.stall_after:g} s)")
         return None
 
-    def _broker_reasons(self, check: Check, now: float) -> None:
-        mqtt, grace = self.mqtt, self.settings.health_grace
-        if mqtt.refused is not None:  # type: ignore[union-attr]
+    def _broker_reasons(self, check: Check, now: float, mqtt: MqttClient) -> None:
+        grace = self.settings.health_grace
+        if mqtt.refused is not None:
             check.reasons.append(f"the broker refused this edge for good: {mqtt.refused}")
             return
-        since = mqtt.disconnected_since  # type: ignore[union-attr]
+        since = mqtt.disconnected_since
         if since is not None and now - since > grace:
             check.reasons.append(f"broker {mqtt.url} unreachable for {now - since:.0f} s (more "
                                  f"than --health-grace {grace:g} s){mqtt.attempts.last_attempt()}")

@@ -64,10 +64,8 @@ class EdgeService:
             connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
         # One-view devices' own results (their own topic, or through a gateway), checked.
         self.device_results = DeviceResults(self.aggregator)
-        self.gateways = GatewayIngest(
-            self.aggregator.ingest, topics, dict(s.gateways),
-            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason),
-            on_result=self.device_results.take)
+        self.gateways = GatewayIngest(self.aggregator.ingest, topics, dict(s.gateways),
+                                      self.aggregator.events, results=self.device_results)
         self.lifecycle = Lifecycle()  # its parts are added below, once made
         # /healthz, /readyz, /livez (edge.health), served by the HTTP server.
         self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater,
@@ -75,7 +73,8 @@ class EdgeService:
         self.http: EdgeHttpServer | None = None
         if s.http.port is not None:
             tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
-            tls = server_tls(s.http_cert_file, s.http_key_file) if s.http_cert_file else None
+            tls = (server_tls(s.http_cert_file, s.http_key_file)
+                   if s.http_cert_file and s.http_key_file else None)
             self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port, s.http_token,
                                        tokens=tokens, max_connections=s.http_max_connections,
                                        health=self.health, tls=tls)
@@ -113,7 +112,7 @@ class EdgeService:
 
     def _sinks(self, topics: Topics) -> list[ResultSink]:
         """The result sinks the settings configure: MQTT, a file, an application's URL."""
-        s, out = self.settings, []
+        s, out = self.settings, list[ResultSink]()
         if self.mqtt is not None:
             out.append(MqttSink(self.mqtt.publish, topics.results))
         if s.results_out is not None:
@@ -192,9 +191,9 @@ class EdgeService:
             on_retry=lambda ann, why: m.bundle_updates.inc(result="retry"),
             # The target of an update survives restarts (BundleUpdater): one announced before
             # this process started is announced to the ingest again here, before MQTT connects.
-            on_announce=lambda ann: agg.ingest.announce((ann.name, ann.version)),
+            on_announce=lambda ann: agg.ingest.versions.announce((ann.name, ann.version)),
             # messages of a refused version are another model's again
-            on_refused=lambda ann: agg.ingest.withdraw((ann.name, ann.version)),
+            on_refused=lambda ann: agg.ingest.versions.withdraw((ann.name, ann.version)),
             # failing its health check on probation rolls a version back
             on_rollback=lambda ref, why: m.bundle_updates.inc(result="rolled_back"))
         return BundleUpdater(agg.runtime.bundle, hooks, policy=s.updates,
@@ -223,7 +222,8 @@ class EdgeService:
         cloud = self.aggregator.cloud.timeout if self.aggregator.cloud is not None else 0.0
         self.aggregator.drain(s.max_wait + s.feature_deadline + cloud + 1.0)
         self.flush(5.0)
-        self.mqtt.stop()  # type: ignore[union-attr]
+        if self.mqtt is not None:
+            self.mqtt.stop()
 
     def stop(self) -> None:
         """Stop what :meth:`start` started, in reverse order."""
