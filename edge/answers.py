@@ -40,7 +40,7 @@ class Answers:
         sinks). ``finish`` False: the frame goes on up, answered (an audit,
         :mod:`ddnn.edge.audit`)."""
         latency = max(time.time() - f.captured, 0.0)
-        missing = self.assembler.why_missing(f, answer.views if answer else ())
+        missing = self.assembler.roster.why_missing(f, answer.views if answer else ())
         why = {self.devices[v]: reason for v, reason in missing.items()}
         if answer is None:  # no view was fused: nothing to classify (the result says so)
             result = unanswered(frame=f.id, missing=why, latency_ms=latency * 1000)

@@ -26,7 +26,7 @@ the MQTT thread, waits are checked on the worker.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -112,14 +112,6 @@ class FrameAssembler:
         self._newest: int | None = None  # newest frame id any device has opened or joined
 
     # --- messages ---------------------------------------------------------------------------
-
-    def _frame(self, frame: int, now: float, captured: float, view: int) -> Frame:
-        f = self._frames.get(frame)
-        if f is None:
-            self._check_new(frame, now, view)
-            return self._open(frame, now, captured, view)
-        f.captures.setdefault(view, captured)
-        return f
 
     def _check_new(self, frame: int, now: float, view: int) -> None:
         """Raises the Drop of a view of ``frame`` (not open) that is late, or beyond the window."""
@@ -227,7 +219,12 @@ class FrameAssembler:
                     return None
                 # Never open a frame on features (pulled by an edge that restarted since).
                 raise Drop("unrequested", f"features of view {view} for unknown frame {frame}")
-            f = self._frame(frame, now, captured, view)
+            f = self._frames.get(frame)
+            if f is None:
+                self._check_new(frame, now, view)
+                f = self._open(frame, now, captured, view)
+            else:
+                f.captures.setdefault(view, captured)
             if view in f.features:
                 raise Drop("duplicate", f"features of view {view} of frame {frame} arrived twice")
             if self.single_view:
@@ -331,22 +328,6 @@ class FrameAssembler:
         with self._lock:
             return min((f.deadline for f in self._frames.values() if not f.taken),
                        default=float("inf"))
-
-    def why_missing(self, f: Frame, fused: Collection[int]) -> dict[int, str]:
-        """Why each view not in ``fused`` is missing from ``f``'s answer (the Result's reasons)."""
-        out = {}
-        for v in range(self.views):
-            if v in fused:
-                continue
-            if v in f.absent:
-                out[v] = "absent"
-            elif v in f.scores:
-                out[v] = "no_features"
-            elif v in f.refused or self.roster.conduct.flagged(v):
-                out[v] = "refused"
-            else:
-                out[v] = "late" if v in self.roster.expecting else "offline"
-        return out
 
     def knows(self, frame: int) -> bool:
         """The frame is being assembled or was answered (anything for it is handled here)."""

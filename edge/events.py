@@ -34,6 +34,9 @@ class DeviceEvents:
     def on_devices(self, devices: Sequence[str]) -> None:
         """The devices this edge serves (``devices[i]`` runs view ``i``), at its start."""
 
+    def on_broker(self, connected: bool) -> None:
+        """The edge connected to its broker, or lost it."""
+
     def on_received(self, kind: str, messages: int, payload_bytes: int,
                     header_bytes: int) -> None:
         """Device messages of ``kind`` taken (the ingest's counts, handed over in bulk)."""
@@ -41,7 +44,11 @@ class DeviceEvents:
     def on_dropped(self, reason: str, device: str | None = None,
                    lag: float | None = None) -> None:
         """A message (or a result, for ``sink``) counted and dropped; ``device``: whose, where
-        it matters (``late``, ``scores``, ``ahead``); ``lag``: how late (seconds)."""
+        it is known; ``lag``: how late (seconds) a ``late`` one came."""
+
+    def on_refused(self, device: str, reason: str) -> None:
+        """A view held for its device's conduct dropped after the fact (``ahead``: it ran
+        ahead of the other devices' views)."""
 
     def on_device_status(self, device: str, online: bool) -> None:
         """A device's status says it is online or offline."""
@@ -81,6 +88,9 @@ class FrameEvents:
 
     def on_bundle(self, model: str, version: str, running: bool) -> None:
         """The edge runs ``model:version`` for new frames, or no longer does."""
+
+    def on_bundle_update(self, result: str) -> None:
+        """An over-the-air update ``applied``, ``refused``, ``retry``-ed or ``rolled_back``."""
 
     def on_thresholds(self, thresholds: Mapping[str, float]) -> None:
         """The exit thresholds in force."""

@@ -36,6 +36,7 @@ from ddnn.edge.settings import EdgeSettings
 from ddnn.plumbing.health import Check
 from ddnn.plumbing.lifecycle import Worker
 from ddnn.plumbing.mqtt import MqttClient
+from ddnn.plumbing.ota import BundleUpdater
 from ddnn.plumbing.probation import Look
 
 SAMPLE = 0.25  # seconds between two samples of the worker's progress
@@ -46,7 +47,7 @@ class EdgeHealth:
     metrics); ``updater`` returns its bundle updater (None without one)."""
 
     def __init__(self, agg: EdgeAggregator, settings: EdgeSettings, mqtt: MqttClient | None,
-                 updater: Callable[[], object] = lambda: None,
+                 updater: Callable[[], BundleUpdater | None] = lambda: None,
                  liveness: Callable[[], Check] = Check):
         self.agg, self.settings, self.mqtt = agg, settings, mqtt
         self._updater = updater
@@ -109,7 +110,7 @@ class EdgeHealth:
         check.details.update(broker_connected=self._connected(), devices=states)
         updater = self._updater()
         if updater is not None:
-            check.details["bundle"] = updater.status()  # type: ignore[attr-defined]
+            check.details["bundle"] = updater.status()
         if self.mqtt is not None:
             self._broker_reasons(check, now, self.mqtt)
             grown = now - self.started > s.health_grace

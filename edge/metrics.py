@@ -123,6 +123,12 @@ class EdgeMetrics(EdgeEvents):
     def on_bundle(self, model: str, version: str, running: bool) -> None:
         self.bundle.set(1 if running else 0, model=model, version=version)
 
+    def on_bundle_update(self, result: str) -> None:
+        self.bundle_updates.inc(result=result)
+
+    def on_broker(self, connected: bool) -> None:
+        self.broker_up.set(1 if connected else 0)
+
     def on_thresholds(self, thresholds: Mapping[str, float]) -> None:
         for exit_name, threshold in thresholds.items():
             self.thresholds.set(threshold, exit=exit_name)
@@ -179,10 +185,14 @@ class DeviceMetrics(EdgeEvents):
         self.dropped.inc(reason=reason)
         if device is None:
             return
-        if reason in CONDUCT:  # refused for its device's conduct
+        if reason == "scores":  # out of the bundle's bounds: refused for its device's conduct
             self.refused.inc(device=device, reason=reason)
         elif reason == "late":
             self.late.inc(device=device)
+
+    def on_refused(self, device: str, reason: str) -> None:
+        self.dropped.inc(reason=reason)
+        self.refused.inc(device=device, reason=reason)
 
     def on_device_status(self, device: str, online: bool) -> None:
         self.devices_online.set(1 if online else 0, device=device)
@@ -192,9 +202,6 @@ class DeviceMetrics(EdgeEvents):
 
     def on_flag(self, device: str, reason: str, flagged: bool) -> None:
         self.flagged.set(1 if flagged else 0, device=device, reason=reason)
-
-
-CONDUCT = ("ahead", "scores")  # drop reasons that judge the device (docs/security.md)
 
 
 class LearningMetrics(EdgeEvents):

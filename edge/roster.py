@@ -9,7 +9,7 @@ frame alone (:mod:`ddnn.edge.runahead`): its views of frames not yet open are he
 another device opens the frame, or refused once held past the budget.
 
 The roster reports what it judges through the edge's events (:mod:`ddnn.edge.events`): a held
-view refused (``on_dropped("ahead", device)``), a device flagged or cleared (``on_flag``).
+view refused (``on_refused``), a device flagged or cleared (``on_flag``).
 The frame assembler shares the roster's lock and holds it whenever it calls the methods
 documented as called under it.
 """
@@ -17,7 +17,7 @@ documented as called under it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 from ddnn.edge.arrivals import ArrivalLag
@@ -81,6 +81,22 @@ class DeviceRoster:
         """Views whose devices are late for most of their recent views (for health checks)."""
         with self.lock:
             return self.lag.systematically_late()
+
+    def why_missing(self, f: Frame, fused: Collection[int]) -> dict[int, str]:
+        """Why each view not in ``fused`` is missing from ``f``'s answer (the Result's reasons)."""
+        out = {}
+        for v in range(self.views):
+            if v in fused:
+                continue
+            if v in f.absent:
+                out[v] = "absent"
+            elif v in f.scores:
+                out[v] = "no_features"
+            elif v in f.refused or self.conduct.flagged(v):
+                out[v] = "refused"
+            else:
+                out[v] = "late" if v in self.expecting else "offline"
+        return out
 
     def _update_expected(self) -> None:
         """The one rule of who is expected: not offline, not silent ``suspect_after`` waits
@@ -147,7 +163,7 @@ class DeviceRoster:
     def ran_ahead(self, view: int) -> None:
         """A held view dropped after the fact: it ran ahead."""
         self.conduct.bad(view, "ahead")
-        self.events.on_dropped("ahead", self.devices[view])
+        self.events.on_refused(self.devices[view], "ahead")
 
     def expire_held(self, now: float) -> None:
         """Views held past the budget ran ahead. Where no other device reports at all, the

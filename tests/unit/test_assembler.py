@@ -142,7 +142,7 @@ def test_a_device_lagging_past_the_budget_is_not_waited_for():
     a.roster.lag.observe(1, 10.0)  # 10 s behind: its views come after their frames are answered
     f = a.add_scores(0, 1, S, 0.0, now=0.0)
     assert f is not None and f.present == [0]  # no wait at all
-    assert a.why_missing(f, f.present) == {1: "late"}
+    assert a.roster.why_missing(f, f.present) == {1: "late"}
 
 
 def test_a_fixed_deadline_without_a_budget():

@@ -64,7 +64,7 @@ def test_a_device_that_joins_ahead_is_held_refused_and_flagged():
     assert sorted(c.answered) == list(range(200))
     assert all(c.answered[f] == {0, 1, 2, 3, 4} for f in range(50, 200)), "none of its views"
     assert events.of("on_flag") == [("cam5", "ahead", True)]
-    assert events.of("on_dropped").count(("ahead", "cam5")) == 100
+    assert events.of("on_refused").count(("cam5", "ahead")) == 100
     assert a.roster.flagged() == {5: ["ahead"]} and 5 not in a.roster.expected()
     assert a.roster.late_views() == []  # the honest devices were never late
 
