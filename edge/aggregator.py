@@ -97,7 +97,7 @@ class EdgeAggregator:
         events.on_devices(self.devices)
         self.assembler = FrameAssembler(
             m.views, s.deadline, s.feature_deadline, max_wait=s.max_wait,
-            single_view=m.views == 1, rules=DeviceRules(s.suspect_after, s.max_fps),
+            single_view=m.views == 1, rules=DeviceRules(s.waits.suspect_after, s.waits.max_fps),
             bounds=FrameBounds(), events=events, devices=self.devices)
         pipeline = self._pipeline(runtime)
         self.fanout = ResultFanout(sinks, events, s.expect_frames)
@@ -128,8 +128,8 @@ class EdgeAggregator:
 
     def _pipeline(self, runtime: BundleRuntime) -> ExitPipeline:
         s = self.settings
-        policy = runtime.manifest.policy.with_overrides(local=s.local_threshold,
-                                                        edge=s.edge_threshold)
+        policy = runtime.manifest.policy.with_overrides(local=s.thresholds.local_threshold,
+                                                        edge=s.thresholds.edge_threshold)
         self.events.on_thresholds(policy.thresholds)
         # Compute times are observed once the frame's result is out (EdgeMetrics.on_computed).
         return ExitPipeline(runtime, policy, events=self.events)

@@ -113,7 +113,7 @@ class EdgeHealth:
             check.details["bundle"] = updater.status()
         if self.mqtt is not None:
             self._broker_reasons(check, now, self.mqtt)
-            grown = now - self.started > s.health_grace
+            grown = now - self.started > s.health.health_grace
             if states and all(st == "offline" or (st == "unknown" and grown)
                               for st in states.values()):
                 check.reasons.append("every device is offline: " + ", ".join(
@@ -128,13 +128,14 @@ class EdgeHealth:
     def stall_reason(self) -> str | None:
         """Why the worker counts as stalled, or None."""
         stalled, s = self.stalled_for(), self.settings
-        if stalled > s.stall_after and self._connected():
+        after = s.health.stall_after
+        if stalled > after and self._connected():
             return (f"worker stalled: {self.agg.snapshot().pending} frames pending and none "
-                    f"answered for {stalled:.0f} s (more than --stall-after {s.stall_after:g} s)")
+                    f"answered for {stalled:.0f} s (more than --stall-after {after:g} s)")
         return None
 
     def _broker_reasons(self, check: Check, now: float, mqtt: MqttClient) -> None:
-        grace = self.settings.health_grace
+        grace = self.settings.health.health_grace
         if mqtt.refused is not None:
             check.reasons.append(f"the broker refused this edge for good: {mqtt.refused}")
             return

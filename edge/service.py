@@ -75,11 +75,13 @@ class EdgeService:
                                  liveness=self.lifecycle.liveness)
         self.http: EdgeHttpServer | None = None
         if s.http.port is not None:
-            tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
-            tls = (server_tls(s.http_cert_file, s.http_key_file)
-                   if s.http_cert_file and s.http_key_file else None)
-            self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port, s.http_token,
-                                       tokens=tokens, max_connections=s.http_max_connections,
+            access = s.http_access
+            tokens = (load_http_tokens(access.http_tokens, devices) if access.http_tokens
+                      else None)
+            tls = server_tls(*access.tls) if access.tls is not None else None
+            self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port,
+                                       access.http_token, tokens=tokens,
+                                       max_connections=access.http_max_connections,
                                        health=self.health, tls=tls)
         # Updates are announced over MQTT.
         self.updater = self._updater() if self.mqtt is not None else None
@@ -119,14 +121,14 @@ class EdgeService:
 
     def _sinks(self, topics: Topics) -> list[ResultSink]:
         """The result sinks the settings configure: MQTT, a file, an application's URL."""
-        s, out = self.settings, list[ResultSink]()
+        results, out = self.settings.results, list[ResultSink]()
         if self.mqtt is not None:
             out.append(MqttSink(self.mqtt.publish, topics.results))
-        if s.results_out is not None:
-            out.append(FileSink(s.results_out))
-        if s.results_url is not None:
-            out.append(CallbackSink(ResultsCallback(s.results_url, self.metrics.callback,
-                                                    token=s.results_token)))
+        if results.results_out is not None:
+            out.append(FileSink(results.results_out))
+        if results.results_url is not None:
+            out.append(CallbackSink(ResultsCallback(results.results_url, self.metrics.callback,
+                                                    token=results.results_token)))
         return out
 
     def _add_parts(self) -> None:
@@ -147,8 +149,8 @@ class EdgeService:
                      max_inflight: int | None) -> MqttClient:
         s = self.settings
         options = MqttOptions(
-            keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=s.security,
-            connect_timeout=s.connect_timeout,
+            keepalive=s.broker_link.keepalive, reconnect_max=s.broker_link.reconnect_max,
+            security=s.security, connect_timeout=s.broker_link.connect_timeout,
             persistent=True,  # the broker keeps device messages while the edge restarts
             subscriptions=[subscription(topics.all_devices(k), k) for k in DEVICE_KINDS]
             + [subscription(topics.bundle, "bundle")]
