@@ -151,8 +151,8 @@ class EventRunner(EdgeEvents):
     def _forwarder(self, name: str) -> Hook:
         base = getattr(EdgeEvents, name)
         # Observers that leave an event as the no-op are not called for it.
-        hooks: list[Hook] = [getattr(o, name) for o in self.observers
-                 if getattr(type(o), name, base) is not base]
+        hooks: list[Hook] = [hook for hook in (getattr(o, name) for o in self.observers)
+                             if getattr(hook, "__func__", None) is not base]
 
         def forward(*args: Any, **kwargs: Any) -> None:
             for hook in hooks:
