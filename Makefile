@@ -79,12 +79,13 @@ broker: system
 demo: setup
 	$(BIN)/ddnn demo
 
-# import-linter reads packages from disk, so it checks the package as pip installs it: the
-# tier folders inside `ddnn`, as on a board.
+# import-linter and mypy read packages from disk, so they check the package as pip installs it:
+# the tier folders inside `ddnn`, as on a board. mypy checks the edge's types ([tool.mypy]).
 lint: venv
 	$(BIN)/ruff check .
 	rm -rf build/lint && $(BIN)/python -m pip install -q --no-deps --target build/lint .
 	cd build/lint && ../../$(BIN)/lint-imports --config ../../pyproject.toml
+	cd build/lint && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p ddnn.edge
 
 test: setup lint
 	$(BIN)/python -m pytest

@@ -30,7 +30,8 @@ class ArrivalLag:
     def __init__(self, views: int, decay: float = 0.95):
         self.decay = decay
         self.estimate = [0.0] * views
-        self._recent = [collections.deque(maxlen=RECENT) for _ in range(views)]
+        self._recent: list[collections.deque[bool]] = [collections.deque(maxlen=RECENT)
+                                                       for _ in range(views)]
         self.late = [0] * views  # views that came after their frame was answered, in total
 
     def observe(self, view: int, lag: float | None, *, late: bool = False) -> None:

@@ -18,70 +18,109 @@ a frame a flagged device opened says nothing about the late device's lag.
 Bounded whatever the devices send: frame ids more than ``window`` ahead of the newest frame any
 device is at are refused (one message moves the window by at most ``window``), at most
 ``max_open`` frames wait at once, and answered frames are forgotten smallest id first, so no
-single frame id, however large, makes later frames look old. Thread-safe: messages arrive on
+single frame id, however large, makes later frames look old (:class:`AnsweredFrames`).
+Thread-safe: messages arrive on
 the MQTT thread, waits are checked on the worker.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Collection
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
-from ddnn.edge.frame import DONE, FEATURES, SCORES, Drop, Frame
-from ddnn.edge.roster import DeviceRoster
-from ddnn.edge.runahead import MAX_FPS, Held
+from ddnn.edge.events import NO_EVENTS, EdgeEvents
+from ddnn.edge.frame import DONE, FEATURES, SCORES, Drop, Frame, Scores
+from ddnn.edge.roster import DeviceRoster, DeviceRules
+from ddnn.edge.runahead import Held
 
 WINDOW = 1_000_000  # frame ids this far ahead of every device's newest are refused ("ahead")
 MAX_OPEN = 4096  # frames waiting at once; a message opening one more is refused ("overload")
+HISTORY = 65536  # answered frames remembered (anything for them is late)
 
 
-def _ignore(*args) -> None:
-    pass
+@dataclass(frozen=True)
+class FrameBounds:
+    """What bounds the assembler's memory whatever the devices send: frame ids ``window``
+    ahead of the newest refused, ``max_open`` frames waiting at once, ``history`` answered
+    frames remembered."""
+
+    window: int = WINDOW
+    max_open: int = MAX_OPEN
+    history: int = HISTORY
 
 
-class FrameAssembler(DeviceRoster):
-    """Per-frame bookkeeping of which views arrived, with deadlines; the devices' side (who is
-    expected, lags, runs ahead, is flagged) is :class:`~ddnn.edge.roster.DeviceRoster`'s."""
+@dataclass(frozen=True)
+class Answered:
+    """What is remembered of an answered frame: enough to tell how late a view of it is."""
 
-    def __init__(self, views: int, deadline: float = 0.2, feature_deadline: float = 0.5,
-                 suspect_after: int = 3, history: int = 65536, single_view: bool = False,
-                 max_wait: float | None = None, window: int = WINDOW, max_open: int = MAX_OPEN,
-                 max_fps: float = MAX_FPS, on_refused: Callable[[int, str], None] = _ignore,
-                 on_flag: Callable[[int, str, bool], None] = _ignore):
+    requested: tuple[int, ...]  # the views whose features it pulled
+    opened: float  # monotonic time its scores' wait started
+    opener: int  # the view that opened it
+
+
+class AnsweredFrames:
+    """The frames answered, remembered so that anything for them is late: the last ``history``
+    of them, forgotten smallest id first (so no single frame id, however large, makes later
+    frames look old); every id at or below the forgotten ones is answered too."""
+
+    def __init__(self, history: int = HISTORY):
+        self.history = history
+        self._done: dict[int, Answered] = {}
+        self._ids: list[int] = []  # heap of the ids in _done
+        self.low_water = -1  # frames at or below this id are forgotten: anything for them is late
+
+    def get(self, frame: int) -> Answered | None:
+        """What is remembered of ``frame`` (None: not answered, or forgotten)."""
+        return self._done.get(frame)
+
+    def answered(self, frame: int) -> bool:
+        """Answered, remembered or forgotten since."""
+        return frame in self._done or frame <= self.low_water
+
+    def add(self, f: Frame) -> None:
+        if f.id not in self._done:
+            heapq.heappush(self._ids, f.id)
+        self._done[f.id] = Answered(f.requested, f.opened, f.opener)
+        while len(self._done) > self.history:
+            old = heapq.heappop(self._ids)
+            del self._done[old]
+            self.low_water = max(self.low_water, old)
+
+
+class FrameAssembler:
+    """Per-frame bookkeeping of which views arrived, with deadlines. The devices' side (who is
+    expected, lags, runs ahead, is flagged) is its :attr:`roster`'s
+    (:class:`~ddnn.edge.roster.DeviceRoster`), which reports through ``events``."""
+
+    def __init__(self, views: int, deadline: float = 0.2, feature_deadline: float = 0.5, *,
+                 max_wait: float | None = None, single_view: bool = False,
+                 rules: DeviceRules = DeviceRules(), bounds: FrameBounds = FrameBounds(),
+                 events: EdgeEvents = NO_EVENTS, devices: Sequence[str] = ()):
         # The latency budget: None (or less than deadline) is the fixed deadline of old.
-        max_wait = deadline if max_wait is None else max(max_wait, deadline)
-        super().__init__(views, max_wait, suspect_after, single_view, max_fps, on_refused,
-                         on_flag)
+        self.max_wait = deadline if max_wait is None else max(max_wait, deadline)
+        self.views, self.single_view = views, single_view
+        self.roster = DeviceRoster(views, self.max_wait, rules, single_view=single_view,
+                                   events=events, devices=devices)
+        self._lock = self.roster.lock  # (one lock: the roster is judged as frames assemble)
         self.deadline, self.feature_deadline = deadline, feature_deadline
-        self.window, self.max_open = window, max_open
+        self.window, self.max_open = bounds.window, bounds.max_open
         self._frames: dict[int, Frame] = {}
-        # id -> (requested, opened, opener)
-        self._done: dict[int, tuple[tuple[int, ...], float, int]] = {}
-        self._done_ids: list[int] = []  # heap of the ids in _done: forgotten smallest first
-        self._history = history
-        self._low_water = -1  # frames at or below this id are forgotten: anything for them is late
+        self.answered = AnsweredFrames(bounds.history)
         self._newest: int | None = None  # newest frame id any device has opened or joined
 
     # --- messages ---------------------------------------------------------------------------
 
-    def _frame(self, frame: int, now: float, captured: float, view: int) -> Frame:
-        f = self._frames.get(frame)
-        if f is None:
-            self._check_new(frame, now, view)
-            return self._open(frame, now, captured, view)
-        f.captures.setdefault(view, captured)
-        return f
-
     def _check_new(self, frame: int, now: float, view: int) -> None:
         """Raises the Drop of a view of ``frame`` (not open) that is late, or beyond the window."""
-        if frame in self._done or frame <= self._low_water:
+        if self.answered.answered(frame):
             lag = None
-            if frame in self._done:
-                _, opened, opener = self._done[frame]
-                lag = now - opened
-                self._observe_late(view, lag, opener, frame, now)
+            done = self.answered.get(frame)
+            if done is not None:
+                lag = now - done.opened
+                self.roster.observe_late(view, lag, done.opener, frame, now)
             raise Drop("late", f"frame {frame} is already answered", view=view, lag=lag)
         if self._newest is not None and frame > self._newest + self.window:
             raise Drop("ahead", f"frame {frame} is more than {self.window} frames ahead of "
@@ -93,7 +132,7 @@ class FrameAssembler(DeviceRoster):
         f = self._frames[frame] = Frame(frame, captured, now, first_at=now, opener=view)
         if self._newest is None or frame > self._newest:
             self._newest = frame
-        for u, held in self.runahead.claim(frame):
+        for u, held in self.roster.runahead.claim(frame):
             self._join(f, u, held, now)
         return f
 
@@ -102,7 +141,7 @@ class FrameAssembler(DeviceRoster):
         budget (a flagged device that keeps in step again is cleared so); else it ran ahead."""
         if now - held.arrived > self.max_wait:
             f.refused.add(view)
-            self._ran_ahead(view)
+            self.roster.ran_ahead(view)
             return
         if held.scores is None:
             f.absent.add(view)
@@ -111,27 +150,27 @@ class FrameAssembler(DeviceRoster):
         if held.features is not None:
             f.features[view] = held.features
         f.captures[view] = held.captured
-        self._on_time(view, f.id, 0.0, now)  # it came before the frame opened
+        self.roster.on_time(view, f.id, 0.0, now)  # it came before the frame opened
 
-    def add_scores(self, view: int, frame: int, scores: np.ndarray | None, captured: float,
+    def add_scores(self, view: int, frame: int, scores: Scores | None, captured: float,
                    now: float) -> Frame | None:
         """Scores (or ``None`` for an absent view) of one view; returns the frame if now ready."""
         with self._lock:
-            self._heard(view)
+            self.roster.heard(view)
             f = self._frames.get(frame)
             if f is None:
                 self._check_new(frame, now, view)
-                if self._holds(view, frame, captured, now):
-                    self._hold(view, frame, scores, captured, now)
+                if self.roster.holds(view, frame, captured, now):
+                    self.roster.hold(view, frame, scores, captured, now)
                     return None
                 f = self._open(frame, now, captured, view)
             if view in f.scores or view in f.absent or view in f.refused:
                 raise Drop("duplicate", f"view {view} of frame {frame} arrived twice")
             if f.stage != SCORES or f.taken:
-                self._observe_late(view, now - f.opened, f.opener, frame, now)
+                self.roster.observe_late(view, now - f.opened, f.opener, frame, now)
                 raise Drop("late", f"view {view} of frame {frame} came after its deadline",
                            view=view, lag=now - f.opened)
-            self._on_time(view, frame, now - f.opened, now)
+            self.roster.on_time(view, frame, now - f.opened, now)
             f.captures[view] = captured
             if scores is None:
                 f.absent.add(view)
@@ -144,8 +183,8 @@ class FrameAssembler(DeviceRoster):
         bounds): its device is judged for it, and an open frame stops waiting for the view.
         Returns the frame if that made it ready. A refused message opens no frame."""
         with self._lock:
-            self._heard(view)
-            self.conduct.bad(view, reason)
+            self.roster.heard(view)
+            self.roster.conduct.bad(view, reason)
             f = self._frames.get(frame)
             if (f is None or f.stage != SCORES or f.taken or view in f.scores
                     or view in f.absent):
@@ -156,7 +195,7 @@ class FrameAssembler(DeviceRoster):
     def _ready_or_wait(self, f: Frame, now: float) -> Frame | None:
         awaited = self._awaited(f)
         if not awaited:
-            self._settle(f)
+            self.roster.settle(f)
             return f.take(now)
         f.deadline = self._scores_deadline(f, awaited)
         return None
@@ -165,35 +204,42 @@ class FrameAssembler(DeviceRoster):
                      now: float) -> Frame | None:
         """Features of one view (pulled, pushed, or a one-view device's uplink)."""
         with self._lock:
-            self._heard(view)
-            if frame in self._done and not self.single_view:
-                if view in self._done[frame][0]:
+            self.roster.heard(view)
+            done = self.answered.get(frame)
+            if done is not None and not self.single_view:
+                if view in done.requested:
                     raise Drop("late", f"features of view {view} of answered frame {frame}")
                 # Pushed features of a frame that exited locally are the price of push mode.
-                reason = "unneeded" if self.pushing[view] else "unrequested"
+                reason = "unneeded" if self.roster.pushing[view] else "unrequested"
                 raise Drop(reason, f"features of view {view} for answered frame {frame}")
-            if (not self.single_view and frame not in self._frames and frame not in self._done
-                    and frame > self._low_water):
-                if self.runahead.hold_features(view, frame, features):
-                    self.pushing[view] = True  # pushed with its held scores: they go together
+            if (not self.single_view and frame not in self._frames
+                    and not self.answered.answered(frame)):
+                if self.roster.runahead.hold_features(view, frame, features):
+                    self.roster.pushing[view] = True  # pushed with its held scores: together
                     return None
                 # Never open a frame on features (pulled by an edge that restarted since).
                 raise Drop("unrequested", f"features of view {view} for unknown frame {frame}")
-            f = self._frame(frame, now, captured, view)
+            f = self._frames.get(frame)
+            if f is None:
+                self._check_new(frame, now, view)
+                f = self._open(frame, now, captured, view)
+            else:
+                f.captures.setdefault(view, captured)
             if view in f.features:
                 raise Drop("duplicate", f"features of view {view} of frame {frame} arrived twice")
             if self.single_view:
                 # A one-view device sends features only for frames it did not exit itself.
                 f.scores.setdefault(view, np.zeros(0, np.float32))
                 f.features[view] = features
-                f.stage, f.requested = FEATURES, (view,)
+                f.move(FEATURES)
+                f.requested = (view,)
                 return f.take(now)
             if f.stage == SCORES and view not in f.scores:
                 raise Drop("unrequested", f"features of view {view} before its scores")
             if f.stage == SCORES and not f.taken:
                 # Features before the local exit decided anything: the device pushes them.
                 # (A frame the worker holds may be pulled already: that answer can come first.)
-                self.pushing[view] = True
+                self.roster.pushing[view] = True
             if f.stage == FEATURES and f.taken:
                 raise Drop("late", f"features of view {view} of frame {frame} after the deadline")
             if f.stage == FEATURES and view not in f.requested:
@@ -205,8 +251,9 @@ class FrameAssembler(DeviceRoster):
 
     def _awaited(self, f: Frame) -> list[int]:
         """Views ``f`` still waits for: expected, not arrived, and not hopelessly late."""
-        hopeless, budget, scores, absent = self.lag.hopeless, self.max_wait, f.scores, f.absent
-        return [v for v in self._expected if v not in scores and v not in absent
+        hopeless, budget = self.roster.lag.hopeless, self.max_wait
+        scores, absent = f.scores, f.absent
+        return [v for v in self.roster.expecting if v not in scores and v not in absent
                 and v not in f.refused and not hopeless(v, budget)]
 
     # --- the worker's side ------------------------------------------------------------------
@@ -214,7 +261,8 @@ class FrameAssembler(DeviceRoster):
     def await_features(self, f: Frame, views: list[int], now: float) -> Frame | None:
         """Move a frame to the feature stage; returns it at once if nothing needs pulling."""
         with self._lock:
-            f.stage, f.requested = FEATURES, tuple(views)
+            f.move(FEATURES)
+            f.requested = tuple(views)
             f.pulled_at = now
             if all(v in f.features for v in views):
                 return f.take(now)
@@ -224,15 +272,9 @@ class FrameAssembler(DeviceRoster):
 
     def finish(self, f: Frame) -> None:
         with self._lock:
-            f.stage = DONE
+            f.move(DONE)
             self._frames.pop(f.id, None)
-            if f.id not in self._done:
-                heapq.heappush(self._done_ids, f.id)
-            self._done[f.id] = (f.requested, f.opened, f.opener)
-            while len(self._done) > self._history:
-                old = heapq.heappop(self._done_ids)
-                del self._done[old]
-                self._low_water = max(self._low_water, old)
+            self.answered.add(f)
 
     def _scores_deadline(self, f: Frame, awaited: list[int] | None = None) -> float:
         """When ``f`` stops waiting for scores: the awaited devices' usual lag, within budget."""
@@ -240,14 +282,14 @@ class FrameAssembler(DeviceRoster):
             awaited = self._awaited(f)
         if not awaited:  # only hopeless devices are missing: nothing worth waiting for
             return f.opened
-        wait = min(max(self.lag.wait_for(awaited), self.deadline), self.max_wait)
+        wait = min(max(self.roster.lag.wait_for(awaited), self.deadline), self.max_wait)
         return f.opened + wait
 
     def expire(self, now: float) -> list[Frame]:
         """Frames whose deadline passed: ready with the views they have."""
         out = []
         with self._lock:
-            self._expire_held(now)
+            self.roster.expire_held(now)
             for f in self._frames.values():
                 if f.taken or f.deadline > now:
                     continue
@@ -256,10 +298,10 @@ class FrameAssembler(DeviceRoster):
                     f.deadline = self._scores_deadline(f)
                     if f.deadline > now:
                         continue
-                    f.missing = {v for v in self._expected if v not in f.scores
+                    f.missing = {v for v in self.roster.expecting if v not in f.scores
                                  and v not in f.absent and v not in f.refused}
-                    self._missed(f.missing)
-                    self._settle(f)
+                    self.roster.missed(f.missing)
+                    self.roster.settle(f)
                 else:
                     f.missing = {v for v in f.requested if v not in f.features}
                 out.append(f.take(now))
@@ -287,26 +329,10 @@ class FrameAssembler(DeviceRoster):
             return min((f.deadline for f in self._frames.values() if not f.taken),
                        default=float("inf"))
 
-    def why_missing(self, f: Frame, fused: Collection[int]) -> dict[int, str]:
-        """Why each view not in ``fused`` is missing from ``f``'s answer (the Result's reasons)."""
-        out = {}
-        for v in range(self.views):
-            if v in fused:
-                continue
-            if v in f.absent:
-                out[v] = "absent"
-            elif v in f.scores:
-                out[v] = "no_features"
-            elif v in f.refused or self.conduct.flagged(v):
-                out[v] = "refused"
-            else:
-                out[v] = "late" if v in self._expected else "offline"
-        return out
-
     def knows(self, frame: int) -> bool:
         """The frame is being assembled or was answered (anything for it is handled here)."""
         with self._lock:
-            return frame in self._frames or frame in self._done or frame <= self._low_water
+            return frame in self._frames or self.answered.answered(frame)
 
     def __len__(self) -> int:
         return len(self._frames)

@@ -21,7 +21,6 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ddnn.edge.assembler import Frame
 from ddnn.edge.drift import (
     AgreementMonitor,
     Decision,
@@ -29,7 +28,8 @@ from ddnn.edge.drift import (
     Observation,
     Thresholds,
 )
-from ddnn.edge.metrics import EdgeMetrics
+from ddnn.edge.events import NO_EVENTS, EdgeEvents
+from ddnn.edge.frame import Frame
 from ddnn.edge.pipeline import Exit, ExitPipeline, Pull, ToCloud
 
 log = logging.getLogger(__name__)
@@ -42,16 +42,14 @@ class ExitAudit:
 
     ``pipeline()`` is the :class:`~ddnn.edge.pipeline.ExitPipeline` new frames run on (its
     policy's thresholds are the configured ones when :meth:`reset` runs, and the adapted ones
-    are applied to it). ``on_state(decision, configured)`` and ``on_event(kind, value)``
-    report to the metrics (``audit`` with the exit, ``investigation``, ``tighten``/``relax``).
+    are applied to it). What it decides is reported through ``events`` (``on_audit``,
+    ``on_investigation``, ``on_threshold_change``, ``on_drift``, ``on_thresholds``).
     """
 
-    def __init__(self, policy: DriftPolicy, pipeline: Callable[[], ExitPipeline], *,
-                 on_state: Callable[[Decision | None, AgreementMonitor], None] = lambda *a: None,
-                 on_event: Callable[[str, str], None] = lambda *a: None,
-                 seed: int | None = None):
-        self.policy = policy
-        self._pipeline, self._on_state, self._on_event = pipeline, on_state, on_event
+    def __init__(self, policy: DriftPolicy, pipeline: Callable[[], ExitPipeline | None], *,
+                 events: EdgeEvents = NO_EVENTS, seed: int | None = None):
+        self.policy, self.events = policy, events
+        self._pipeline = pipeline
         self._lock = threading.Lock()
         self._rng = random.Random(seed)
         self._held: dict[int, float] = {}  # frame id → the chance of its local exit's audit
@@ -62,7 +60,7 @@ class ExitAudit:
     @classmethod
     def off(cls) -> ExitAudit:
         """An audit that picks nothing (no ``--audit-rate``)."""
-        return cls(DriftPolicy(), lambda: None)  # type: ignore[arg-type,return-value]
+        return cls(DriftPolicy(), lambda: None)
 
     @property
     def on(self) -> bool:
@@ -74,12 +72,14 @@ class ExitAudit:
         if not self.on:
             return
         p = self._pipeline()
+        if p is None:
+            return
         configured = Thresholds(p.policy.threshold("local"), p.policy.threshold("edge"))
         with self._lock:
             self.monitor = AgreementMonitor(self.policy, configured)
             self._version, self._shifts = p.manifest.version, 0
             self._held.clear()
-        self._on_state(None, self.monitor)
+        self._report(None, self.monitor)
 
     # --- the frame path ---------------------------------------------------------------------
 
@@ -90,21 +90,21 @@ class ExitAudit:
             return False
         answer = decision if isinstance(decision, Exit) else decision.answer
         with self._lock:
-            m = self.monitor
-            m.frame(answer.entropy)  # type: ignore[union-attr]
-            started = m.shifts != self._shifts  # type: ignore[union-attr]
-            self._shifts = m.shifts  # type: ignore[union-attr]
-            rate = m.audit_rate  # type: ignore[union-attr]
+            m = self._monitor()
+            m.frame(answer.entropy)
+            started = m.shifts != self._shifts
+            self._shifts = m.shifts
+            rate = m.audit_rate
             audited = isinstance(decision, Exit) and self._rng.random() < rate
             if audited:
                 if len(self._held) >= HELD:  # frames that never came back: forget the oldest
                     self._held.pop(next(iter(self._held)))
                 self._held[f.id] = rate
         if started:
-            self._on_event("investigation", "")
+            self.events.on_investigation()
             log.info("the local exit's share moved: auditing every early exit for a while")
         if audited:
-            self._on_event("audit", "local")
+            self.events.on_audit("local")
         return audited
 
     def answered(self, f: Frame) -> float:
@@ -120,14 +120,15 @@ class ExitAudit:
         if not self.on:
             return 0.0
         with self._lock:
+            m = self._monitor()
             if f.local is None:
-                self.monitor.frame(None)  # type: ignore[union-attr]
-            rate = self.monitor.audit_rate  # type: ignore[union-attr]
+                m.frame(None)
+            rate = m.audit_rate
             return rate if self._rng.random() < rate else 0.0
 
     def sent(self, sent: ToCloud) -> None:
         """An edge exit answered and sent up to be checked."""
-        self._on_event("audit", "edge")
+        self.events.on_audit("edge")
 
     # --- the cloud's answers (the cloud stage's thread) ---------------------------------------
 
@@ -136,7 +137,7 @@ class ExitAudit:
         if not self.on or sent.version != self._version:
             return  # a frame of the bundle before an update says nothing of this one
         cloud = int(np.argmax(answer.scores))
-        local: Exit | None = f.local  # type: ignore[assignment]
+        local = f.local
         o = Observation(
             local_entropy=local.entropy if local is not None else math.inf,
             local_agrees=local is not None and int(np.argmax(local.scores)) == cloud,
@@ -160,10 +161,10 @@ class ExitAudit:
                  alarm: bool) -> None:
         if d.thresholds != thresholds:
             p = self._pipeline()
-            if p.manifest.version == self._version:
+            if p is not None and p.manifest.version == self._version:
                 p.policy = p.policy.with_overrides(**d.thresholds.as_dict())
             tighter = d.thresholds.local + d.thresholds.edge < thresholds.local + thresholds.edge
-            self._on_event("tighten" if tighter else "relax", "")
+            self.events.on_threshold_change("tighten" if tighter else "relax")
             log.info("exit thresholds %s: local %.2f, edge %.2f (agreement with the cloud %.3f)",
                      "tightened" if tighter else "relaxed", d.thresholds.local,
                      d.thresholds.edge, d.in_force.agreement if d.in_force else math.nan)
@@ -172,7 +173,17 @@ class ExitAudit:
                 log.warning("%s", self.reason())  # ("drift: ...")
             else:
                 log.info("drift alarm cleared: the early exits agree with the cloud again")
-        self._on_state(d, m)
+        self._report(d, m)
+
+    def _monitor(self) -> AgreementMonitor:
+        """The monitor, once :meth:`reset` made it (under the lock)."""
+        if self.monitor is None:
+            raise RuntimeError("the exit audit runs before it was reset")
+        return self.monitor
+
+    def _report(self, d: Decision | None, m: AgreementMonitor) -> None:
+        self.events.on_drift(d, m)
+        self.events.on_thresholds(m.thresholds.as_dict())
 
     # --- where things stand ---------------------------------------------------------------
 
@@ -206,26 +217,3 @@ class ExitAudit:
                 "audit_rate": m.audit_rate, "investigating": m.investigating,
                 "frames": m.frames, "alarm_raised_at_frame": m.raised_at,
                 "adapt": self.policy.adapt_thresholds}
-
-
-def report_to(metrics: EdgeMetrics, policy: DriftPolicy) -> dict[str, Callable[..., None]]:
-    """The hooks that keep the edge's metrics current (``ExitAudit(..., **report_to(m, p))``)."""
-    series = metrics.learning
-
-    def on_state(d: Decision | None, m: AgreementMonitor) -> None:
-        series.agreement_floor.set(1 - policy.agreement_budget)
-        series.drift_alarm.set(1 if m.alarm else 0)
-        for name, e in (("in_force", d and d.in_force), ("configured", d and d.configured)):
-            series.agreement.set(e.agreement if e else math.nan, thresholds=name)
-        for tier, t in m.thresholds.as_dict().items():
-            metrics.thresholds.set(t, exit=tier)
-
-    def on_event(kind: str, exit: str) -> None:
-        if kind == "audit":
-            series.audits.inc(exit=exit)
-        elif kind == "investigation":
-            series.investigations.inc()
-        else:
-            series.threshold_changes.inc(direction=kind)
-
-    return {"on_state": on_state, "on_event": on_event}

@@ -245,7 +245,7 @@ class CloudClient:
         the answer, and whether it came from the lean route (raw scores)."""
         packing = self._negotiate(version)
         rows = packing.pack(x) if isinstance(packing, _Packing) else None
-        if rows is not None:
+        if rows is not None and isinstance(packing, _Packing):
             lean = packing.lean and outputs == ["scores"]
             answer = self._post(version, oip.EDGE_FEATURES_PACKED, rows, outputs, lean=lean)
             if answer[0] not in (400, 404):
@@ -283,7 +283,8 @@ class CloudClient:
             self._packing.clear()
         self._packing[version] = packing
         log.info("cloud %s version %s: edge features go %s", self.model, version,
-                 f"packed ({self.codec.kind}, {packing.row_bytes} bytes per frame"
+                 f"packed ({self.codec.kind if self.codec else '?'}, {packing.row_bytes} "
+                 f"bytes per frame"
                  f"{', lean route' if packing.lean else ''})"
                  if packing else "as FP32 (the cloud serves no packed model for this codec)")
 

@@ -12,8 +12,9 @@ escalated model with its cameras' details; a cloud that does not serve that mode
 it from the plain cloud segment instead, flagged ``degraded``.
 
 An *audited* frame (``ToCloud.audit``, :mod:`ddnn.edge.audit`) was answered by an early exit
-already: the cloud's answer only goes to the ``taught`` hook, like every answer the cloud gives
-(the drift monitor and the experience recorder learn from them); without one, nothing is lost.
+already: the cloud's answer only goes to :meth:`~ddnn.edge.answers.Answers.cloud_answered`,
+like every answer the cloud gives (the drift monitor and the experience recorder learn from
+them). Every answer goes to the edge's one :class:`~ddnn.edge.answers.Answers`.
 """
 
 from __future__ import annotations
@@ -22,14 +23,14 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
+from ddnn.edge.answers import Answers
 from ddnn.edge.assembler import DONE, Frame
 from ddnn.edge.cloud_client import CloudClient, CloudError, UnknownVersion
-from ddnn.edge.metrics import EdgeMetrics
-from ddnn.edge.pipeline import Exit, ExitPipeline, ToCloud
+from ddnn.edge.events import EdgeEvents
+from ddnn.edge.pipeline import ExitPipeline, ToCloud
 from ddnn.plumbing.lifecycle import Worker
 from ddnn.plumbing.throttle import LogThrottle
 
@@ -37,18 +38,14 @@ log = logging.getLogger(__name__)
 
 
 class CloudStage:
-    """Frames for the cloud in, answers out through ``answer(frame, exit, degraded, step=)``;
-    ``taught(frame, sent, exit)`` sees every answer the cloud gave, audits included.
+    """Frames for the cloud in (:meth:`put`), answers out to ``answers``.
 
     ``cloud`` None: every frame is answered from the edge exit, degraded.
     """
 
-    def __init__(self, cloud: CloudClient | None, metrics: EdgeMetrics, *, batch: int,
-                 answer: Callable[..., None],
-                 taught: Callable[[Frame, ToCloud, Exit], None] | None = None):
-        self.cloud, self.metrics, self.batch = cloud, metrics, batch
-        self._answer = answer
-        self._taught = taught or (lambda f, sent, answer: None)
+    def __init__(self, cloud: CloudClient | None, answers: Answers, events: EdgeEvents, *,
+                 batch: int):
+        self.cloud, self.answers, self.events, self.batch = cloud, answers, events, batch
         self._queue: queue.SimpleQueue[tuple[Frame, ToCloud]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._unknown = LogThrottle()  # a version the cloud does not serve: one line each
@@ -90,8 +87,8 @@ class CloudStage:
                 except Exception:  # a bug must not lose the frames: the edge's answer stands
                     log.exception("cloud stage failed; answering from the edge exit")
                     for f, sent in items:
-                        if f.stage != DONE:
-                            self._answer(f, sent.fallback, degraded=True, step="cloud")
+                        if f.stage is not DONE:
+                            self.answers.answer(f, sent.fallback, step="cloud", degraded=True)
 
     def _send(self, items: list[tuple[Frame, ToCloud]], version: str) -> None:
         sent = [s for _, s in items]
@@ -105,7 +102,7 @@ class CloudStage:
         if scores is None:  # no cloud: the best answer this edge has is its own, degraded
             for f, s in items:
                 if not s.audit:  # (an audited frame has its answer)
-                    self._answer(f, s.fallback, degraded=True, step="cloud")
+                    self.answers.answer(f, s.fallback, step="cloud", degraded=True)
             return
         answers = ExitPipeline.cloud(scores, sent, escalated=escalated)
         # An audit, and the label of the experience recorded, is the cloud's own answer: a
@@ -113,8 +110,8 @@ class CloudStage:
         own = ExitPipeline.cloud(scores, sent, stacked=False)
         for (f, s), answer, checked in zip(items, answers, own, strict=True):
             if not s.audit:
-                self._answer(f, answer, degraded=degraded, step="cloud")
-            self._taught(f, s, checked)
+                self.answers.answer(f, answer, step="cloud", degraded=degraded)
+            self.answers.cloud_answered(f, s, checked)
 
     def _call(self, sent: list[ToCloud], version: str, escalated: bool = False
               ) -> np.ndarray | None:
@@ -126,8 +123,8 @@ class CloudStage:
         features = np.concatenate([s.features for s in sent])
         try:
             if escalated:
-                scores = self.cloud.infer_escalated(
-                    features, np.concatenate([s.detail for s in sent]), version)
+                details = [s.detail for s in sent if s.detail is not None]
+                scores = self.cloud.infer_escalated(features, np.concatenate(details), version)
             else:  # (the entropy is computed here from the scores)
                 scores, _ = self.cloud.infer(features, version, entropy=False)
             classes = len(sent[0].fallback.scores)
@@ -135,16 +132,13 @@ class CloudStage:
                 raise CloudError(f"cloud answered scores of shape {scores.shape} (expected "
                                  f"{(len(sent), classes)}) or not finite")
         except UnknownVersion as e:
-            self.metrics.cloud.inc(outcome="no_escalated" if escalated else "unknown_version")
+            self.events.on_cloud_call("no_escalated" if escalated else "unknown_version")
             if self._unknown((version, escalated)):  # once per version, not per batch
                 log.error("%s; its frames are answered from the %s, degraded", e,
                           "plain cloud segment" if escalated else "edge exit")
             return None
         except CloudError:
-            self.metrics.cloud.inc(outcome="error")
-            self.metrics.cloud_up.set(0)
+            self.events.on_cloud_call("error")
             return None
-        self.metrics.cloud.inc(outcome="ok")
-        self.metrics.cloud_up.set(1)
-        self.metrics.segment.observe(time.perf_counter() - t0, step="cloud_call")
+        self.events.on_cloud_call("ok", time.perf_counter() - t0)
         return scores

@@ -9,16 +9,14 @@ open or close a frame; one flagged ``clock`` (capture times far from its frames'
 :meth:`ddnn.edge.frame.Frame.settle_capture`) is still fused, but its capture times are not
 trusted for latency. The edge says so in its metrics and health. Good messages clear the flag
 again, so a device that was wrong for a while (a clock that jumped, a replay started too early)
-comes back by itself. Not thread-safe: the assembler calls it under its lock.
+comes back by itself. The edge's log and metrics say so through its events
+(``on_flag``, :mod:`ddnn.edge.events`). Not thread-safe: the assembler calls it under its lock.
 """
 
 from __future__ import annotations
 
 import collections
-import logging
-from collections.abc import Callable, Sequence
-
-log = logging.getLogger(__name__)
+from collections.abc import Callable
 
 RECENT = 50  # judged messages per device and reason the verdict looks at
 EVIDENCE = 10  # bad ones at least before a device is flagged (a few can be bad luck)
@@ -26,15 +24,11 @@ REASONS = ("ahead", "scores", "clock")
 EXCLUDING = ("ahead", "scores")  # a device flagged for these is not waited for, nor fused
 
 
-def _ignore(view: int, reason: str, flagged: bool) -> None:
-    pass
-
-
 class Conduct:
     """Per device and reason, the verdicts on its recent messages, and the flags they give;
     ``on_change(view, reason, flagged)`` is told of every flag raised or cleared."""
 
-    def __init__(self, views: int, on_change: Callable[[int, str, bool], None] = _ignore):
+    def __init__(self, views: int, on_change: Callable[[int, str, bool], None]):
         self._recent: dict[tuple[int, str], collections.deque[bool]] = {}
         self._bad: dict[tuple[int, str], int] = {}
         self.flags: list[set[str]] = [set() for _ in range(views)]
@@ -73,37 +67,3 @@ class Conduct:
         if flagged != (reason in self.flags[view]):
             (self.flags[view].add if flagged else self.flags[view].discard)(reason)
             self.on_change(view, reason, flagged)
-
-
-class ConductReport:
-    """What the edge says of its devices' conduct: the metrics (every device's flags exported
-    at 0 from the start) and one log line per flag raised or cleared. ``metrics`` is the
-    edge's :class:`~ddnn.edge.metrics.EdgeMetrics`; ``budget``: its latency budget (s)."""
-
-    def __init__(self, devices: Sequence[str], metrics, budget: float):
-        self.devices, self.metrics, self.budget = devices, metrics, budget
-        for device in devices:
-            for reason in REASONS:
-                metrics.flagged.set(0, device=device, reason=reason)
-
-    def refused(self, view: int, reason: str) -> None:
-        """A held view dropped: it ran ahead (the ingest counts the scores it refuses)."""
-        self.metrics.dropped.inc(reason=reason)
-        self.metrics.refused.inc(device=self.devices[view], reason=reason)
-
-    def flagged(self, view: int, reason: str, flagged: bool) -> None:
-        device = self.devices[view]
-        self.metrics.flagged.set(1 if flagged else 0, device=device, reason=reason)
-        if not flagged:
-            log.info("device %s is no longer flagged (%s)", device, reason)
-        elif reason == "ahead":
-            log.warning("device %s runs ahead of the other devices (its views come more than "
-                        "%.0f ms before theirs, or faster than --max-fps alone): flagged, not "
-                        "waited for, its views not fused", device, self.budget * 1000)
-        elif reason == "scores":
-            log.warning("device %s sends class scores out of the bundle's bounds: flagged, "
-                        "not waited for, its views not fused", device)
-        else:
-            log.warning("device %s stamps its views far from the other views of their frames "
-                        "(its clock is off): flagged; its capture times are not used for "
-                        "latency", device)

@@ -59,7 +59,7 @@ class DeviceResults:
             result = check_device_result(body, self.agg.snapshot(), speaks_for, sender)
         except (Forbidden, ResultError) as e:
             reason = "forbidden" if isinstance(e, Forbidden) else "malformed"
-            self.agg.metrics.dropped.inc(reason=reason)
+            self.agg.events.on_dropped(reason)
             if n := self._warned(reason):
                 log.warning("dropped a device result from %s (%s; %d like it): %s", sender,
                             reason, n, e)

@@ -18,16 +18,18 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from ddnn import envelope as env
 from ddnn.aggregation import aggregate
+from ddnn.bundle import Manifest
+from ddnn.edge.cloud_stage import CloudStage
+from ddnn.edge.events import EdgeEvents
 from ddnn.edge.frame import Drop, Frame
-from ddnn.edge.metrics import EdgeMetrics
-from ddnn.edge.pipeline import ToCloud
+from ddnn.edge.pipeline import Scores, ToCloud
 from ddnn.envelope import MessageType
 from ddnn.exits import entropy_of_logits
 from ddnn.topics import DELIVERY
@@ -50,7 +52,7 @@ class Escalating:
         return len(self.details) == len(self.senders)
 
 
-def senders(scores: dict[int, object], k: int) -> tuple[int, ...]:
+def senders(scores: Mapping[int, Scores], k: int) -> tuple[int, ...]:
     """The views whose details an escalated frame brings: every view that sent scores, or
     (``k`` > 0) the ``k`` of them whose scores are surest, surest first, ties to the lower view
     (:func:`ddnn.hierarchy.surest_views`, over the scores as the edge received them)."""
@@ -64,7 +66,7 @@ def senders(scores: dict[int, object], k: int) -> tuple[int, ...]:
 
 
 class DetailPulls:
-    """Pulls the details of escalated frames and hands them on with ``to_cloud(frame, sent)``.
+    """Pulls the details of escalated frames and hands them on to the ``cloud`` stage.
 
     ``publish(topic, payload, qos)`` sends the pulls on ``topic`` (None: nobody can be asked,
     as over HTTP, and frames go up without details); ``deadline``: seconds a frame waits for
@@ -72,39 +74,39 @@ class DetailPulls:
     """
 
     def __init__(self, publish: Callable[[str, bytes, int], object] | None, topic: str,
-                 metrics: EdgeMetrics, deadline: float,
-                 to_cloud: Callable[[Frame, ToCloud], None]):
-        self._publish, self.topic, self.metrics = publish, topic, metrics
-        self.deadline, self._to_cloud = deadline, to_cloud
+                 events: EdgeEvents, deadline: float, cloud: CloudStage):
+        self._publish, self.topic, self.events = publish, topic, events
+        self.deadline, self.cloud = deadline, cloud
         self._waiting: dict[int, Escalating] = {}
         self._lock = threading.Lock()
 
     def send_up(self, f: Frame, sent: ToCloud) -> None:
         """A frame the edge exit left goes up: with its cameras' details where its bundle
         version escalates (an audit only checks an early exit: the plain cloud does that)."""
-        m = f.pipeline.manifest  # type: ignore[attr-defined]
+        m = f.runs_on.manifest
         if sent.audit or m.escalated is None or m.escalation_level < 1 or m.views < 2:
-            self._to_cloud(f, sent)
+            self.cloud.put(f, sent)
         else:
             self._escalate(f, sent, m)
 
-    def _escalate(self, f: Frame, sent: ToCloud, m) -> None:
+    def _escalate(self, f: Frame, sent: ToCloud, m: Manifest) -> None:
         """Pull the frame's details (it goes on when they are in, or at the deadline)."""
         asked = senders(f.scores, m.escalation_views)
         if self._publish is None or not asked or len(self._waiting) >= MAX_WAITING:
-            self._to_cloud(f, self._with_details(sent, asked, {}, m))
+            self.cloud.put(f, self._with_details(sent, asked, {}, m))
             return
         with self._lock:
             self._waiting[f.id] = Escalating(f, sent, asked, time.monotonic() + self.deadline)
         self._request(f.id, asked, m)
 
-    def _request(self, frame: int, views: tuple[int, ...], m) -> None:
+    def _request(self, frame: int, views: tuple[int, ...], m: Manifest) -> None:
         mask = np.full(m.views, -1.0, np.float32)
         mask[list(views)] = 1.0
         req = env.pack(MessageType.DETAIL_REQUEST, version=m.version, frame=frame, tensor=mask,
                        codec="binary")
-        self._publish(self.topic, env.encode(req), DELIVERY["requests"].qos)  # type: ignore[misc]
-        self.metrics.detail_requests.inc()
+        if self._publish is not None:  # (None: nothing waits for details, see _escalate)
+            self._publish(self.topic, env.encode(req), DELIVERY["requests"].qos)
+            self.events.on_pulled("detail")
 
     def add(self, view: int, frame: int, detail: np.ndarray) -> None:
         """A device's detail of ``frame`` (MQTT thread); a Drop when it was not asked for."""
@@ -129,7 +131,7 @@ class DetailPulls:
                 del self._waiting[e.frame.id]
         for e in due:
             late = len(e.senders) - len(e.details)
-            self.metrics.missing.inc(late, stage="detail")
+            self.events.on_missing("detail", late)
             self._send(e)
 
     def again(self) -> None:
@@ -142,15 +144,15 @@ class DetailPulls:
                 e.deadline = now + self.deadline
         for f, views in waiting:
             if views:
-                self._request(f.id, views, f.pipeline.manifest)  # type: ignore[attr-defined]
+                self._request(f.id, views, f.runs_on.manifest)
 
     def _send(self, e: Escalating) -> None:
-        m = e.frame.pipeline.manifest  # type: ignore[attr-defined]
-        self._to_cloud(e.frame, self._with_details(e.sent, e.senders, e.details, m))
+        m = e.frame.runs_on.manifest
+        self.cloud.put(e.frame, self._with_details(e.sent, e.senders, e.details, m))
 
     @staticmethod
     def _with_details(sent: ToCloud, asked: tuple[int, ...],
-                      details: dict[int, np.ndarray], m) -> ToCloud:
+                      details: dict[int, np.ndarray], m: Manifest) -> ToCloud:
         """``sent`` with the details in the bundle's slots: slot i holds the i-th sender's
         (``escalation_views``) or view i's (every view), zeros where none came."""
         shape = m.devices[0].output("detail").sample_shape

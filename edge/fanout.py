@@ -4,8 +4,9 @@ Each :class:`~ddnn.result.Result` is numbered (its ``seq``, :mod:`ddnn.edge.sequ
 to the sinks one result at a time (the MQTT results
 topic, a file, an application's callback, and last the recent results behind
 ``GET /v1/results``), so every sink sees the same sequence. A sink that fails is counted
-(``ddnn_edge_dropped_total{reason="sink"}``) and logged once, and the others still get the
-result. The fan-out counts what it published and says when ``expect`` results are out.
+(``on_dropped("sink")``: ``ddnn_edge_dropped_total{reason="sink"}``) and logged once, and the
+others still get the result. The fan-out counts what it published and says when ``expect``
+results are out.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from ddnn.edge.metrics import EdgeMetrics
+from ddnn.edge.events import EdgeEvents
 from ddnn.edge.sequence import AnswerSequence
 from ddnn.edge.sinks import RecentResults, ResultSink
 from ddnn.plumbing.throttle import LogThrottle
@@ -30,7 +31,7 @@ RECENT_FILE = "recent-results.jsonl"  # in the state directory, across a gracefu
 class ResultFanout:
     """Publishes each result to ``sinks`` and then to the recent results."""
 
-    def __init__(self, sinks: Sequence[ResultSink], metrics: EdgeMetrics,
+    def __init__(self, sinks: Sequence[ResultSink], events: EdgeEvents,
                  expect: int | None = None, recent: int = RECENT_RESULTS, *,
                  state_dir: Path | None = None):
         self.sequence = AnswerSequence(state_dir)  # numbers each answer (its seq)
@@ -40,7 +41,7 @@ class ResultFanout:
         self._kept = None if state_dir is None else Path(state_dir) / RECENT_FILE
         # The recent results last: the sinks that carry results away come first.
         self.sinks: list[ResultSink] = [*sinks, self.recent]
-        self.metrics, self.expect = metrics, expect
+        self.events, self.expect = events, expect
         self._lock = threading.Lock()  # every sink sees the results in one order
         self.answered = 0
         self.done = threading.Event()  # set after ``expect`` results
@@ -71,7 +72,7 @@ class ResultFanout:
                 try:
                     sink.publish(result)
                 except Exception:  # a full disk or a broken sink must not silence the others
-                    self.metrics.dropped.inc(reason="sink")
+                    self.events.on_dropped("sink")
                     if self._failed(type(sink).__name__):
                         log.exception("result sink %s failed; counted in "
                                       'ddnn_edge_dropped_total{reason="sink"}',

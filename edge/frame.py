@@ -4,10 +4,25 @@ want (:mod:`ddnn.edge.assembler`)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import Enum
 
 import numpy as np
 
-SCORES, FEATURES, DONE = "scores", "features", "done"
+from ddnn.edge.pipeline import Exit, ExitPipeline, Scores
+
+
+class Stage(Enum):
+    """Where a frame is: waiting for its views' scores, then (not answered at the local exit)
+    for the features it pulled, then done (answered, or handed to the cloud stage)."""
+
+    SCORES = "scores"
+    FEATURES = "features"
+    DONE = "done"
+
+
+SCORES, FEATURES, DONE = Stage.SCORES, Stage.FEATURES, Stage.DONE
+# The only moves a frame makes (a one-view device's frame comes with its features).
+_MOVES = {SCORES: (FEATURES, DONE), FEATURES: (DONE,), DONE: ()}
 CAPTURE_SPREAD = 1.0  # seconds a view's capture time may be from its frame's others' median
 
 
@@ -32,8 +47,8 @@ class Frame:
     captured: float  # earliest trusted wall-clock capture time among the views (for latency)
     opened: float  # monotonic time of its first message (the scores wait runs from here)
     deadline: float = float("inf")  # when it stops waiting (scores: rechecked when it comes)
-    stage: str = SCORES
-    scores: dict[int, np.ndarray] = field(default_factory=dict)
+    stage: Stage = SCORES
+    scores: dict[int, Scores] = field(default_factory=dict)
     absent: set[int] = field(default_factory=set)
     features: dict[int, np.ndarray] = field(default_factory=dict)
     requested: tuple[int, ...] = ()
@@ -42,14 +57,21 @@ class Frame:
     opener: int = -1  # the view that opened it
     captures: dict[int, float] = field(default_factory=dict)  # capture time of each view
     taken: bool = False  # handed to the worker: its views are frozen until it is given back
-    pipeline: object = None  # the ExitPipeline (bundle version) it runs on, pinned at its start
-    local: object = None  # the local exit's answer, kept for when no features arrive
+    pipeline: ExitPipeline | None = None  # the bundle version it runs on, pinned at its start
+    local: Exit | None = None  # the local exit's answer, kept for when no features arrive
     # Monotonic times for the latency breakdown: its first message (``opened`` moves when the
     # broker comes back), when it became ready for its current stage (its last view, or its
     # deadline), and when its features were pulled.
     first_at: float = 0.0
     ready_at: float = 0.0
     pulled_at: float = 0.0
+
+    @property
+    def runs_on(self) -> ExitPipeline:
+        """The pipeline (bundle version) it runs on, pinned when it first ran."""
+        if self.pipeline is None:
+            raise RuntimeError(f"frame {self.id} has not run yet: no bundle version pinned")
+        return self.pipeline
 
     @property
     def present(self) -> list[int]:
@@ -70,6 +92,14 @@ class Frame:
         verdicts = [(v, abs(t - median) <= CAPTURE_SPREAD) for v, t in times.items()]
         self.captured = min(times[v] for v, ok in verdicts if ok)
         return verdicts
+
+    def move(self, stage: Stage) -> None:
+        """On to ``stage``: a frame only goes forward (scores, features, done); done again is
+        nothing (a frame the cloud stage answers may have been finished already)."""
+        if stage is not self.stage and stage not in _MOVES[self.stage]:
+            raise ValueError(f"frame {self.id} cannot go from {self.stage.value} to "
+                             f"{stage.value}")
+        self.stage = stage
 
     def take(self, now: float) -> Frame:
         """Ready for its stage: handed to the worker, out of the deadline watch until it is

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 from ddnn.batch import unpack_batch
+from ddnn.edge.device_results import DeviceResults
+from ddnn.edge.events import NO_EVENTS, EdgeEvents
 from ddnn.edge.ingest import Ingest
 from ddnn.envelope import DecodeError
 from ddnn.plumbing.throttle import LogThrottle
@@ -22,21 +24,14 @@ from ddnn.topics import Topics
 log = logging.getLogger(__name__)
 
 
-def _ignore(*args) -> None:
-    pass
-
-
 class GatewayIngest:
-    """Routes gateway topics into ``ingest``; ``gateways`` maps a gateway to its devices."""
+    """Routes gateway topics into ``ingest``; ``gateways`` maps a gateway to its devices.
+    A one-view device's own result through its gateway goes to ``results`` (None: dropped)."""
 
     def __init__(self, ingest: Ingest, topics: Topics, gateways: Mapping[str, tuple[str, ...]],
-                 on_drop: Callable[[str, str | None, float | None], None] = _ignore,
-                 on_result: Callable[[bytes, tuple[str, ...], str], None] = _ignore):
-        self.ingest, self.topics = ingest, topics
+                 events: EdgeEvents = NO_EVENTS, results: DeviceResults | None = None):
+        self.ingest, self.topics, self.events, self.results = ingest, topics, events, results
         self.gateways = {g: tuple(ds) for g, ds in gateways.items()}
-        self._on_drop = on_drop
-        # A one-view device's own result through its gateway: (body, devices it may be of, who).
-        self._on_result = on_result
         self._warned = LogThrottle(max_keys=100)  # one line per distinct refusal
 
     def handles(self, topic: str) -> bool:
@@ -56,7 +51,8 @@ class GatewayIngest:
         elif kind == "status":
             self._status(devices, payload)
         elif kind == "results":
-            self._on_result(payload, devices, f"gateway {gateway}")
+            if self.results is not None:
+                self.results.take(payload, devices, f"gateway {gateway}")
         else:
             return self._batch(gateway, devices, payload)
         return None
@@ -64,7 +60,8 @@ class GatewayIngest:
     def _status(self, devices: tuple[str, ...], payload: bytes) -> None:
         info = status_fields(payload)
         state = info.get("state")
-        reported = info.get("devices") if isinstance(info.get("devices"), dict) else {}
+        listed = info.get("devices")
+        reported = listed if isinstance(listed, dict) else {}
         for device in devices:
             fields = reported.get(device) if state == "online" else None
             if not isinstance(fields, dict):  # gateway offline, or this device never seen
@@ -85,8 +82,9 @@ class GatewayIngest:
                 self._refuse("unknown_device", f"gateway {gateway} cannot speak for {device!r}")
                 continue
             self.ingest.accept(envelope, device)
+        return None
 
     def _refuse(self, reason: str, detail: str) -> None:
-        self._on_drop(reason, None, None)
+        self.events.on_dropped(reason)
         if self._warned(detail):
             log.warning("dropped a gateway message (%s): %s", reason, detail)

@@ -36,6 +36,7 @@ from ddnn.edge.settings import EdgeSettings
 from ddnn.plumbing.health import Check
 from ddnn.plumbing.lifecycle import Worker
 from ddnn.plumbing.mqtt import MqttClient
+from ddnn.plumbing.ota import BundleUpdater
 from ddnn.plumbing.probation import Look
 
 SAMPLE = 0.25  # seconds between two samples of the worker's progress
@@ -46,7 +47,7 @@ class EdgeHealth:
     metrics); ``updater`` returns its bundle updater (None without one)."""
 
     def __init__(self, agg: EdgeAggregator, settings: EdgeSettings, mqtt: MqttClient | None,
-                 updater: Callable[[], object] = lambda: None,
+                 updater: Callable[[], BundleUpdater | None] = lambda: None,
                  liveness: Callable[[], Check] = Check):
         self.agg, self.settings, self.mqtt = agg, settings, mqtt
         self._updater = updater
@@ -109,10 +110,10 @@ class EdgeHealth:
         check.details.update(broker_connected=self._connected(), devices=states)
         updater = self._updater()
         if updater is not None:
-            check.details["bundle"] = updater.status()  # type: ignore[attr-defined]
+            check.details["bundle"] = updater.status()
         if self.mqtt is not None:
-            self._broker_reasons(check, now)
-            grown = now - self.started > s.health_grace
+            self._broker_reasons(check, now, self.mqtt)
+            grown = now - self.started > s.health.health_grace
             if states and all(st == "offline" or (st == "unknown" and grown)
                               for st in states.values()):
                 check.reasons.append("every device is offline: " + ", ".join(
@@ -127,17 +128,18 @@ class EdgeHealth:
     def stall_reason(self) -> str | None:
         """Why the worker counts as stalled, or None."""
         stalled, s = self.stalled_for(), self.settings
-        if stalled > s.stall_after and self._connected():
+        after = s.health.stall_after
+        if stalled > after and self._connected():
             return (f"worker stalled: {self.agg.snapshot().pending} frames pending and none "
-                    f"answered for {stalled:.0f} s (more than --stall-after {s.stall_after:g} s)")
+                    f"answered for {stalled:.0f} s (more than --stall-after {after:g} s)")
         return None
 
-    def _broker_reasons(self, check: Check, now: float) -> None:
-        mqtt, grace = self.mqtt, self.settings.health_grace
-        if mqtt.refused is not None:  # type: ignore[union-attr]
+    def _broker_reasons(self, check: Check, now: float, mqtt: MqttClient) -> None:
+        grace = self.settings.health.health_grace
+        if mqtt.refused is not None:
             check.reasons.append(f"the broker refused this edge for good: {mqtt.refused}")
             return
-        since = mqtt.disconnected_since  # type: ignore[union-attr]
+        since = mqtt.disconnected_since
         if since is not None and now - since > grace:
             check.reasons.append(f"broker {mqtt.url} unreachable for {now - since:.0f} s (more "
                                  f"than --health-grace {grace:g} s){mqtt.attempts.last_attempt()}")

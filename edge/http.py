@@ -287,7 +287,7 @@ class EdgeHandler(BoundedHandler):
             self._json(411, {"error": "Content-Length required"})
             return None
         if length > env.MAX_MESSAGE:
-            self.agg.metrics.dropped.inc(reason="oversized")
+            self.agg.events.on_dropped("oversized")
             self.close_connection = True  # the unread body makes the connection unusable
             self._json(413, {"error": f"body over {env.MAX_MESSAGE} bytes"})
             return None
@@ -319,7 +319,7 @@ class EdgeHandler(BoundedHandler):
             self._forbid(str(e))
             return
         except ResultError as e:  # (also bad JSON, bad UTF-8, too deeply nested)
-            self.agg.metrics.dropped.inc(reason="malformed")
+            self.agg.events.on_dropped("malformed")
             self._json(400, {"error": str(e)})
             return
         self.agg.publish_result(result)

@@ -6,17 +6,21 @@ deployment, its model (the one the device's retained status names, for compact m
 leave it to their channel) and version (the running one, the one before an over-the-air update,
 or one announced for it: devices switch one after another), its device (one of this edge's, and
 the one whose topic carried it), its codec and its shape. Anything else is dropped with a reason,
-which the ``on_drop`` hook counts; each reason is logged once. Status messages keep the
-assembler's view of which devices are alive and which push their features.
+which the edge's events count (``on_dropped``); each reason is logged once. Which versions are
+taken is :class:`~ddnn.edge.versions.AcceptedVersions`'. Status messages keep the assembler's
+roster of which devices are alive and which push their features; a device back online is
+pulled again for what it missed (:meth:`FeaturePulls.again`).
 
-A frame the assembler declares ready goes to ``on_ready``; the aggregator takes it on.
+A frame the assembler declares ready goes to :meth:`FrameScheduler.ready
+<ddnn.edge.scheduler.FrameScheduler.ready>`; a pulled detail to :meth:`DetailPulls.add`.
 Runs on the MQTT thread and on the HTTP handlers' threads.
 
 The hot path is a device's scores over MQTT, six times per frame: its topic is looked up, not
 parsed; a compact scores message of the running version is read in place
-(:class:`ScoresReader`), and messages are counted in plain integers that :meth:`Ingest.flush`
-hands to the metrics. Everything else, and anything unusual about such a message, takes the
-full path (:func:`ddnn.envelope.decode`), which takes it or says why not.
+(:class:`ScoresReader`), and messages are counted in plain integers
+(:class:`~ddnn.edge.counts.MessageCounts`) handed to the events in bulk. Everything else, and
+anything unusual about such a message, takes the full path (:func:`ddnn.envelope.decode`),
+which takes it or says why not.
 """
 
 from __future__ import annotations
@@ -24,9 +28,8 @@ from __future__ import annotations
 import logging
 import math
 import struct
-import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -34,7 +37,13 @@ from ddnn import envelope as env
 from ddnn.bundle import Manifest
 from ddnn.codec import FeatureCodec
 from ddnn.edge.assembler import Drop, Frame, FrameAssembler
+from ddnn.edge.counts import MessageCounts
+from ddnn.edge.escalation import DetailPulls
+from ddnn.edge.events import EdgeEvents
+from ddnn.edge.pulls import FeaturePulls
+from ddnn.edge.scheduler import FrameScheduler
 from ddnn.edge.score_bounds import ScoreBounds
+from ddnn.edge.versions import AcceptedVersions
 from ddnn.envelope import DecodeError, MessageType
 from ddnn.plumbing.throttle import LogThrottle
 from ddnn.status import status_fields
@@ -44,15 +53,9 @@ log = logging.getLogger(__name__)
 
 CLOCK_TOLERANCE = 30.0  # seconds a device's timestamps may be behind the edge's clock
 FUTURE_TOLERANCE = 2.0  # and ahead of it: no capture comes from the future (NTP: milliseconds)
-_TAKEN = object()  # the fast path took a message that completed no frame
-FINITE = ScoreBounds(None)  # the bounds of a version not known here yet: finite scores
 MAX_ROUTES = 1024  # device topics remembered with their device and kind (bounded: any can come)
 _U32 = struct.Struct("<I")
 _FLOAT_CODECS = {"float16": "e", "float32": "f"}  # their struct formats
-
-
-def _ignore(*args) -> None:
-    pass
 
 
 class ScoresReader:
@@ -99,67 +102,43 @@ class ScoresReader:
         return frame, _U32.unpack_from(data, pos)[0], x
 
 
+class Taken:
+    """The fast path took a message that completed no frame."""
+
+
+TAKEN = Taken()
+
+
 class Ingest:
-    """Takes device messages for one deployment's devices (``devices[i]`` runs view ``i``)."""
+    """Takes device messages for one deployment's devices (``devices[i]`` runs view ``i``),
+    readying frames for ``scheduler``. ``pulls`` (None: the devices push their features) is
+    asked again for what a device back online missed; ``details`` takes the pulled details of
+    escalated frames (None: none are pulled)."""
 
     def __init__(self, assembler: FrameAssembler, topics: Topics, devices: Sequence[str],
-                 manifest: Manifest, *, on_ready: Callable[[Frame], None],
-                 on_received: Callable[[str, int, int, int], None] = _ignore,
-                 on_drop: Callable[[str, str | None, float | None], None] = _ignore,
-                 on_status: Callable[[str, bool], None] = _ignore,
-                 on_clock: Callable[[str], None] = _ignore,
-                 on_detail: Callable[[int, int, np.ndarray], None] | None = None):
-        self.assembler, self.topics = assembler, topics
+                 manifest: Manifest, *, scheduler: FrameScheduler, events: EdgeEvents,
+                 counts: MessageCounts | None = None, pulls: FeaturePulls | None = None,
+                 details: DetailPulls | None = None):
+        self.assembler, self.topics, self.scheduler = assembler, topics, scheduler
         self.devices = list(devices)
         self.views = {d: i for i, d in enumerate(self.devices)}
-        self._on_ready = on_ready
-        # (kind, messages, payload bytes, header bytes) taken since the last flush
-        self._on_received = on_received
-        self._counts: dict[str, list[int]] = {}  # kind -> the same, not yet flushed
-        self._counts_lock = threading.Lock()
+        self.events, self.pulls, self.details = events, pulls, details
+        self.counts = counts or MessageCounts(events)
         self._routes: dict[str, tuple[str, str]] = {}  # topic -> (device, kind)
-        # (reason, device or None, lag in seconds or None) of a dropped message
-        self._on_drop = on_drop
-        self._on_clock = on_clock  # (device) of a message stamped far from the edge's clock
-        self._on_detail = on_detail  # (view, frame, detail) of a pulled detail (escalation)
         self._skewed = LogThrottle()  # devices whose clock was found off (warned once each)
-        self._on_status = on_status  # (device, online) of a status change
         self._logged = LogThrottle()  # drop reasons: one line each
-        self._models: dict[str, str] = {}  # device -> model name its status says it runs
-        self._previous: tuple[str, str] | None = None  # the version before the last update
-        self._announced: tuple[str, str] | None = None  # a version announced for an update
+        self.versions = AcceptedVersions(manifest)
         self.draining = False  # stopping: frames under way finish, new ones are declined
         self.declined = 0  # messages of new frames declined while draining
-        self.manifest = manifest
         # Updates keep the codecs and wire shapes (ddnn.plumbing.ota.compatible).
         self._scores_shape = (1, manifest.num_classes)
         self._feature_shape = (1, *manifest.devices[0].output("features").sample_shape)
-        self._reader = self._reader_for(manifest)
-        # The bounds of scores (ddnn.edge.score_bounds): the running version's and, during an
-        # update, the one before's; an announced version's are unknown until it runs here.
-        self._bounds = self._previous_bounds = ScoreBounds.of(manifest.calibration)
-
-    def _reader_for(self, m: Manifest) -> ScoresReader | None:
-        return None if m.views == 1 else ScoresReader(m.version, m.codec["scores"],
-                                                      m.num_classes)
+        self._reader = _reader_for(manifest)
 
     def serve(self, manifest: Manifest) -> None:
         """Take messages of ``manifest``'s version (an update), still those of the one before."""
-        self._previous = (self.manifest.name, self.manifest.version)
-        self.manifest = manifest
-        self._reader = self._reader_for(manifest)
-        self._previous_bounds, self._bounds = self._bounds, ScoreBounds.of(manifest.calibration)
-
-    def announce(self, version: tuple[str, str] | None) -> None:
-        """Also take messages of this ``(name, version)``, announced for an update (None: no
-        announced version)."""
-        self._announced = version
-
-    def withdraw(self, version: tuple[str, str]) -> None:
-        """No longer take messages of ``version`` (its update was refused), unless another
-        version has been announced since."""
-        if self._announced == version:
-            self._announced = None
+        self.versions.serve(manifest)
+        self._reader = _reader_for(manifest)
 
     def decline_new_frames(self) -> None:
         """From now on, decline messages of frames not under way (for the next edge)."""
@@ -205,13 +184,15 @@ class Ingest:
         model = info.get("model")
         if state == "online" and isinstance(model, str) and model:
             # The model its compact messages are of (they carry only the version).
-            self._models[device] = model.rsplit(":", 1)[0]
+            self.versions.models[device] = model.rsplit(":", 1)[0]
         online = state == "online"
         # A pushing device is never asked for features.
         pushing = info["mode"] == "push" if online and "mode" in info else None
-        self.assembler.set_online(view, online, pushing)
+        self.assembler.roster.set_online(view, online, pushing)
         log.info("device %s (view %d) is %s", device, view, state)
-        self._on_status(device, state == "online")
+        self.events.on_device_status(device, online)
+        if online and self.pulls is not None:
+            self.pulls.again(self.assembler)  # it may have missed pulls while away
 
     # --- envelopes (MQTT and HTTP) -------------------------------------------------------------
 
@@ -223,7 +204,7 @@ class Ingest:
         try:
             return self._accept(payload, device)
         finally:
-            self.flush()
+            self.counts.flush()
 
     def _accept(self, payload: bytes, device: str | None) -> str | None:
         try:
@@ -232,31 +213,16 @@ class Ingest:
             device = self.devices[d.view] if d.view is not None else None
             self._drop(d.reason, str(d), device, d.lag)
             return d.reason
-        if frame is not None and frame is not _TAKEN:
-            self._on_ready(frame)
+        if isinstance(frame, Frame):
+            self.scheduler.ready(frame)
         return None
 
-    def _count(self, kind: str, payload_bytes: int, header_bytes: int) -> None:
-        with self._counts_lock:
-            c = self._counts.get(kind)
-            if c is None:
-                c = self._counts[kind] = [0, 0, 0]
-            c[0] += 1
-            c[1] += payload_bytes
-            c[2] += header_bytes
-
-    def flush(self) -> None:
-        """Hand the messages counted since the last flush to ``on_received``."""
-        with self._counts_lock:
-            counts, self._counts = self._counts, {}
-        for kind, (n, payload_bytes, header_bytes) in counts.items():
-            self._on_received(kind, n, payload_bytes, header_bytes)
-
-    def _take_fast(self, payload: bytes, device: str | None) -> Frame | object | None:
+    def _take_fast(self, payload: bytes, device: str | None) -> Frame | Taken | None:
         """The hot path: a compact scores message of the running version from one of this
         edge's devices on its own topic. None: not one, the full path takes it."""
-        reader, m = self._reader, self.manifest
-        if (reader is None or device is None or self._models.get(device, m.name) != m.name
+        reader, versions = self._reader, self.versions
+        if (reader is None or device is None
+                or versions.models.get(device, versions.manifest.name) != versions.manifest.name
                 or len(payload) > env.MAX_MESSAGE):
             return None
         read = reader.read(payload)
@@ -264,82 +230,83 @@ class Ingest:
         if read is None or view is None:
             return None
         frame, ticks, scores = read
-        self._count("scores", reader.size, len(payload) - reader.size)
+        self.counts.count("scores", reader.size, len(payload) - reader.size)
         wall = time.time()
         captured = self._capture_time(device, env.capture_time(ticks, wall), wall)
-        f = self._scores(view, frame, scores, captured, time.monotonic())
-        return _TAKEN if f is None else f
+        f = self._scores(view, frame, scores, captured, time.monotonic(), versions.bounds)
+        return TAKEN if f is None else f
 
     def _take(self, payload: bytes, device: str | None) -> Frame | None:
-        e = self._decode(payload, device)
-        view = self.views[e.device]
+        e, device, version = self._decode(payload, device)
+        view = self.views[device]
         kind = e.kind.name.lower()
         # (a deflated payload counts as sent: the bytes after the header)
         sent = len(payload) - env.payload_offset(payload) if e.deflate else len(e.payload)
-        self._count(kind, sent, len(payload) - sent)
-        m, a, now = self.manifest, self.assembler, time.monotonic()
-        captured = self._capture_time(e.device, e.timestamp, time.time())
+        self.counts.count(kind, sent, len(payload) - sent)
+        m, a, now = self.versions.manifest, self.assembler, time.monotonic()
+        captured = self._capture_time(device, e.timestamp, time.time())
         if e.kind == MessageType.SCORES and not a.single_view:
             x = self._tensor(e, m.codec["scores"], self._scores_shape)
-            version = (e.model, e.version)
-            bounds = (self._bounds if version == (m.name, m.version) else
-                      self._previous_bounds if version == self._previous else FINITE)
+            bounds = self.versions.bounds_of(version)
             return self._scores(view, e.frame, tuple(x[0].tolist()), captured, now, bounds)
         if e.kind == MessageType.ABSENT:
             return a.add_scores(view, e.frame, None, captured, now)
         if e.kind == MessageType.FEATURES:
             x = self._tensor(e, m.codec["device_features"], self._feature_shape)
             return a.add_features(view, e.frame, x, captured, now)
-        if e.kind == MessageType.DETAIL and m.escalated is not None and self._on_detail:
+        if e.kind == MessageType.DETAIL and m.escalated is not None and self.details:
             shape = (1, *m.devices[view].output("detail").sample_shape)
-            self._on_detail(view, e.frame, self._tensor(e, m.codec["device_detail"], shape))
+            self.details.add(view, e.frame, self._tensor(e, m.codec["device_detail"], shape))
             return None
         raise Drop("malformed", f"a device cannot send {kind} messages")
 
     def _scores(self, view: int, frame: int, scores: tuple[float, ...], captured: float,
-                now: float, bounds: ScoreBounds | None = None) -> Frame | None:
+                now: float, bounds: ScoreBounds) -> Frame | None:
         """Scores within the bundle's bounds go to the assembler; others are refused (a Drop),
         their device judged for them, and their frame waits no more for the view."""
-        why = (bounds or self._bounds).check(scores)
+        why = bounds.check(scores)
         if why is None:
             return self.assembler.add_scores(view, frame, scores, captured, now)
         f = self.assembler.refuse(view, frame, "scores", now)
         if f is not None:
-            self._on_ready(f)
+            self.scheduler.ready(f)
         raise Drop("scores", f"{self.devices[view]}, frame {frame}: {why}", view=view)
 
-    def _decode(self, payload: bytes, device: str | None) -> env.Envelope:
-        """The envelope of a message of this deployment, model and devices, else a Drop."""
+    def _decode(self, payload: bytes, device: str | None
+                ) -> tuple[env.Envelope, str, tuple[str, str]]:
+        """The envelope of a message of this deployment, model and devices, with its device
+        and its ``(model, version)``; else a Drop."""
         if len(payload) > env.MAX_MESSAGE:
             raise Drop("oversized", f"message of {len(payload)} bytes")
         try:
             e = env.decode(payload)
         except DecodeError as err:
             raise Drop("malformed", str(err)) from None
-        m = self.manifest
+        m = self.versions.manifest
         if not e.has_identity:  # compact: the channel says who sent it
             if device is None:
                 raise Drop("malformed", "a message that does not name its device came on a "
                                         "channel that does not either")
-            e = e.bound(model=self._models.get(device, m.name),
+            e = e.bound(model=self.versions.model_of(device),
                         deployment=self.topics.deployment, device=device)
         elif device is not None and e.device != device:
             raise Drop("malformed", f"device {e.device!r} publishing on {device!r}'s topic")
         if e.deployment != self.topics.deployment:
             raise Drop("deployment", f"message for deployment {e.deployment!r}")
-        if (e.model, e.version) not in ((m.name, m.version), self._previous, self._announced):
+        version = (e.model or "", e.version)
+        if not self.versions.takes(version):
             raise Drop("model", f"message for model {e.model}:{e.version}, serving "
                                 f"{m.name}:{m.version}")
-        if e.device not in self.views:
+        if e.device is None or e.device not in self.views:
             raise Drop("unknown_device", f"device {e.device!r} is not one of {self.devices}")
-        return e
+        return e, e.device, version
 
     def _capture_time(self, device: str, timestamp: float, wall: float) -> float:
         """A message's capture time, or ``wall`` (now) when the device's clock is far off (then
         the latency of its frames would be nonsense): counted, and warned once per device."""
         if -CLOCK_TOLERANCE <= timestamp - wall <= FUTURE_TOLERANCE:
             return timestamp
-        self._on_clock(device)
+        self.events.on_clock_skewed(device)
         if self._skewed(device):
             log.warning("device %s stamps its frames %+.1f s from this edge's clock (more than "
                         "%.0f s behind or %.0f s ahead): its latencies are measured from "
@@ -359,9 +326,14 @@ class Ingest:
 
     def _drop(self, reason: str, detail: str, device: str | None = None,
               lag: float | None = None) -> None:
-        self._on_drop(reason, device, lag)
+        self.events.on_dropped(reason, device, lag)
         if reason == "late":
-            return  # the aggregator warns once per device, with its lag
+            return  # the edge's log warns once per device, with its lag
         # One line per kind, the counters say the rest; push mode's extra features are normal.
         if reason != "unneeded" and self._logged(reason):
             log.warning("dropped a message (%s): %s; further ones are only counted", reason, detail)
+
+
+def _reader_for(m: Manifest) -> ScoresReader | None:
+    """The hot message's reader for ``m``'s version (a one-view bundle's devices send none)."""
+    return None if m.views == 1 else ScoresReader(m.version, m.codec["scores"], m.num_classes)

@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import collections
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
+from ddnn.edge.conduct import REASONS
+from ddnn.edge.events import EdgeEvents
 from ddnn.plumbing.metrics import Registry
-from ddnn.result import EXITS, NO_EXIT
+from ddnn.result import EXITS, NO_EXIT, Result
+
+if TYPE_CHECKING:  # (types only: drift never imports the metrics)
+    from ddnn.edge.drift import AgreementMonitor, Decision
 
 _SEGMENT_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 1.0)
 # Fine below a millisecond: what the edge adds after a frame's last view is a fraction of one.
@@ -16,8 +22,11 @@ _STAGE_BUCKETS = (0.00005, 0.0001, 0.00015, 0.0002, 0.00025, 0.0003, 0.00035, 0.
                   0.2, 0.5, 1.0, 2.0, 5.0)
 
 
-class EdgeMetrics:
-    """Every series the edge exports; names start with ``ddnn_edge_``."""
+class EdgeMetrics(EdgeEvents):
+    """Every series the edge exports (names start with ``ddnn_edge_``), kept current by the
+    edge's events: this class observes the frames, the cloud and the bundle;
+    :class:`DeviceMetrics` the devices and :class:`LearningMetrics` learning in the field
+    (:meth:`observers` gives all three)."""
 
     def __init__(self) -> None:
         r = self.registry = Registry()
@@ -41,28 +50,20 @@ class EdgeMetrics:
                                  "local exit's result handed on (local); the pull, the edge "
                                  "exit and the cloud (pull, edge, cloud)", ("stage",),
                                  _STAGE_BUCKETS)
-        self.messages = r.counter("ddnn_edge_messages_total",
-                                  "Device messages received, by kind", ("kind",))
-        self.bytes = r.counter("ddnn_edge_received_bytes_total",
-                               "Bytes received from devices: tensor payload or envelope header",
-                               ("kind", "part"))
-        self.dropped = r.counter("ddnn_edge_dropped_total",
-                                 "Messages counted and dropped, by reason", ("reason",))
-        self.late = r.counter("ddnn_edge_late_views_total",
-                              "Views that arrived after their frame was answered, by device",
-                              ("device",))
-        self._conduct(r)
-        self.clock_skewed = r.counter("ddnn_edge_clock_skewed_total",
-                                      "Messages stamped far from the edge's clock, by device",
-                                      ("device",))
+        self.devices = DeviceMetrics(r)
+        d = self.devices  # (its series, as the edge's: what the HTTP side and tests read)
+        self.messages, self.bytes, self.dropped, self.late = d.messages, d.bytes, d.dropped, d.late
+        self.refused, self.flagged, self.clock_skewed = d.refused, d.flagged, d.clock_skewed
+        self.devices_online = d.devices_online
         self.missing = r.counter("ddnn_edge_missing_views_total",
                                  "Views a frame expected but fused without, by stage", ("stage",))
-        self._pulls(r)
+        self.requests = r.counter("ddnn_edge_feature_requests_total", "Feature pulls published")
+        self.detail_requests = r.counter("ddnn_edge_detail_requests_total",
+                                         "Detail pulls published (frames escalated to the cloud "
+                                         "with their cameras' detail)")
         self.cloud = r.counter("ddnn_edge_cloud_requests_total",
                                "Calls to the cloud, by outcome", ("outcome",))
         self.cloud_up = r.gauge("ddnn_edge_cloud_up", "1 while the cloud answers, else 0")
-        self.devices_online = r.gauge("ddnn_edge_device_online",
-                                      "1 while a device's status is online", ("device",))
         self.pending = r.gauge("ddnn_edge_pending_frames", "Frames being assembled")
         self.broker_up = r.gauge("ddnn_edge_broker_connected", "1 while connected to the broker")
         self.bundle = r.gauge("ddnn_edge_bundle_info", "1 for the bundle version the edge runs",
@@ -79,15 +80,80 @@ class EdgeMetrics:
         # Compute times of segments, observed once the frame's result is out (not on its path).
         self._computed: collections.deque[tuple[str, float]] = collections.deque()
 
-    def _pulls(self, r: Registry) -> None:
-        """What the edge asks of the devices."""
-        self.requests = r.counter("ddnn_edge_feature_requests_total", "Feature pulls published")
-        self.detail_requests = r.counter("ddnn_edge_detail_requests_total",
-                                         "Detail pulls published (frames escalated to the cloud "
-                                         "with their cameras' detail)")
+    def observers(self) -> tuple[EdgeEvents, ...]:
+        """The observers that keep every series current (for an
+        :class:`~ddnn.edge.events.EventRunner`)."""
+        return self, self.devices, self.learning
 
-    def _conduct(self, r: Registry) -> None:
-        """Devices that misbehave (docs/security.md)."""
+    def on_computed(self, step: str, seconds: float) -> None:
+        """Noted, not observed: the frame's path only appends (:meth:`observe_computed`)."""
+        self._computed.append((step, seconds))
+
+    def observe_computed(self) -> None:
+        """Observe the compute times noted since the last call."""
+        while self._computed:  # (a deque: threads append while this one takes)
+            step, seconds = self._computed.popleft()
+            self.segment.observe(seconds, step=step)
+
+    def on_stage(self, stage: str, seconds: float) -> None:
+        self.stage.observe(seconds, stage=stage)
+
+    def on_missing(self, stage: str, views: int) -> None:
+        self.missing.inc(views, stage=stage)
+
+    def on_pulled(self, kind: str) -> None:
+        (self.detail_requests if kind == "detail" else self.requests).inc()
+
+    def on_answered(self, result: Result, step: str, latency: float) -> None:
+        self.frames.inc(exit=result.exit, degraded="true" if result.degraded else "false")
+        self.latency.observe(latency, exit=result.exit)
+        self.observe_computed()
+
+    def on_settled(self, pending: int) -> None:
+        self.observe_computed()
+        self.pending.set(pending)
+
+    def on_cloud_call(self, outcome: str, seconds: float | None = None) -> None:
+        self.cloud.inc(outcome=outcome)
+        if outcome in ("ok", "error"):  # (a version it does not serve says nothing of its link)
+            self.cloud_up.set(1 if outcome == "ok" else 0)
+        if seconds is not None:
+            self.segment.observe(seconds, step="cloud_call")
+
+    def on_bundle(self, model: str, version: str, running: bool) -> None:
+        self.bundle.set(1 if running else 0, model=model, version=version)
+
+    def on_bundle_update(self, result: str) -> None:
+        self.bundle_updates.inc(result=result)
+
+    def on_broker(self, connected: bool) -> None:
+        self.broker_up.set(1 if connected else 0)
+
+    def on_thresholds(self, thresholds: Mapping[str, float]) -> None:
+        for exit_name, threshold in thresholds.items():
+            self.thresholds.set(threshold, exit=exit_name)
+
+    def render(self) -> str:
+        for hook in self.before_render:  # counts kept in plain integers on the hot path
+            hook()
+        return self.registry.render()
+
+
+class DeviceMetrics(EdgeEvents):
+    """The devices' series: their messages, drops, statuses and conduct."""
+
+    def __init__(self, r: Registry) -> None:
+        self.messages = r.counter("ddnn_edge_messages_total",
+                                  "Device messages received, by kind", ("kind",))
+        self.bytes = r.counter("ddnn_edge_received_bytes_total",
+                               "Bytes received from devices: tensor payload or envelope header",
+                               ("kind", "part"))
+        self.dropped = r.counter("ddnn_edge_dropped_total",
+                                 "Messages counted and dropped, by reason", ("reason",))
+        self.late = r.counter("ddnn_edge_late_views_total",
+                              "Views that arrived after their frame was answered, by device",
+                              ("device",))
+        # Devices that misbehave (docs/security.md).
         self.refused = r.counter("ddnn_edge_refused_views_total",
                                  "Views refused for their device's conduct, by device and reason: "
                                  "ran ahead of the other devices' views (ahead), scores out of "
@@ -97,30 +163,48 @@ class EdgeMetrics:
                                "ahead (ahead), scores out of bounds (scores), both not waited "
                                "for nor fused; capture times off (clock), not used for latency",
                                ("device", "reason"))
+        self.clock_skewed = r.counter("ddnn_edge_clock_skewed_total",
+                                      "Messages stamped far from the edge's clock, by device",
+                                      ("device",))
+        self.devices_online = r.gauge("ddnn_edge_device_online",
+                                      "1 while a device's status is online", ("device",))
 
-    def received(self, kind: str, messages: int, payload_bytes: int, header_bytes: int) -> None:
-        """Device messages taken by the ingest (its counts, handed over in bulk)."""
+    def on_devices(self, devices: Sequence[str]) -> None:
+        for device in devices:  # every device's flags exported at 0 from the start
+            for reason in REASONS:
+                self.flagged.set(0, device=device, reason=reason)
+
+    def on_received(self, kind: str, messages: int, payload_bytes: int,
+                    header_bytes: int) -> None:
         self.messages.inc(messages, kind=kind)
         self.bytes.inc(payload_bytes, kind=kind, part="payload")
         self.bytes.inc(header_bytes, kind=kind, part="header")
 
-    def computed(self, step: str, seconds: float) -> None:
-        """A segment's compute time, for :meth:`observe_computed` (any thread)."""
-        self._computed.append((step, seconds))
+    def on_dropped(self, reason: str, device: str | None = None,
+                   lag: float | None = None) -> None:
+        self.dropped.inc(reason=reason)
+        if device is None:
+            return
+        if reason == "scores":  # out of the bundle's bounds: refused for its device's conduct
+            self.refused.inc(device=device, reason=reason)
+        elif reason == "late":
+            self.late.inc(device=device)
 
-    def observe_computed(self) -> None:
-        """Observe the compute times noted since the last call."""
-        while self._computed:  # (a deque: threads append while this one takes)
-            step, seconds = self._computed.popleft()
-            self.segment.observe(seconds, step=step)
+    def on_refused(self, device: str, reason: str) -> None:
+        self.dropped.inc(reason=reason)
+        self.refused.inc(device=device, reason=reason)
 
-    def render(self) -> str:
-        for hook in self.before_render:  # counts kept in plain integers on the hot path
-            hook()
-        return self.registry.render()
+    def on_device_status(self, device: str, online: bool) -> None:
+        self.devices_online.set(1 if online else 0, device=device)
+
+    def on_clock_skewed(self, device: str) -> None:
+        self.clock_skewed.inc(device=device)
+
+    def on_flag(self, device: str, reason: str, flagged: bool) -> None:
+        self.flagged.set(1 if flagged else 0, device=device, reason=reason)
 
 
-class LearningMetrics:
+class LearningMetrics(EdgeEvents):
     """The series of learning in the field: the exits checked against the cloud (drift,
     ``--audit-rate``) and the experience recorded for federated learning (``--experience``)."""
 
@@ -163,3 +247,25 @@ class LearningMetrics:
         for outcome in ("recorded", "dropped", "failed"):
             self.experience.zero(outcome=outcome)
         self.experience_bytes.set(0)
+
+    def on_audit(self, exit: str) -> None:
+        self.audits.inc(exit=exit)
+
+    def on_investigation(self) -> None:
+        self.investigations.inc()
+
+    def on_threshold_change(self, direction: str) -> None:
+        self.threshold_changes.inc(direction=direction)
+
+    def on_drift(self, decision: Decision | None, monitor: AgreementMonitor) -> None:
+        self.agreement_floor.set(1 - monitor.policy.agreement_budget)
+        self.drift_alarm.set(1 if monitor.alarm else 0)
+        d = decision
+        for name, e in (("in_force", d and d.in_force), ("configured", d and d.configured)):
+            self.agreement.set(e.agreement if e else math.nan, thresholds=name)
+
+    def on_experience(self, outcome: str, frames: int) -> None:
+        self.experience.inc(frames, outcome=outcome)
+
+    def on_experience_size(self, size: int) -> None:
+        self.experience_bytes.set(size)

@@ -11,7 +11,8 @@
 
 Every step is the one ``ddnn evaluate`` runs (``BundleRuntime.all_exits``), fed with the tensors
 as they crossed the wire, so the live hierarchy's answers equal the offline evaluation's. Pure:
-no threads, no MQTT, no metrics; compute times go to the ``on_segment`` hook.
+no threads, no MQTT, no metrics; compute times are reported as events
+(:meth:`~ddnn.edge.events.EdgeEvents.on_computed`).
 """
 
 from __future__ import annotations
@@ -22,12 +23,18 @@ import time
 from array import array
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Union
 
 import numpy as np
 
+from ddnn.edge.events import NO_EVENTS, EdgeEvents
 from ddnn.exits import ExitPolicy, entropy_of_logits
 from ddnn.runtime import BundleRuntime, transmit
 from ddnn.stacking import Stacking, stack
+
+# One view's class scores as the edge holds them: C floats as read off the wire (the hot path),
+# or an array.
+Scores = Union[np.ndarray, tuple[float, ...]]  # noqa: UP007 - a runtime alias on Python 3.10
 
 
 @dataclass(frozen=True)
@@ -118,19 +125,21 @@ def _decided(agg: list[float], threshold: float) -> tuple[list[float], float] | 
     return agg, eta
 
 
-_PLAIN = {"max": local_max, "avg": local_avg}  # the local aggregations with a plain-float path
+LocalExit = Callable[[Sequence[Sequence[float]], float], "tuple[list[float], float] | None"]
+# The local aggregations with a plain-float path.
+_PLAIN: dict[str, LocalExit] = {"max": local_max, "avg": local_avg}
 
 
 class ExitPipeline:
     """The exits of one bundle version under one exit policy."""
 
     def __init__(self, runtime: BundleRuntime, policy: ExitPolicy, *,
-                 on_segment: Callable[[str, float], None] | None = None):
+                 events: EdgeEvents = NO_EVENTS):
         self.runtime, self.policy = runtime, policy
         m = self.manifest = runtime.manifest
         self._feature_shape = tuple(m.devices[0].output("features").sample_shape)
         self._absent = bytes(4 * m.num_classes)  # an absent view's row of scores: zeros
-        self._on_segment = on_segment or (lambda step, seconds: None)
+        self.events = events  # (compute times: on_computed)
         # One frame's local exit in plain floats where that decides exactly (local_max,
         # local_avg); then batching frames buys nothing (setting ``plain_local`` False forces
         # numpy, for tests).
@@ -141,26 +150,26 @@ class ExitPipeline:
     def classes(self) -> Sequence[str]:
         return self.manifest.classes
 
-    def local(self, scores: Mapping[int, np.ndarray], *, arrived: Collection[int] = (),
+    def local(self, scores: Mapping[int, Scores], *, arrived: Collection[int] = (),
               pushing: Collection[int] = ()) -> Exit | Pull:
         """The local exit over the views present (``scores``: view → its (C,) scores).
 
         ``arrived``: views whose features are already here; ``pushing``: views whose devices
         send features unasked. Neither is asked for features.
         """
-        if self.plain_local and scores:
+        if self._plain is not None and self.plain_local and scores:
             t0 = time.perf_counter()
             threshold = self.policy.threshold("local")
             decided = self._plain([np.ravel(s).tolist() if isinstance(s, np.ndarray) else s
                                    for _, s in sorted(scores.items())], threshold)
             if decided is not None:
                 agg, eta = decided
-                self._on_segment("local", time.perf_counter() - t0)
+                self.events.on_computed("local", time.perf_counter() - t0)
                 return self._decide(scores, np.array(agg, np.float32), eta, eta < threshold,
                                     arrived, pushing)
         return self.local_many([scores], arrived=[arrived], pushing=pushing)[0]
 
-    def _decide(self, scores: Mapping[int, object], local: np.ndarray, eta: float,
+    def _decide(self, scores: Mapping[int, Scores], local: np.ndarray, eta: float,
                 leave: bool, arrived: Collection[int], pushing: Collection[int]) -> Exit | Pull:
         present = tuple(sorted(scores))
         answer = Exit("local", local, eta, present)
@@ -169,7 +178,7 @@ class ExitPipeline:
         ask = tuple(v for v in present if v not in arrived and v not in pushing)
         return Pull(present, ask, answer)
 
-    def local_many(self, frames: Sequence[Mapping[int, np.ndarray]], *,
+    def local_many(self, frames: Sequence[Mapping[int, Scores]], *,
                    arrived: Sequence[Collection[int]] | None = None,
                    pushing: Collection[int] = ()) -> list[Exit | Pull]:
         """:meth:`local` of several frames in one vectorised call (one row per frame).
@@ -194,7 +203,7 @@ class ExitPipeline:
         local = self.runtime.local(x, np.array(mask).reshape(len(frames), m.views))
         etas = entropy_of_logits(local).tolist()
         threshold = self.policy.threshold("local")  # ExitPolicy.exits: η < T
-        self._on_segment("local", time.perf_counter() - t0)
+        self.events.on_computed("local", time.perf_counter() - t0)
         return [self._decide(scores, local[i], etas[i], etas[i] < threshold,
                              arrived[i] if arrived is not None else (), pushing)
                 for i, scores in enumerate(frames)]
@@ -225,7 +234,7 @@ class ExitPipeline:
             edge_scores = stack(None if below is None else np.reshape(below, (1, -1)),
                                 edge_scores, stacking.edge)
         eta = float(entropy_of_logits(edge_scores)[0])
-        self._on_segment("edge", time.perf_counter() - t0)
+        self.events.on_computed("edge", time.perf_counter() - t0)
         answer = Exit("edge", edge_scores[0], eta, fused)
         confident = bool(self.policy.exits("edge", eta))
         if confident and not audit:

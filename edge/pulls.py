@@ -15,7 +15,7 @@ import numpy as np
 from ddnn import envelope as env
 from ddnn.bundle import Manifest
 from ddnn.edge.assembler import FrameAssembler
-from ddnn.edge.metrics import EdgeMetrics
+from ddnn.edge.events import EdgeEvents
 from ddnn.envelope import MessageType
 from ddnn.topics import DELIVERY
 
@@ -25,8 +25,8 @@ class FeaturePulls:
     version ``manifest()`` says new frames run on."""
 
     def __init__(self, publish: Callable[[str, bytes, int], object], topic: str,
-                 metrics: EdgeMetrics, manifest: Callable[[], Manifest]):
-        self._publish, self.topic, self.metrics, self._manifest = publish, topic, metrics, manifest
+                 events: EdgeEvents, manifest: Callable[[], Manifest]):
+        self._publish, self.topic, self.events, self._manifest = publish, topic, events, manifest
 
     def request(self, frame: int, views: Sequence[int]) -> None:
         """Pull the features of ``views`` for ``frame``."""
@@ -36,7 +36,7 @@ class FeaturePulls:
         req = env.pack(MessageType.REQUEST, version=m.version, frame=frame, tensor=mask,
                        codec="binary")
         self._publish(self.topic, env.encode(req), DELIVERY["requests"].qos)
-        self.metrics.requests.inc()
+        self.events.on_pulled("features")
 
     def again(self, assembler: FrameAssembler) -> None:
         """Pull again what the frames waiting for features still miss."""

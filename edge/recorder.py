@@ -16,7 +16,7 @@ import logging
 import queue
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,6 +24,8 @@ import numpy as np
 
 from ddnn import experience
 from ddnn.bundle import Manifest
+from ddnn.edge.events import NO_EVENTS, EdgeEvents
+from ddnn.edge.pipeline import Scores
 from ddnn.errors import ConfigError
 from ddnn.exits import softmax
 from ddnn.plumbing.lifecycle import Worker
@@ -70,42 +72,34 @@ class Taught:
 
     manifest: Manifest  # of the bundle version the frame ran on
     features: Mapping[int, np.ndarray]  # view → its device features (decoded levels)
-    scores: Mapping[int, np.ndarray]  # view → the scores its device sent
+    scores: Mapping[int, Scores]  # view → the scores its device sent
     cloud: np.ndarray  # (C,) the cloud's scores
 
 
 class ExperienceRecorder:
     """Writes frames handed over with :meth:`put` into ``settings.directory``.
 
-    ``on_outcome(outcome, frames)`` counts frames recorded, dropped or failed; ``on_size(bytes)``
-    reports the directory's size after each write.
+    ``events`` hears of frames recorded, dropped or failed (``on_experience``) and of the
+    directory's size after each write (``on_experience_size``).
     """
 
-    def __init__(self, settings: ExperienceRecording, *,
-                 on_outcome: Callable[[str, int], None] = lambda *a: None,
-                 on_size: Callable[[int], None] = lambda n: None, queue_size: int = QUEUE):
+    def __init__(self, settings: ExperienceRecording, *, events: EdgeEvents = NO_EVENTS,
+                 queue_size: int = QUEUE):
         if settings.directory is None:
             raise ConfigError("an experience recorder needs a directory")
         self.directory, self.max_bytes = Path(settings.directory), settings.max_bytes
-        self._on_outcome, self._on_size = on_outcome, on_size
+        self.events = events
         self._queue: queue.Queue[Taught] = queue.Queue(maxsize=queue_size)
         self._stop = threading.Event()
         self._failed = LogThrottle()
         self.worker = Worker("edge-experience", self._loop, stop=self._stop.set, join=30.0)
-
-    @classmethod
-    def counted(cls, settings: ExperienceRecording, series) -> ExperienceRecorder:
-        """A recorder counted in the edge's learning metrics (``EdgeMetrics.learning``)."""
-        return cls(settings,
-                   on_outcome=lambda outcome, n: series.experience.inc(n, outcome=outcome),
-                   on_size=series.experience_bytes.set)
 
     def start(self) -> None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise ConfigError(f"--experience {self.directory}: cannot create it ({e})") from None
-        self._on_size(self._size())
+        self.events.on_experience_size(self._size())
         self.worker.start()
 
     def stop(self) -> None:
@@ -115,12 +109,12 @@ class ExperienceRecorder:
         return self.worker.alive()
 
     def put(self, manifest: Manifest, features: Mapping[int, np.ndarray],
-            scores: Mapping[int, np.ndarray], cloud: np.ndarray) -> None:
+            scores: Mapping[int, Scores], cloud: np.ndarray) -> None:
         """Hand one frame over (any thread; never blocks: a full queue drops it, counted)."""
         try:
             self._queue.put_nowait(Taught(manifest, features, scores, cloud))
         except queue.Full:
-            self._on_outcome("dropped", 1)
+            self.events.on_experience("dropped", 1)
 
     # --- the recorder's thread ---------------------------------------------------------------
 
@@ -165,13 +159,13 @@ class ExperienceRecorder:
                                    device_scores=arrays[3])
             experience.prune(self.directory, self.max_bytes)
         except (OSError, ValueError) as e:
-            self._on_outcome("failed", len(frames))
+            self.events.on_experience("failed", len(frames))
             if self._failed(type(e).__name__):
                 log.error("could not write experience into %s: %s (later failures are counted "
                           "in ddnn_edge_experience_frames_total)", self.directory, e)
             return
-        self._on_outcome("recorded", len(frames))
-        self._on_size(self._size())
+        self.events.on_experience("recorded", len(frames))
+        self.events.on_experience_size(self._size())
 
     def _size(self) -> int:
         return sum(p.stat().st_size for p in experience.chunks(self.directory))

@@ -33,6 +33,10 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
+from ddnn.edge.pipeline import Scores
+
 MAX_FPS = 240.0  # frames per second of capture time no camera exceeds (--max-fps)
 BURST = 8.0  # frames a device may run ahead of that pace at once (capture jitter, skipped slots)
 HOLD = 1024  # views held per device at most; the oldest is dropped past it (it ran ahead)
@@ -44,10 +48,10 @@ class Held:
     """A view held because its device ran ahead when it came."""
 
     frame: int
-    scores: object  # its scores (a tuple of floats or an array), or None: absent
+    scores: Scores | None  # its scores (a tuple of floats or an array), or None: absent
     captured: float
     arrived: float  # monotonic time it came
-    features: object = None  # its features, pushed right after its scores (push mode)
+    features: np.ndarray | None = None  # its features, pushed right after its scores (push)
 
 
 @dataclass
@@ -85,7 +89,7 @@ class RunAhead:
         others = [u for u in expected if u != view]
         peers = self.peers(others, now)
         if peers:
-            newest = sorted(self.positions[u].newest for u in peers)  # type: ignore[type-var]
+            newest = sorted(n for u in peers if (n := self.positions[u].newest) is not None)
             return frame - newest[len(newest) // 2] > BURST  # (the upper median)
         if not others or p.newest is None:
             return False  # nobody to run ahead of, or its first view: nothing known of it yet
@@ -105,7 +109,7 @@ class RunAhead:
             p.newest = frame
         p.at = now
 
-    def hold(self, view: int, frame: int, scores: object, captured: float,
+    def hold(self, view: int, frame: int, scores: Scores | None, captured: float,
              now: float) -> list[Held]:
         """Hold a view; returns those pushed out (its device's oldest, past :data:`HOLD`)."""
         held = self.held[view]
@@ -145,7 +149,7 @@ class RunAhead:
         self.holding -= len(out)
         return out
 
-    def hold_features(self, view: int, frame: int, features: object) -> bool:
+    def hold_features(self, view: int, frame: int, features: np.ndarray) -> bool:
         """Keep the features of a held view with it (pushed after its scores); False: its
         view is not held."""
         h = self.held[view].get(frame)

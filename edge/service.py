@@ -20,6 +20,7 @@ from ddnn.edge.callback import ResultsCallback
 from ddnn.edge.cloud_client import CLOUD_RETRY, CloudClient
 from ddnn.edge.credentials import load_http_tokens
 from ddnn.edge.device_results import DeviceResults
+from ddnn.edge.events import EdgeEvents
 from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.health import EdgeHealth, EdgeVersionProbe
 from ddnn.edge.http import EdgeHttpServer, server_tls
@@ -47,7 +48,7 @@ class EdgeService:
 
     def __init__(self, settings: EdgeSettings, runtime: BundleRuntime, *,
                  cloud: CloudClient | None = None, sinks: Sequence[ResultSink] = (),
-                 max_inflight: int | None = None):
+                 observers: Sequence[EdgeEvents] = (), max_inflight: int | None = None):
         self.settings = s = settings
         m = runtime.manifest
         devices = view_devices(s.devices, m.views)
@@ -56,28 +57,31 @@ class EdgeService:
             raise ConfigError(f"--gateways names devices that are not this edge's: {strangers}")
         topics = Topics(s.deployment, s.topic_prefix)
         self.metrics = EdgeMetrics()
-        self.mqtt = self._mqtt_client(topics, runtime, max_inflight) if s.broker else None
+        self.mqtt = (self._mqtt_client(s.broker, topics, runtime, max_inflight) if s.broker
+                     else None)
         self.aggregator = EdgeAggregator(
             runtime, s, topics, devices=devices, metrics=self.metrics, cloud=cloud,
             sinks=[*self._sinks(topics), *sinks],
             publish=self.mqtt.publish if self.mqtt else None,
-            connected=self.mqtt.connected.is_set if self.mqtt else lambda: True)
+            connected=self.mqtt.connected.is_set if self.mqtt else lambda: True,
+            observers=observers)
         # One-view devices' own results (their own topic, or through a gateway), checked.
         self.device_results = DeviceResults(self.aggregator)
-        self.gateways = GatewayIngest(
-            self.aggregator.ingest, topics, dict(s.gateways),
-            on_drop=lambda reason, *_: self.metrics.dropped.inc(reason=reason),
-            on_result=self.device_results.take)
+        self.gateways = GatewayIngest(self.aggregator.ingest, topics, dict(s.gateways),
+                                      self.aggregator.events, results=self.device_results)
         self.lifecycle = Lifecycle()  # its parts are added below, once made
         # /healthz, /readyz, /livez (edge.health), served by the HTTP server.
         self.health = EdgeHealth(self.aggregator, s, self.mqtt, lambda: self.updater,
                                  liveness=self.lifecycle.liveness)
         self.http: EdgeHttpServer | None = None
         if s.http.port is not None:
-            tokens = load_http_tokens(s.http_tokens, devices) if s.http_tokens else None
-            tls = server_tls(s.http_cert_file, s.http_key_file) if s.http_cert_file else None
-            self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port, s.http_token,
-                                       tokens=tokens, max_connections=s.http_max_connections,
+            access = s.http_access
+            tokens = (load_http_tokens(access.http_tokens, devices) if access.http_tokens
+                      else None)
+            tls = server_tls(*access.tls) if access.tls is not None else None
+            self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port,
+                                       access.http_token, tokens=tokens,
+                                       max_connections=access.http_max_connections,
                                        health=self.health, tls=tls)
         # Updates are announced over MQTT.
         self.updater = self._updater() if self.mqtt is not None else None
@@ -87,14 +91,17 @@ class EdgeService:
 
     @classmethod
     def from_settings(cls, settings: EdgeSettings, *, runtime: BundleRuntime | None = None,
-                      sinks: Sequence[ResultSink] = (), cloud_retry: RetryPolicy = CLOUD_RETRY,
+                      sinks: Sequence[ResultSink] = (), observers: Sequence[EdgeEvents] = (),
+                      cloud_retry: RetryPolicy = CLOUD_RETRY,
                       max_inflight: int | None = None) -> EdgeService:
         """Everything ``ddnn edge`` runs, built (not started) from ``settings``.
 
         ``sinks``: more places for every result (:class:`~ddnn.edge.sinks.ResultSink`), after those
-        the settings configure. ``runtime``: run this bundle runtime instead of loading
-        ``settings.bundle``; with ``cloud_retry`` (the cloud client's backoff) and
-        ``max_inflight`` (unacknowledged MQTT messages) for tests and benchmarks.
+        the settings configure; ``observers``: more observers of the edge's events
+        (:class:`~ddnn.edge.events.EdgeEvents`), after its metrics and its log. ``runtime``: run
+        this bundle runtime instead of loading ``settings.bundle``; with ``cloud_retry`` (the
+        cloud client's backoff) and ``max_inflight`` (unacknowledged MQTT messages) for tests
+        and benchmarks.
         """
         if runtime is None:
             bundle = load_bundle(settings.bundle, public_key=settings.bundle_key)
@@ -109,18 +116,19 @@ class EdgeService:
                                 cert_file=link.cert_file, key_file=link.key_file,
                                 codec=runtime.manifest.codec["edge_features"],
                                 escalated=f"{runtime.manifest.name}-escalated")
-        return cls(settings, runtime, cloud=cloud, sinks=sinks, max_inflight=max_inflight)
+        return cls(settings, runtime, cloud=cloud, sinks=sinks, observers=observers,
+                   max_inflight=max_inflight)
 
     def _sinks(self, topics: Topics) -> list[ResultSink]:
         """The result sinks the settings configure: MQTT, a file, an application's URL."""
-        s, out = self.settings, []
+        results, out = self.settings.results, list[ResultSink]()
         if self.mqtt is not None:
             out.append(MqttSink(self.mqtt.publish, topics.results))
-        if s.results_out is not None:
-            out.append(FileSink(s.results_out))
-        if s.results_url is not None:
-            out.append(CallbackSink(ResultsCallback(s.results_url, self.metrics.callback,
-                                                    token=s.results_token)))
+        if results.results_out is not None:
+            out.append(FileSink(results.results_out))
+        if results.results_url is not None:
+            out.append(CallbackSink(ResultsCallback(results.results_url, self.metrics.callback,
+                                                    token=results.results_token)))
         return out
 
     def _add_parts(self) -> None:
@@ -137,12 +145,12 @@ class EdgeService:
             parts.add("mqtt", mqtt, stop=self._stop_mqtt,
                       alive=lambda: mqtt.refused is not None or mqtt.alive())
 
-    def _mqtt_client(self, topics: Topics, runtime: BundleRuntime,
+    def _mqtt_client(self, broker: str, topics: Topics, runtime: BundleRuntime,
                      max_inflight: int | None) -> MqttClient:
         s = self.settings
         options = MqttOptions(
-            keepalive=s.keepalive, reconnect_max=s.reconnect_max, security=s.security,
-            connect_timeout=s.connect_timeout,
+            keepalive=s.broker_link.keepalive, reconnect_max=s.broker_link.reconnect_max,
+            security=s.security, connect_timeout=s.broker_link.connect_timeout,
             persistent=True,  # the broker keeps device messages while the edge restarts
             subscriptions=[subscription(topics.all_devices(k), k) for k in DEVICE_KINDS]
             + [subscription(topics.bundle, "bundle")]
@@ -151,11 +159,11 @@ class EdgeService:
         if max_inflight is not None:
             options.max_inflight = max_inflight
         return MqttClient(
-            s.broker, f"ddnn-{topics.deployment}-{s.edge_id}", options,  # type: ignore[arg-type]
+            broker, f"ddnn-{topics.deployment}-{s.edge_id}", options,
             status_topic=topics.edge_status(s.edge_id),
             status_info={"edge": s.edge_id, "model": runtime.bundle.ref},
             on_message=self._on_message, on_connect=self._connected,
-            on_disconnect=lambda: self.metrics.broker_up.set(0),
+            on_disconnect=lambda: self.aggregator.events.on_broker(False),
             on_refused=lambda error: self._refused.set())
 
     # --- MQTT callbacks (paho's thread) ---------------------------------------------------------
@@ -175,28 +183,28 @@ class EdgeService:
         return self.aggregator.ingest.on_message(topic, payload)
 
     def _connected(self) -> None:
-        self.metrics.broker_up.set(1)
+        self.aggregator.events.on_broker(True)
         self.aggregator.on_reconnect()
 
     # --- over-the-air bundle updates ------------------------------------------------------------
 
     def _updater(self) -> BundleUpdater:
-        s, agg, m = self.settings, self.aggregator, self.metrics
+        s, agg, events = self.settings, self.aggregator, self.aggregator.events
 
         def apply(bundle) -> None:
             agg.swap(BundleRuntime(bundle, threads=s.threads))
 
         hooks = UpdateHooks(
             apply=apply,
-            on_result=lambda ok: m.bundle_updates.inc(result="applied" if ok else "refused"),
-            on_retry=lambda ann, why: m.bundle_updates.inc(result="retry"),
+            on_result=lambda ok: events.on_bundle_update("applied" if ok else "refused"),
+            on_retry=lambda ann, why: events.on_bundle_update("retry"),
             # The target of an update survives restarts (BundleUpdater): one announced before
             # this process started is announced to the ingest again here, before MQTT connects.
-            on_announce=lambda ann: agg.ingest.announce((ann.name, ann.version)),
+            on_announce=lambda ann: agg.ingest.versions.announce((ann.name, ann.version)),
             # messages of a refused version are another model's again
-            on_refused=lambda ann: agg.ingest.withdraw((ann.name, ann.version)),
+            on_refused=lambda ann: agg.ingest.versions.withdraw((ann.name, ann.version)),
             # failing its health check on probation rolls a version back
-            on_rollback=lambda ref, why: m.bundle_updates.inc(result="rolled_back"))
+            on_rollback=lambda ref, why: events.on_bundle_update("rolled_back"))
         return BundleUpdater(agg.runtime.bundle, hooks, policy=s.updates,
                              source=s.cloud_link.update_source(), public_key=s.bundle_key,
                              tag=s.edge_id, probe=EdgeVersionProbe(self.health))
@@ -223,7 +231,8 @@ class EdgeService:
         cloud = self.aggregator.cloud.timeout if self.aggregator.cloud is not None else 0.0
         self.aggregator.drain(s.max_wait + s.feature_deadline + cloud + 1.0)
         self.flush(5.0)
-        self.mqtt.stop()  # type: ignore[union-attr]
+        if self.mqtt is not None:
+            self.mqtt.stop()
 
     def stop(self) -> None:
         """Stop what :meth:`start` started, in reverse order."""

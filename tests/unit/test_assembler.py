@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-from ddnn.edge.assembler import FEATURES, SCORES, Drop, FrameAssembler
+from ddnn.edge.assembler import FEATURES, SCORES, Drop, FrameAssembler, FrameBounds
+from ddnn.edge.roster import DeviceRules
 
 S = np.zeros(3, np.float32)
 F = np.zeros((1, 4, 2, 2), np.float32)
@@ -28,20 +29,20 @@ def test_a_missing_view_never_blocks_a_frame():
 
 def test_an_offline_device_is_not_waited_for():
     a = FrameAssembler(2, deadline=5.0)
-    a.set_online(1, False)
+    a.roster.set_online(1, False)
     f = a.add_scores(0, 1, S, 0.0, now=0.0)
     assert f is not None and f.present == [0]
     a.add_scores(1, 2, S, 0.0, now=0.0)  # any message revives it
-    assert a.expected() == [0, 1]
+    assert a.roster.expected() == [0, 1]
 
 
 def test_a_silent_device_becomes_suspect_after_missed_deadlines():
-    a = FrameAssembler(2, deadline=0.1, suspect_after=2)
+    a = FrameAssembler(2, deadline=0.1, rules=DeviceRules(suspect_after=2))
     for frame in range(2):  # (captured a second apart, like the frames' arrivals)
         a.add_scores(0, frame, S, float(frame), now=frame)
         (f,) = a.expire(now=frame + 0.2)
         a.finish(f)
-    assert a.expected() == [0]
+    assert a.roster.expected() == [0]
     assert a.add_scores(0, 2, S, 2.0, now=3.0) is not None  # no wait any more
 
 
@@ -62,7 +63,7 @@ def test_duplicates_and_late_views_are_dropped():
 
 
 def test_forgotten_frames_are_late_not_new():
-    a = FrameAssembler(1, deadline=0.1, history=2)
+    a = FrameAssembler(1, deadline=0.1, bounds=FrameBounds(history=2))
     for frame in range(4):
         a.finish(a.add_scores(0, frame, S, 0.0, now=0.0))
     with pytest.raises(Drop, match="already answered"):
@@ -129,7 +130,7 @@ def test_frames_wait_for_a_device_that_usually_lags_within_the_budget():
 
 def test_the_wait_never_exceeds_the_budget():
     a = FrameAssembler(2, deadline=0.1, max_wait=0.3)
-    a.lag.observe(1, 0.28)  # lags 0.28 s: with the margin, more than the budget
+    a.roster.lag.observe(1, 0.28)  # lags 0.28 s: with the margin, more than the budget
     a.add_scores(0, 1, S, 0.0, now=0.0)
     assert a.expire(now=0.29) == []
     (f,) = a.expire(now=0.31)
@@ -138,22 +139,22 @@ def test_the_wait_never_exceeds_the_budget():
 
 def test_a_device_lagging_past_the_budget_is_not_waited_for():
     a = FrameAssembler(2, deadline=0.1, max_wait=1.0)
-    a.lag.observe(1, 10.0)  # 10 s behind: its views come after their frames are answered
+    a.roster.lag.observe(1, 10.0)  # 10 s behind: its views come after their frames are answered
     f = a.add_scores(0, 1, S, 0.0, now=0.0)
     assert f is not None and f.present == [0]  # no wait at all
-    assert a.why_missing(f, f.present) == {1: "late"}
+    assert a.roster.why_missing(f, f.present) == {1: "late"}
 
 
 def test_a_fixed_deadline_without_a_budget():
     a = FrameAssembler(2, deadline=0.1)  # max_wait defaults to the deadline
-    a.lag.observe(1, 0.09)  # with the margin it would wait 0.13 s: the deadline caps it
+    a.roster.lag.observe(1, 0.09)  # with the margin it would wait 0.13 s: the deadline caps it
     a.add_scores(0, 1, S, 0.0, now=0.0)
     assert a.expire(now=0.09) == []
     assert len(a.expire(now=0.11)) == 1
 
 
 def test_frame_ids_far_ahead_are_refused():
-    a = FrameAssembler(1, deadline=0.1, window=100)
+    a = FrameAssembler(1, deadline=0.1, bounds=FrameBounds(window=100))
     a.add_scores(0, 10, S, 0.0, now=0.0)
     with pytest.raises(Drop) as d:
         a.add_scores(0, 2**64 - 1, S, 0.0, now=0.0)
@@ -164,7 +165,7 @@ def test_frame_ids_far_ahead_are_refused():
 
 def test_one_huge_frame_id_cannot_make_later_frames_late():
     # The window admits it (nothing came before); forgetting smallest-first keeps it harmless.
-    a = FrameAssembler(1, deadline=0.1, history=4)
+    a = FrameAssembler(1, deadline=0.1, bounds=FrameBounds(history=4))
     a.finish(a.add_scores(0, 2**63, S, 0.0, now=0.0))
     for frame in range(20):
         f = a.add_scores(0, frame, S, 0.0, now=0.0)
@@ -175,7 +176,7 @@ def test_one_huge_frame_id_cannot_make_later_frames_late():
 
 
 def test_open_frames_are_bounded():
-    a = FrameAssembler(2, deadline=10.0, max_open=3)
+    a = FrameAssembler(2, deadline=10.0, bounds=FrameBounds(max_open=3))
     for frame in range(3):  # a camera at 25 fps
         a.add_scores(0, frame, S, frame / 25, now=0.0)
     with pytest.raises(Drop) as d:
@@ -193,7 +194,7 @@ def test_a_device_late_for_most_views_is_systematically_late():
         a.finish(f)
         with pytest.raises(Drop):
             a.add_scores(1, frame, S, 0.0, now=frame + 0.3)
-    assert a.late_views() == [1]
+    assert a.roster.late_views() == [1]
 
 
 def test_a_fast_answer_to_a_pull_does_not_look_like_push_mode():
@@ -201,7 +202,7 @@ def test_a_fast_answer_to_a_pull_does_not_look_like_push_mode():
     a.add_scores(0, 1, S, 0.0, now=0.0)
     f = a.add_scores(1, 1, S, 0.0, now=0.0)  # taken by the worker, which pulls view 0...
     assert a.add_features(0, 1, F, 0.0, now=0.01) is None  # ...whose answer beats the stage
-    assert a.pushing == [False, False]
+    assert a.roster.pushing == [False, False]
     assert a.await_features(f, [0, 1], now=0.02) is None  # view 0 arrived, view 1 awaited
     assert a.add_features(1, 1, F, 0.0, now=0.03) is f
 
@@ -215,11 +216,11 @@ def test_a_capture_time_far_from_the_other_views_is_not_trusted_and_flags_its_de
         f = a.add_scores(2, frame, S, t - 29.0, now=t)  # its clock 29 s behind
         assert f.captured == t and f.present == [0, 1, 2]  # fused, not trusted for latency
         a.finish(f)
-    assert a.flagged() == {2: ["clock"]} and a.expected() == [0, 1, 2]
+    assert a.roster.flagged() == {2: ["clock"]} and a.roster.expected() == [0, 1, 2]
 
 
 def test_two_views_cannot_tell_which_clock_is_off():
     a = FrameAssembler(2, deadline=0.2)
     a.add_scores(0, 0, S, 100.0, now=100.0)
     f = a.add_scores(1, 0, S, 71.0, now=100.0)
-    assert f.captured == 71.0 and a.flagged() == {}
+    assert f.captured == 71.0 and a.roster.flagged() == {}

@@ -12,6 +12,7 @@ from ddnn.edge.gateways import GatewayIngest
 from ddnn.edge.ingest import Ingest
 from ddnn.envelope import MessageType
 from ddnn.topics import Topics
+from tests.support.events import RecordedEvents
 
 T = Topics("site")
 
@@ -38,13 +39,14 @@ def scores(frame: int) -> bytes:
 
 
 def test_entries_go_on_only_for_the_gateway_s_own_devices():
-    ingest, drops = FakeIngest(), []
-    g = GatewayIngest(ingest, T, {"gw0": ("cam0", "cam1")}, on_drop=lambda r, *_: drops.append(r))
+    ingest, events = FakeIngest(), RecordedEvents()
+    g = GatewayIngest(ingest, T, {"gw0": ("cam0", "cam1")}, events)
     batch = pack_batch([("cam0", scores(4)), ("cam2", scores(4)), ("cam1", scores(4))])
     assert g.on_message(T.gateway("gw0", "messages"), batch) is None
-    assert ingest.accepted == [("cam0", 4), ("cam1", 4)] and drops == ["unknown_device"]
+    assert ingest.accepted == [("cam0", 4), ("cam1", 4)]
+    assert events.of("on_dropped") == [("unknown_device",)]
     g.on_message(T.gateway("gw0", "messages"), b"\xe2\x01")
-    assert drops[-1] == "malformed"
+    assert events.of("on_dropped")[-1] == ("malformed",)
     assert g.on_message(T.device("cam0", "scores"), scores(1)) is None and not g.handles(
         T.device("cam0", "scores"))
 

@@ -10,6 +10,7 @@ import pytest
 from ddnn.aggregation import aggregate
 from ddnn.bundle import load_bundle
 from ddnn.dataset import load_dataset
+from ddnn.edge.events import NO_EVENTS, EdgeEvents
 from ddnn.edge.pipeline import GUARD, Exit, ExitPipeline, Pull, ToCloud, local_avg, local_max
 from ddnn.exits import ExitPolicy, entropy_of_logits
 from ddnn.runtime import BundleRuntime, transmit
@@ -43,14 +44,24 @@ def frame(wire, i):
     return {v: scores[i, v] for v in views}, {v: features[i, v] for v in views}
 
 
-def pipeline(runtime, local: float, edge: float, on_segment=None) -> ExitPipeline:
+class Computed(EdgeEvents):
+    """The steps whose compute time the pipeline reported."""
+
+    def __init__(self, steps: list[str]):
+        self.steps = steps
+
+    def on_computed(self, step: str, seconds: float) -> None:
+        self.steps.append(step)
+
+
+def pipeline(runtime, local: float, edge: float, events=NO_EVENTS) -> ExitPipeline:
     return ExitPipeline(runtime, ExitPolicy({"local": local, "edge": edge}),
-                        on_segment=on_segment)
+                        events=events)
 
 
 def test_a_confident_frame_exits_at_the_local_exit(runtime, wire):
     timings = []
-    p = pipeline(runtime, 1.0, 0.0, on_segment=lambda step, s: timings.append(step))
+    p = pipeline(runtime, 1.0, 0.0, events=Computed(timings))
     for i in range(24):
         scores, _ = frame(wire, i)
         decision = p.local(scores)
@@ -163,8 +174,8 @@ def test_the_local_exit_of_a_batch_is_the_local_exit_of_each_frame(runtime, wire
     frames = [frame(wire, i)[0] for i in range(24) if present[i].any()]
     arrived = [set(list(s)[:1]) for s in frames]
     timings = []
-    batched = pipeline(runtime, eta, 0.0, on_segment=lambda step, s: timings.append(step)
-                       ).local_many(frames, arrived=arrived, pushing={1})
+    batched = pipeline(runtime, eta, 0.0, events=Computed(timings)).local_many(
+        frames, arrived=arrived, pushing={1})
     assert timings == ["local"]  # one run for the batch
     for scores, here, b in zip(frames, arrived, batched, strict=True):
         one = p.local(scores, arrived=here, pushing={1})

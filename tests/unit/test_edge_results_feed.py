@@ -9,7 +9,7 @@ import json
 import pytest
 
 from ddnn.edge.fanout import ResultFanout
-from ddnn.edge.metrics import EdgeMetrics
+from ddnn.edge.events import EdgeEvents
 from ddnn.edge.results_feed import follow, results_query, stream_start
 from ddnn.edge.sequence import BLOCK, STATE_FILE, AnswerSequence
 from ddnn.edge.sinks import RecentResults
@@ -78,12 +78,12 @@ def test_a_consumer_further_behind_than_the_ring_is_told_so():
 
 
 def test_the_ring_outlives_a_graceful_restart_in_the_state_dir(tmp_path):
-    before = ResultFanout([], EdgeMetrics(), state_dir=tmp_path)
+    before = ResultFanout([], EdgeEvents(), state_dir=tmp_path)
     before.start()
     for frame in range(5):
         before.publish(result(frame))
     before.close()
-    after = ResultFanout([], EdgeMetrics(), state_dir=tmp_path)
+    after = ResultFanout([], EdgeEvents(), state_dir=tmp_path)
     after.start()
     after.publish(result(5))
     seqs = [r["seq"] for r in after.recent.since(-1).results]

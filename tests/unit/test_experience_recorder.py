@@ -8,8 +8,22 @@ import collections
 import numpy as np
 
 from ddnn.bundle import load_bundle
+from ddnn.edge.events import EdgeEvents
 from ddnn.edge.recorder import ExperienceRecorder, ExperienceRecording
 from ddnn.experience import chunks, read_experience
+
+
+class Counted(EdgeEvents):
+    """The recorder's events: frames by outcome, and the directory's sizes."""
+
+    def __init__(self, counts: collections.Counter, sizes: list[int]):
+        self.counts, self.sizes = counts, sizes
+
+    def on_experience(self, outcome: str, frames: int) -> None:
+        self.counts.update({outcome: frames})
+
+    def on_experience_size(self, size: int) -> None:
+        self.sizes.append(size)
 
 
 def frames(manifest, n, rng):
@@ -27,7 +41,7 @@ def test_recorded_frames_are_read_back_and_the_budget_holds(tiny_bundle, tmp_pat
     budget_mb = 0.02
     recorder = ExperienceRecorder(
         ExperienceRecording(directory=tmp_path / "exp", max_mb=budget_mb),
-        on_outcome=lambda outcome, n: counts.update({outcome: n}), on_size=sizes.append)
+        events=Counted(counts, sizes))
     recorder.start()
     rng = np.random.default_rng(0)
     for features, scores, cloud in frames(m, 600, rng):
@@ -46,8 +60,7 @@ def test_a_full_queue_drops_frames_and_counts_them(tiny_bundle, tmp_path):
     m = load_bundle(tiny_bundle).manifest
     counts = collections.Counter()
     recorder = ExperienceRecorder(ExperienceRecording(directory=tmp_path / "exp"),
-                                  on_outcome=lambda outcome, n: counts.update({outcome: n}),
-                                  queue_size=2)
+                                  events=Counted(counts, []), queue_size=2)
     for features, scores, cloud in frames(m, 5, np.random.default_rng(1)):
         recorder.put(m, features, scores, cloud)  # not started: nothing takes them
     assert counts["dropped"] == 3

@@ -6,8 +6,9 @@ one by one, camera frame ids (capture time × fps) included.
 
 import numpy as np
 
-from ddnn.edge.assembler import Drop, FrameAssembler
+from ddnn.edge.assembler import Drop, FrameAssembler, FrameBounds
 from ddnn.edge.runahead import HOLD
+from tests.support.events import RecordedEvents
 
 S = np.zeros(3, np.float32)
 CAMERA0 = 1_750_000_000 * 25  # a camera's frame id: its capture time's slot at 25 fps
@@ -50,10 +51,9 @@ def replay(clock: Clock, views, frames, t0: float, fps: float = 25.0, first: int
 
 
 def test_a_device_that_joins_ahead_is_held_refused_and_flagged():
-    refused, flags = [], []
-    a = FrameAssembler(6, deadline=0.2, max_wait=1.0,
-                       on_refused=lambda v, r: refused.append(v),
-                       on_flag=lambda v, r, on: flags.append((v, r, on)))
+    events = RecordedEvents()
+    a = FrameAssembler(6, deadline=0.2, max_wait=1.0, events=events,
+                       devices=[f"cam{v}" for v in range(6)])
     c = Clock(a)
     replay(c, range(5), 50, 0.0)  # frames 0..49 in 2 s (cam5 silent: soon not waited for)
     for k in range(100):  # at 2 s: frames 100..199 at 5000 fps
@@ -63,9 +63,10 @@ def test_a_device_that_joins_ahead_is_held_refused_and_flagged():
     c.tick(10.0)
     assert sorted(c.answered) == list(range(200))
     assert all(c.answered[f] == {0, 1, 2, 3, 4} for f in range(50, 200)), "none of its views"
-    assert flags == [(5, "ahead", True)] and refused.count(5) == 100
-    assert a.flagged() == {5: ["ahead"]} and 5 not in a.expected()
-    assert a.late_views() == []  # the honest devices were never late
+    assert events.of("on_flag") == [("cam5", "ahead", True)]
+    assert events.of("on_refused").count(("cam5", "ahead")) == 100
+    assert a.roster.flagged() == {5: ["ahead"]} and 5 not in a.roster.expected()
+    assert a.roster.late_views() == []  # the honest devices were never late
 
 
 def test_two_devices_together_are_not_ahead_of_a_third_that_lags():
@@ -82,7 +83,7 @@ def test_two_devices_together_are_not_ahead_of_a_third_that_lags():
             c.send(2, k - 20, t)
     c.tick(20.0)
     assert sorted(c.answered) == list(range(200))
-    assert all(c.answered[f] == {0, 1} for f in range(200)) and a.flagged() == {}
+    assert all(c.answered[f] == {0, 1} for f in range(200)) and a.roster.flagged() == {}
 
 
 def test_a_device_that_starts_first_opens_one_frame_at_most():
@@ -96,10 +97,10 @@ def test_a_device_that_starts_first_opens_one_frame_at_most():
     c.tick(20.0)
     assert sorted(c.answered) == list(range(200))
     assert all(c.answered[f] == {0, 1, 2, 3, 4} for f in range(1, 200))
-    assert a.flagged() == {5: ["ahead"]}
+    assert a.roster.flagged() == {5: ["ahead"]}
     # Frame 0 was answered from it alone; the others' views of it were late, but their lag
     # (its three-second lead) was not learnt, so no later frame stopped waiting for them.
-    assert max(a.lag.estimate[:5]) < a.max_wait
+    assert max(a.roster.lag.estimate[:5]) < a.max_wait
 
 
 def test_cameras_numbered_by_capture_time():
@@ -115,24 +116,24 @@ def test_cameras_numbered_by_capture_time():
         c.send(3, CAMERA0 + 100 + k, t, captured=t + 4.0)
     c.tick(200.0)
     assert all(c.answered[CAMERA0 + k] == {0, 1, 2} for k in range(10, 200))
-    assert a.flagged() == {3: ["ahead"]}
+    assert a.roster.flagged() == {3: ["ahead"]}
 
 
 def test_a_camera_at_5000_fps_that_starts_first_cannot_fill_the_edge():
     # Its frame ids are slots at 5000 fps: no honest camera shares them. Alone, it opens one
     # frame; its views wait, bounded, and are refused; the edge keeps room for the others.
-    a = FrameAssembler(4, deadline=0.2, max_wait=1.0, max_open=64)
+    a = FrameAssembler(4, deadline=0.2, max_wait=1.0, bounds=FrameBounds(max_open=64))
     c = Clock(a)
     for k in range(3000):
         t = k / 5000
         c.send(3, CAMERA0 * 200 + k, t)
-    assert len(a) <= 1 and a.runahead.holding <= HOLD
+    assert len(a) <= 1 and a.roster.runahead.holding <= HOLD
     replay(c, range(3), 100, 2.0, first=CAMERA0)
     c.tick(10.0)
     # (Silent while it was alone, the others were not waited for: the first view of each
     # revives only its own device, so their first frame is answered without the other two.)
     assert all(c.answered[CAMERA0 + k] == {0, 1, 2} for k in range(1, 100))
-    assert a.flagged() == {3: ["ahead"]}
+    assert a.roster.flagged() == {3: ["ahead"]}
 
 
 def test_honest_cameras_started_apart_are_not_flagged():
@@ -145,7 +146,7 @@ def test_honest_cameras_started_apart_are_not_flagged():
     c.tick(20.0)
     # (their first frame comes while they are not waited for yet: see above)
     assert all(c.answered[CAMERA0 + 250 + k] == {0, 1, 2} for k in range(1, 100))
-    assert a.flagged() == {}
+    assert a.roster.flagged() == {}
 
 
 def test_replays_as_fast_as_possible_together_lose_nothing():
@@ -160,14 +161,14 @@ def test_replays_as_fast_as_possible_together_lose_nothing():
     c.tick(10.0)
     assert sorted(c.answered) == list(range(120))
     assert all(views == {0, 1, 2} for views in c.answered.values())
-    assert a.flagged() == {}
+    assert a.roster.flagged() == {}
 
 
 def test_a_device_alone_goes_on_once_the_others_are_offline():
     # Its peers said offline: nobody to run ahead of, whatever its pace.
     a = FrameAssembler(3, deadline=0.2, max_wait=1.0)
-    a.set_online(1, False)
-    a.set_online(2, False)
+    a.roster.set_online(1, False)
+    a.roster.set_online(2, False)
     c = Clock(a)
     for k in range(50):
         c.send(0, k, k / 1000)
@@ -183,17 +184,16 @@ def test_a_one_view_deployment_is_never_held():
 
 
 def test_a_flagged_device_that_behaves_again_is_cleared():
-    flags = []
-    a = FrameAssembler(3, deadline=0.2, max_wait=1.0,
-                       on_flag=lambda v, r, on: flags.append((v, on)))
+    events = RecordedEvents()
+    a = FrameAssembler(3, deadline=0.2, max_wait=1.0, events=events)
     c = Clock(a)
     replay(c, [0, 1], 25, 0.0)
     for k in range(30):  # two seconds ahead
         c.send(2, 75 + k, 1.0 + k / 5000)
     replay(c, [0, 1], 100, 1.0, first=25)
-    assert a.flagged() == {2: ["ahead"]}
+    assert a.roster.flagged() == {2: ["ahead"]}
     replay(c, [0, 1, 2], 100, 5.0, first=125)  # in step with the others now
-    assert flags == [(2, True), (2, False)]
+    assert events.of("on_flag") == [("2", "ahead", True), ("2", "ahead", False)]
     assert all(c.answered[f] == {0, 1, 2} for f in range(200, 225))
 
 
@@ -212,7 +212,7 @@ def test_pushed_features_of_a_held_view_join_the_frame_with_its_scores():
         c.send(0, k, 0.25)
     f = a.add_scores(0, 15, S, 0.25, now=0.25)
     assert f is not None and f.present == [0, 1] and f.features[1] is x
-    assert a.pushing[1] and all(c.answered[k] == {0, 1} for k in range(15))
+    assert a.roster.pushing[1] and all(c.answered[k] == {0, 1} for k in range(15))
 
 
 def test_a_device_seconds_behind_makes_no_honest_device_ahead():
@@ -232,4 +232,4 @@ def test_a_device_seconds_behind_makes_no_honest_device_ahead():
         c.tick(20.0)
         assert sorted(c.answered) == list(range(150))
         assert all(c.answered[k] == set(on_time) for k in range(150)), views
-        assert a.flagged() == {}
+        assert a.roster.flagged() == {}

@@ -8,6 +8,7 @@ import numpy as np
 from ddnn import envelope as env
 from ddnn.bundle import load_bundle
 from ddnn.edge.assembler import FrameAssembler
+from ddnn.edge.events import NO_EVENTS
 from ddnn.edge.ingest import Ingest
 from ddnn.edge.score_bounds import MARGIN, ScoreBounds
 from ddnn.envelope import MessageType
@@ -41,13 +42,20 @@ def test_log_probabilities_must_be_normalized():
     assert "normalized" in b.check((50.0, -50.0, -50.0))
 
 
+class Unscheduled:
+    """Stands in for the scheduler: ready frames go nowhere (only the ingest is tested)."""
+
+    def ready(self, f) -> None:
+        pass
+
+
 def test_during_an_update_each_version_is_held_to_its_own_bounds(tiny_bundle):
     old = load_bundle(tiny_bundle).manifest
     old = dataclasses.replace(old, calibration={"scores": {"kind": "logits", "max_abs": 10.0}})
     new = dataclasses.replace(old, version="2",
                               calibration={"scores": {"kind": "logits", "max_abs": 1.0}})
     ingest = Ingest(FrameAssembler(old.views), Topics(), ["cam0", "cam1", "cam2"], old,
-                    on_ready=lambda f: None)
+                    scheduler=Unscheduled(), events=NO_EVENTS)
     ingest.serve(new)
 
     def scores(version: str, frame: int) -> bytes:
