@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from ddnn.edge.fanout import ResultFanout
 from ddnn.edge.events import EdgeEvents
+from ddnn.edge.fanout import ResultFanout
 from ddnn.edge.results_feed import follow, results_query, stream_start
 from ddnn.edge.sequence import BLOCK, STATE_FILE, AnswerSequence
 from ddnn.edge.sinks import RecentResults
