@@ -208,3 +208,14 @@ def test_help_shows_the_presets_and_common_options_first_then_groups_by_concern(
     for flag in ("--data", "--out", "--preset", "--config", "--epochs", "--seed", "--baseline"):
         assert flag in common
     assert all(f"  {name} " in text for name in PRESETS)
+
+
+def test_the_config_file_of_the_training_docs_asks_for_what_they_say(tmp_path):
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "training.md").read_text()
+    path = tmp_path / "small.toml"
+    path.write_text(doc.split("```toml\n", 1)[1].split("```", 1)[0])
+    cfg = _config(_args("--preset", "paper", "--config", str(path), "--epochs", "30"))
+    assert cfg == preset("paper").replace(device_filters=8, escalate="none", epochs=30,
+                                          lr=0.003, device="cuda", tolerance=0.01)
