@@ -19,16 +19,16 @@ from typing import Any
 from ddnn.errors import ConfigError
 from ddnn.models.config import FLAT, GROUPS, DDNNConfig
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10: the same parser, from PyPI (the train extra installs it)
-    import tomli as tomllib
-
 _FLAT_OF = {group_key: name for name, group_key in FLAT.items()}
 
 
 def read_config_file(path: str | Path) -> dict[str, Any]:
     """The flat fields a config file sets; an unknown table or key is a ConfigError."""
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10: the same parser, from PyPI (the train extra installs it)
+        import tomli as tomllib
+
     try:
         doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
     except OSError as e:

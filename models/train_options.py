@@ -177,10 +177,10 @@ def preset_name(args: Namespace) -> str:
 def resolve(args: Namespace) -> DDNNConfig:
     """The configuration ``ddnn train``'s arguments ask for: the defaults, then the preset,
     then the config file (--config), then the flags given."""
-    from ddnn.models.config_file import read_config_file
-
     fields = dict(PRESETS[preset_name(args)].fields)
     if args.config:
+        from ddnn.models.config_file import read_config_file
+
         fields.update(read_config_file(args.config))
     fields.update({k: v for k, v in vars(args).items() if k in FLAT})
     return DDNNConfig.from_flat(**fields)
