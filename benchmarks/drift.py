@@ -50,8 +50,9 @@ def _field(root: Path, quick: bool) -> tuple[Path, Path, np.ndarray]:
     bundle, replay = root / "bundle", root / "replay.npz"
     if not (bundle / "manifest.json").exists():
         save_dataset(root / "train.npz", synthesize(800, cfg, seed=1))
-        build_bundle(root / "train.npz", bundle, DDNNConfig(epochs=8, batch_size=32, seed=0),
-                     name="field", version="1", progress=False, log=lambda *_: None)
+        build_bundle(root / "train.npz", bundle,
+                     DDNNConfig.from_flat(epochs=8, batch_size=32, seed=0), name="field",
+                     version="1", progress=False, log=lambda *_: None)
     before, after = (BEFORE // 2, AFTER // 2) if quick else (BEFORE, AFTER)
     parts = [synthesize(before, cfg, seed=2),
              apply_drift(synthesize(after, drifted_config(cfg, DRIFTS), seed=3), DRIFTS)]

@@ -42,7 +42,7 @@ def restack(bundle: Path, data: Path, out: Path, stacked: bool) -> Path:
 
     trained = load_bundle(bundle)
     m = trained.manifest
-    cfg = dataclasses.replace(config_of(trained), stack_exits=stacked)
+    cfg = config_of(trained).replace(stack_exits=stacked)
     _, _, stop_ds, val_ds = split_data(data, None, cfg)
     if out.exists():
         shutil.rmtree(out)

@@ -42,7 +42,7 @@ VARIANTS = {  # name → `ddnn train` flags on top of the defaults (escalation i
     "no_escalation": ["--escalate", "none"],
     "escalate_view": ["--escalate", "view"],
     "teacher": ["--escalate", "view", "--teacher", "{reference}"],
-    # a Pi-class device (DDNNConfig.deep_device), no escalation; one thread, as its rows in
+    # a Pi-class device (the pi preset), no escalation; one thread, as its rows in
     # docs/benchmarks/tiers.json were trained (thread counts change the arithmetic's order)
     "deep_device": ["--deep-device", "--threads", "1"],
     # between the two: double-conv stem blocks of 16 and 32 filters, 32 binary features a cell

@@ -25,6 +25,7 @@ from ddnn.models.build import split_data
 from ddnn.models.config import DDNNConfig
 from ddnn.models.distributed import Distributed
 from ddnn.models.export import PARITY_MAX_DISAGREE, _export, publish, staging_dir
+from ddnn.models.report import write_config
 from ddnn.models.train import predict, train
 from ddnn.models.view_cnn import ViewTrunk, max_over_views
 from ddnn.raw_manifest import RawManifest
@@ -65,7 +66,7 @@ def train_baseline(data, cfg: DDNNConfig, val_data=None, progress: bool = False)
     """Train the reference on the DDNN's training split; returns (train result, training
     samples, held-out set)."""
     _, train_ds, stop_ds, val_ds = split_data(data, val_data, cfg)
-    torch.manual_seed(cfg.seed)  # the initial weights too: same seed, same reference
+    torch.manual_seed(cfg.training.seed)  # the initial weights too: same seed, same reference
     model = RawOffloadCNN(len(train_ds.classes))
     result = train(train_ds, stop_ds, cfg, progress=progress, model=model, loss_fn=_loss,
                    score_fn=_score)
@@ -94,7 +95,7 @@ def build_baseline(data, out, cfg: DDNNConfig, val_data=None, test_data=None,
         "parameters": sum(p.numel() for p in model.parameters()),
         "train_samples": train_samples,
         "val_samples": val_ds.num_samples,
-        "epochs": cfg.epochs, "best_epoch": result.best_epoch,
+        "epochs": cfg.training.epochs, "best_epoch": result.best_epoch,
         "seconds": round(result.seconds, 2),
         "val_accuracy": accuracy(model, val_ds),
         "config": cfg.to_dict(),
@@ -123,6 +124,7 @@ def build_baseline(data, out, cfg: DDNNConfig, val_data=None, test_data=None,
         write_manifest(staging, manifest)  # type: ignore[arg-type]  # now with the parity
         (staging / "report").mkdir()
         (staging / "report" / "metrics.json").write_text(json.dumps(training, indent=2) + "\n")
+        write_config(staging / "report", cfg)
         publish(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -26,7 +26,7 @@ from ddnn.models.export import (
     staging_dir,
     write_manifest,
 )
-from ddnn.models.report import threshold_curves, write_report
+from ddnn.models.report import threshold_curves, write_config, write_report
 from ddnn.models.train import exit_accuracy, predict, split_holdout, train
 from ddnn.stacking import BELOW, Stacking
 
@@ -53,12 +53,12 @@ def split_data(data: str | Path, val_data: str | Path | None, cfg: DDNNConfig):
     """
     full = seen(load_dataset(data, mmap=True))
     if val_data is None:
-        rest, val_ds = split_holdout(full, cfg.val_fraction, cfg.seed)
+        rest, val_ds = split_holdout(full, cfg.calibration.val_fraction, cfg.training.seed)
     else:
         rest, val_ds = full, seen(load_dataset(val_data, num_classes=len(full.classes)))
         _check_compatible(full, val_ds, Path(val_data))
-    share = cfg.stop_fraction / (1 - (0 if val_data else cfg.val_fraction))
-    train_ds, stop_ds = split_holdout(rest, share, cfg.seed + 1)
+    share = cfg.training.stop_fraction / (1 - (0 if val_data else cfg.calibration.val_fraction))
+    train_ds, stop_ds = split_holdout(rest, share, cfg.training.seed + 1)
     return full, train_ds, stop_ds.in_memory(), val_ds.in_memory()
 
 
@@ -68,14 +68,15 @@ def _training_summary(data, val_data, cfg: DDNNConfig, train_ds: MultiViewDatase
     """The manifest's training section: data, epochs, time, per-exit validation accuracy."""
     return {
         "data": str(data),
-        "validation": str(val_data) if val_data else f"{cfg.val_fraction:.0%} of the data",
+        "validation": (str(val_data) if val_data
+                       else f"{cfg.calibration.val_fraction:.0%} of the data"),
         "train_samples": train_ds.num_samples,
         "val_samples": val_ds.num_samples,
         "stop_samples": stop_samples,
         "processes": dist.world,
         "device": str(dist.device),  # where it ran (--device auto: CUDA when present)
         "precision": dist.precision,
-        "epochs": cfg.epochs,
+        "epochs": cfg.training.epochs,
         "epochs_run": len(result.history),
         "best_epoch": result.best_epoch,
         "seconds": round(result.seconds, 2),
@@ -112,14 +113,15 @@ def build_bundle(
         log(
             f"training on {train_ds.num_samples} samples x {train_ds.num_views} views "
             f"{train_ds.image_shape}, {len(full.classes)} classes, early stopping on "
-            f"{stop_ds.num_samples}, calibrating on {val_ds.num_samples}; scheme {cfg.scheme}, "
-            f"{cfg.epochs} epochs, {dist.world} process(es) on {dist.device}"
+            f"{stop_ds.num_samples}, calibrating on {val_ds.num_samples}; scheme "
+            f"{cfg.edge.scheme}, {cfg.training.epochs} epochs, {dist.world} process(es) on "
+            f"{dist.device}"
         )
     taught_by = None
     if teacher is not None:
         from ddnn.models.teacher import load_teacher
 
-        taught_by = load_teacher(teacher, train_ds, cfg.threads)
+        taught_by = load_teacher(teacher, train_ds, cfg.training.threads)
     result = train(train_ds, stop_ds, cfg, progress=progress, checkpoint=checkpoint,
                    resume=resume, teacher=taught_by)
     if not dist.main:
@@ -151,15 +153,16 @@ class HeldOut:
 
 def fit_held_out(staging: Path, val_ds: MultiViewDataset, stop_ds: MultiViewDataset,
                  cfg: DDNNConfig) -> HeldOut:
-    """Stack the exits (``cfg.stack_exits``) and calibrate the thresholds of the bundle in
-    ``staging``, whose manifest neither stacks nor has thresholds yet, as ONNX Runtime runs it.
+    """Stack the exits (``cfg.calibration.stack_exits``) and calibrate the thresholds of the
+    bundle in ``staging``, whose manifest neither stacks nor has thresholds yet, as ONNX Runtime
+    runs it.
 
     The stacking weights are fitted on both held-out splits (the early-stopping split too:
     neither trained the weights, and the more frames, the less a weight chases a few of them);
     the thresholds on the calibration split, from the stacked answers.
     """
     bundle = load_bundle(staging, verify=False)
-    exits, *stop = onnx_exits(staging, val_ds, *([stop_ds] if cfg.stack_exits else []))
+    exits, *stop = onnx_exits(staging, val_ds, *([stop_ds] if cfg.calibration.stack_exits else []))
     stacking = None
     if stop:  # (stacking on)
         both = {k: np.concatenate([stop[0][k], exits[k]]) for k in ("local", *BELOW)
@@ -167,8 +170,9 @@ def fit_held_out(staging: Path, val_ds: MultiViewDataset, stop_ds: MultiViewData
         stacking = fit_stacking(both, np.concatenate([stop_ds.label, val_ds.label]),
                                 bundle.manifest.views)
     answers = stacking.apply(exits) if stacking is not None else exits
+    c = cfg.calibration
     cal = calibrate(answers, val_ds.label, val_ds.present, UplinkCost.of(bundle.manifest),
-                    cfg.tolerance, cfg.max_bytes, cfg.threshold_grid, cfg.agreement)
+                    c.tolerance, c.max_bytes, c.threshold_grid, c.agreement)
     return HeldOut(exits, answers, stacking, cal)
 
 
@@ -211,6 +215,7 @@ def _export_bundle(result, full, train_ds, val_ds, stop_ds, out, cfg, data, val_
             threshold_curves(ort_val, val_ds.label, val_ds.present, final),
             final,
         )
+        write_config(staging / "report", cfg)
         publish(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
-from argparse import SUPPRESS
+import textwrap
 
 
 def register(sub, data_sub, formatter) -> None:
@@ -60,201 +60,43 @@ def _register_field_options(s) -> None:
 
 
 def _register_train(sub, formatter) -> None:
-    from ddnn.models.config import DDNNConfig  # light: numpy and the contract only
+    from ddnn.models import train_options
+    from ddnn.models.presets import DEFAULT_PRESET, PRESETS
 
-    d = DDNNConfig()
+    presets = "\n".join(textwrap.fill(p.summary, 78, initial_indent=f"  {p.name:<7}",
+                                       subsequent_indent=" " * 9) for p in PRESETS.values())
     t = sub.add_parser(
         "train",
         help="train a DDNN and export a calibrated bundle",
-        description="Train all exits jointly, export each segment to ONNX, check torch/ONNX "
-        "parity, calibrate the exit thresholds on held-out data and write the bundle with a "
-        "report (metrics.json and plots in BUNDLE/report).",
+        description=textwrap.fill(
+            "Train all exits jointly, export each segment to ONNX, check torch/ONNX parity, "
+            "calibrate the exit thresholds on held-out data and write the bundle with a report "
+            "(metrics.json, config.toml and plots in BUNDLE/report).", 80)
+        + f"\n\nPresets (--preset; default {DEFAULT_PRESET}):\n{presets}\n\n"
+        + textwrap.fill(
+            "A configuration resolves as: defaults < preset < --config FILE.toml < flags; "
+            "--print-config prints it as a config file (docs/training.md, 'Presets and "
+            "config files'). The common options come first, the rest by concern.", 80),
         formatter_class=formatter,
     )
-    t.add_argument("--data", required=True, help="training dataset .npz")
-    t.add_argument("--out", required=True, help="bundle directory to write (replaced if it exists)")
+    t.add_argument("--data", help="training dataset .npz")
+    t.add_argument("--out", help="bundle directory to write (replaced if it exists)")
+    train_options.add_common(t)
     t.add_argument(
         "--val",
         default=None,
         help="held-out dataset for calibration (default: split off --val-fraction)",
     )
-    t.add_argument("--name", default="ddnn", help="model name (lowercase; used in topics and URLs)")
-    t.add_argument("--model-version", default="1", help="model version string")
-    _register_architecture(t, d)
-    t.add_argument("--epochs", type=int, default=d.epochs, help="training epochs")
-    t.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per step")
-    t.add_argument("--lr", type=float, default=d.lr, help="Adam learning rate")
-    t.add_argument(
-        "--tolerance",
-        type=float,
-        default=d.tolerance,
-        help="calibration budget: accuracy the hierarchy may lose against its best tier on "
-        "held-out data; the cheapest operating point within it is chosen",
-    )
-    t.add_argument(
-        "--agreement",
-        type=float,
-        default=d.agreement,
-        help="with --tolerance: the share of held-out frames (less the tolerance) on which the "
-        "chosen point must answer as the best tier does (1: every frame; 0: accuracy alone)",
-    )
-    t.add_argument(
-        "--max-bytes",
-        type=float,
-        default=None,
-        help="calibration budget instead: device uplink payload bytes per frame; the most "
-        "accurate operating point within it on held-out data is chosen",
-    )
-    t.add_argument(
-        "--no-stacking",
-        action="store_true",
-        help="every upper exit answers on its own, not stacked on the answer of the tier below "
-        "it (stacking weights are fitted on held-out data; docs/training.md)",
-    )
-    t.add_argument(
-        "--val-fraction",
-        type=float,
-        default=d.val_fraction,
-        help="share of --data held out when --val is not given",
-    )
-    _register_training_extras(t, d)
-    t.add_argument("--seed", type=int, default=d.seed, help="seed of split, init and batches")
-    t.add_argument("--threads", type=int, default=d.threads, help="torch CPU threads")
-    t.add_argument("--json", action="store_true", help="print the training metrics as JSON")
-    t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-    t.set_defaults(func=_train)
-
-
-def _register_architecture(t, d) -> None:
-    """Architecture flags; left out, each takes the default (or --paper's value)."""
-    from ddnn.models.config import DEVICE_CODECS, EDGE_CODECS
-
-    t.add_argument("--paper", action="store_true",
-                   help="the paper's network (the defaults before docs/training.md's changes): "
-                   "one binarized ConvP block of 4 filters per device, linear device exit, "
-                   "MP-AP, binary edge features; other flags still apply on top")
-    t.add_argument("--deep-device", action="store_true",
-                   help="a device as deep as a Raspberry Pi-class board affords: double-conv "
-                   "stem blocks of 32 and 64 filters, 64 binary features a cell, no escalation "
-                   "(about 210 KB a device; docs/training.md, 'A deep device'); other flags "
-                   "still apply on top")
-    t.add_argument("--scheme", default=SUPPRESS,
-                   help=f"aggregation scheme: AP-CC, MP-CC, MP-AP, MP, AP, CC, ... "
-                   f"(default: {d.scheme})")
-    t.add_argument("--device-filters", type=int, default=SUPPRESS,
-                   help=f"filters of the device block whose features travel "
-                   f"(default: {d.device_filters})")
-    t.add_argument("--device-stem", default=SUPPRESS,
-                   help="float ConvP blocks before it, comma-separated filter counts, '' for "
-                   f"none (default: {','.join(map(str, d.device_stem))})")
-    t.add_argument("--device-convs", type=int, default=SUPPRESS, choices=[1, 2, 3],
-                   help="3x3 convolutions in each device stem block before its pool "
-                   f"(default: {d.device_convs}; 2 with --deep-device)")
-    t.add_argument("--device-codec", default=SUPPRESS, choices=list(DEVICE_CODECS),
-                   help=f"how device features travel (default: {d.device_codec})")
-    t.add_argument("--float-device", action="store_true",
-                   help="float ReLU device features sent as float16 (--device-codec float16)")
-    t.add_argument("--binary-weights", action="store_true",
-                   help="binarized (+-1) device conv weights, as the paper's eBNN devices")
-    t.add_argument("--device-exit-pool", type=int, default=SUPPRESS,
-                   help=f"device exit reads its input pooled to K x K (0: whole map; default: "
-                   f"{d.device_exit_pool})")
-    t.add_argument("--device-scores", default=SUPPRESS, choices=["logits", "logprobs"],
-                   help=f"what devices send for the local exit (default: {d.device_scores})")
-    t.add_argument("--per-view-devices", action="store_true",
-                   help="train one device segment per view (the paper) instead of one shared")
-    t.add_argument("--edge-filters", type=int, default=SUPPRESS,
-                   help=f"edge conv filters (default: {d.edge_filters})")
-    t.add_argument("--edge-codec", default=SUPPRESS, choices=list(EDGE_CODECS),
-                   help=f"how edge features travel to the cloud (default: {d.edge_codec})")
-    t.add_argument("--early-fusion", action="store_true",
-                   help="with a *-CC scheme, one edge block on the concatenated views (the "
-                   "paper) instead of one per view pooled over the views")
-    t.add_argument("--cloud-filters", default=SUPPRESS,
-                   help="filters of each cloud ConvP block, comma-separated (deeper: more; "
-                   f"default: {','.join(map(str, d.cloud_filters))})")
-    t.add_argument("--escalate", default=SUPPRESS, choices=["view", "stem", "none"],
-                   help="the detail the cloud reads besides the edge features for a frame "
-                   "still unsure after the edge exit, from every present camera: 'view', its "
-                   "image at reduced resolution; 'stem', its stem's activations; 'none': no "
-                   f"escalated cloud (default: {d.escalate})")
-    t.add_argument("--escalate-pool", type=int, default=SUPPRESS,
-                   help=f"the view's reduction, K x K average pooling (default: "
-                   f"{d.escalate_pool})")
-    t.add_argument("--escalate-bits", type=int, default=SUPPRESS, choices=[8, 4, 2, 1],
-                   help=f"bits a detail value travels with (default: {d.escalate_bits})")
-    t.add_argument("--escalate-views", type=int, default=SUPPRESS,
-                   help="escalate the details of only the K present views whose devices are "
-                   f"surest (0: every present view; default: {d.escalate_views})")
-    t.add_argument("--escalate-widths", default=SUPPRESS,
-                   help="double-conv blocks of the cloud's CNN on the details, comma-separated "
-                   f"(default: {','.join(map(str, d.escalate_widths))})")
-
-
-def _architecture(args) -> dict:
-    """The DDNNConfig fields the architecture flags ask for (None: not given)."""
-    def ints(text):
-        return None if text is None else tuple(int(f) for f in text.split(",") if f.strip())
-
-    given = vars(args)
-    arch = {
-        "scheme": given.get("scheme"),
-        "device_filters": given.get("device_filters"),
-        "device_stem": ints(given.get("device_stem")),
-        "device_convs": given.get("device_convs"),
-        "device_codec": "float16" if args.float_device else given.get("device_codec"),
-        "device_binary": True if args.binary_weights else None,
-        "device_exit_pool": given.get("device_exit_pool"),
-        "device_scores": given.get("device_scores"),
-        "share_device_weights": False if args.per_view_devices else None,
-        "edge_filters": given.get("edge_filters"),
-        "edge_codec": given.get("edge_codec"),
-        "edge_per_view": False if args.early_fusion else None,
-        "cloud_filters": ints(given.get("cloud_filters")),
-        "escalate": given.get("escalate"),
-        "escalate_pool": given.get("escalate_pool"),
-        "escalate_bits": given.get("escalate_bits"),
-        "escalate_views": given.get("escalate_views"),
-        "escalate_widths": ints(given.get("escalate_widths")),
-    }
-    return {k: v for k, v in arch.items() if v is not None}
-
-
-def _register_training_extras(t, d) -> None:
     t.add_argument("--baseline", action="store_true",
                    help="train the raw-offload reference instead (a float CNN on the full "
                    "images of every present view): OUT becomes a bundle of kind 'raw'")
     t.add_argument("--test", default=None, help="with --baseline: also report accuracy on this")
-    t.add_argument("--distill", type=float, default=d.distill,
-                   help="weight of online distillation from the cloud exit (0: off)")
-    t.add_argument("--teacher", default=None, metavar="BUNDLE",
-                   help="a raw-offload bundle (--baseline) whose answers every exit also "
-                   "learns from (knowledge distillation)")
-    t.add_argument("--teacher-weight", type=float, default=d.teacher_weight,
-                   help="weight of the teacher's distillation loss")
-    t.add_argument("--distill-device", action="store_true",
-                   help="distillation teaches the device exits too (the paper preset does)")
-    t.add_argument("--lowres-epochs", type=int, default=d.lowres_epochs,
-                   help="incremental low-to-high resolution training: the first N epochs see "
-                   "the views at half resolution (0: off)")
-    t.add_argument("--no-augment", action="store_true",
-                   help="no shift, brightness or view-dropout augmentation")
-    t.add_argument("--schedule", default=d.schedule, choices=["cosine", "onecycle", "constant"],
-                   help="learning-rate schedule")
-    t.add_argument("--patience", type=int, default=d.patience,
-                   help="stop after this many epochs without improvement (0: never early)")
-    t.add_argument("--stop-fraction", type=float, default=d.stop_fraction,
-                   help="share of --data held out to pick the epoch (never used to calibrate)")
-    t.add_argument("--device", default=d.device, choices=["auto", "cpu", "cuda"],
-                   help="torch device (auto: CUDA when present)")
-    t.add_argument("--no-amp", action="store_true", help="no mixed precision on CUDA")
-    t.add_argument("--cpu-amp", action="store_true",
-                   help="bf16 autocast on the CPU (fast on CPUs with bf16 instructions)")
-    t.add_argument("--comm-hook", default=d.comm_hook, choices=["none", "fp16", "powersgd"],
-                   help="gradient compression between torchrun processes")
-    t.add_argument("--checkpoint", default=None,
-                   help="checkpoint file written every epoch (by rank 0)")
-    t.add_argument("--resume", action="store_true", help="continue from --checkpoint if present")
+    t.add_argument("--name", default="ddnn", help="model name (lowercase; used in topics and URLs)")
+    t.add_argument("--model-version", default="1", help="model version string")
+    t.add_argument("--json", action="store_true", help="print the training metrics as JSON")
+    t.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+    train_options.add_groups(t)
+    t.set_defaults(func=_train)
 
 
 def _synth(args) -> int:
@@ -333,52 +175,38 @@ def _baseline(args, cfg) -> int:
 
 
 def _config(args):
-    """The DDNNConfig of ``ddnn train``'s arguments."""
+    """The DDNNConfig of ``ddnn train``'s arguments (ddnn.models.train_options.resolve)."""
     from ddnn.errors import ConfigError
-    from ddnn.models.config import DDNNConfig
+    from ddnn.models.train_options import resolve
 
     if args.teacher and args.baseline:
         raise ConfigError("--teacher teaches a hierarchy; the reference (--baseline) learns "
                           "from the labels alone")
-    if args.teacher and args.teacher_weight == 0:
+    cfg = resolve(args)
+    if args.teacher and cfg.training.teacher_weight == 0:
         raise ConfigError("--teacher with --teacher-weight 0 would run the teacher for nothing")
-    arch = _architecture(args)
-    if args.distill_device:
-        arch["distill_device"] = True
-    if args.paper and args.deep_device:
-        raise ConfigError("--paper and --deep-device are two different networks: choose one")
-    preset = (DDNNConfig.paper if args.paper
-              else DDNNConfig.deep_device if args.deep_device else DDNNConfig)
-    return preset(
-        **arch,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        tolerance=args.tolerance,
-        agreement=args.agreement,
-        max_bytes=args.max_bytes,
-        stack_exits=not args.no_stacking,
-        val_fraction=args.val_fraction,
-        seed=args.seed,
-        threads=args.threads,
-        distill=args.distill,
-        teacher_weight=args.teacher_weight,
-        lowres_epochs=args.lowres_epochs,
-        augment=not args.no_augment,
-        schedule=args.schedule,
-        patience=args.patience,
-        stop_fraction=args.stop_fraction,
-        device=args.device,
-        amp=not args.no_amp,
-        cpu_amp=args.cpu_amp,
-        comm_hook=args.comm_hook,
-    )
+    return cfg
+
+
+def _print_config(args, cfg) -> int:
+    from ddnn.models.config_file import to_toml
+    from ddnn.models.train_options import preset_name
+
+    source = f"preset {preset_name(args)}" + (f", {args.config}" if args.config else "")
+    print(to_toml(cfg, f"ddnn train configuration ({source}, flags); "
+                       "ddnn train --config FILE.toml reads it back"), end="")
+    return 0
 
 
 def _train(args) -> int:
+    from ddnn.errors import ConfigError
     from ddnn.models.build import build_bundle
 
     cfg = _config(args)
+    if args.print_config:
+        return _print_config(args, cfg)
+    if not (args.data and args.out):
+        raise ConfigError("ddnn train needs --data and --out (or --print-config)")
     if args.baseline:
         return _baseline(args, cfg)
     log = (lambda *a, **k: None) if args.json else (lambda msg: print(msg, file=sys.stderr))

@@ -44,7 +44,8 @@ class Distributed:
 
     @classmethod
     def from_env(cls, cfg: DDNNConfig) -> Distributed:
-        cuda = cfg.device == "cuda" or (cfg.device == "auto" and torch.cuda.is_available())
+        t = cfg.training
+        cuda = t.device == "cuda" or (t.device == "auto" and torch.cuda.is_available())
         world = int(os.environ.get("WORLD_SIZE", "1"))
         local = int(os.environ.get("LOCAL_RANK", "0"))
         if world > 1 and not tdist.is_initialized():
@@ -54,12 +55,12 @@ class Distributed:
         if cuda:
             torch.cuda.set_device(device)
         amp = None
-        if cuda and cfg.amp:
+        if cuda and cfg.training.amp:
             amp = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        elif not cuda and cfg.cpu_amp:
+        elif not cuda and cfg.training.cpu_amp:
             amp = torch.bfloat16  # no loss scaling: bf16 has float32's range
         scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
-        return cls(rank, world, device, amp, cfg.comm_hook, scaler)
+        return cls(rank, world, device, amp, cfg.training.comm_hook, scaler)
 
     def steps_per_epoch(self, samples: int, batch_size: int) -> int:
         return len(_starts(math.ceil(samples / self.world), self._local_batch(batch_size)))

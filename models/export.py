@@ -222,10 +222,10 @@ def build_manifest(
     stacking: Stacking | None = None,
 ) -> Manifest:
     cfg = model.cfg
-    codec = {"scores": "float16", "device_features": cfg.device_codec,
-             "edge_features": cfg.edge_codec}
+    codec = {"scores": "float16", "device_features": cfg.device.codec,
+             "edge_features": cfg.edge.codec}
     if "escalated" in specs:
-        codec["device_detail"] = cfg.detail_codec
+        codec["device_detail"] = cfg.escalation.codec
     return Manifest(
         name=check_name("model name", name),
         version=check_name("model version", version),
@@ -233,7 +233,7 @@ def build_manifest(
         views=model.views,
         input_shape=input_shape,
         aggregation={"local": model.local_op, "edge": model.edge_op},
-        scheme=cfg.scheme.upper(),
+        scheme=cfg.edge.scheme.upper(),
         devices=tuple(specs[f"device-{i}"] for i in range(model.views)),
         local=specs.get("local"),
         edge=specs["edge"],

@@ -4,9 +4,9 @@ Per view, a device segment (ConvP blocks: conv → max-pool → batch norm → a
 one's sign, or few-bit levels, is what travels) produces compact features and a device exit. The
 local exit aggregates the device scores over the present views; the edge segment aggregates the
 device features, runs one more ConvP block (on each view, then pooled over views, by default)
-and its exit; the cloud segment runs the deep blocks and the final exit. ``DDNNConfig.paper()``
-gives the paper's network: one binarized ConvP block with sign activations per device. The same
-modules are exported one by one to ONNX (``models.export``).
+and its exit; the cloud segment runs the deep blocks and the final exit. The ``paper`` preset
+(``ddnn.models.presets``) gives the paper's network: one binarized ConvP block with sign
+activations per device. The same modules are exported one by one to ONNX (``models.export``).
 """
 
 from __future__ import annotations
@@ -125,37 +125,37 @@ class ExitHead(nn.Module):
 class DeviceSegment(nn.Module):
     """What one end device runs: image (B, 3, H, W) → (scores (B, C), features (B, F, h, w)).
 
-    Optional float stem blocks (``cfg.device_stem``) come first; the last block's activation is
+    Optional float stem blocks (``cfg.device.stem``) come first; the last block's activation is
     what travels: the sign (binary), a few-bit quantizer, or ReLU (float16), per
-    ``cfg.device_codec``. The device exit reads the last block before that activation through
-    a ReLU (``cfg.device_exit_float``) or the features themselves, average-pooled to
-    ``cfg.device_exit_pool`` squared cells first when that is set (a small head: the device
+    ``cfg.device.codec``. The device exit reads the last block before that activation through
+    a ReLU (``cfg.device.exit_float``) or the features themselves, average-pooled to
+    ``cfg.device.exit_pool`` squared cells first when that is set (a small head: the device
     segment must stay under 16 KB).
     """
 
     def __init__(self, cfg: DDNNConfig, classes: int, height: int, width: int):
         super().__init__()
         stem, c = [], 3
-        for f in cfg.device_stem:
-            stem.append(ConvP(c, f, cfg.device_binary, binary_act=False, convs=cfg.device_convs))
+        for f in cfg.device.stem:
+            stem.append(ConvP(c, f, cfg.device.binary, binary_act=False, convs=cfg.device.convs))
             c = f
         self.stem = nn.Sequential(*stem)
-        self.block = ConvP(c, cfg.device_filters, cfg.device_binary, binary_act=False)
+        self.block = ConvP(c, cfg.device.filters, cfg.device.binary, binary_act=False)
         self.block.act = nn.Identity()
-        self.act = Quantize(cfg.device_bits) if cfg.device_bits else nn.ReLU()
-        self.exit_float = cfg.device_exit_float
+        self.act = Quantize(cfg.device.bits) if cfg.device.bits else nn.ReLU()
+        self.exit_float = cfg.device.exit_float
         n = len(stem) + 1
         h, w = _pooled(height, n), _pooled(width, n)
-        self.pool, h, w = _cells(cfg.device_exit_pool, h, w)
-        self.exit = ExitHead(cfg.device_filters * h * w, classes)
-        self.log_probs = cfg.device_scores == "logprobs"
-        # The detail a device keeps for an escalated frame (cfg.escalate): its view at reduced
-        # resolution, or its last stem block before the ReLU; few-bit levels where
-        # cfg.escalate_bits < 8 (int8 otherwise, see int8_roundtrip).
-        self.escalate = cfg.escalate
-        self.reduce = nn.AvgPool2d(cfg.escalate_pool) if cfg.escalate == "view" else None
-        self.detail_act = (Quantize(cfg.escalate_bits)
-                           if cfg.escalate != "none" and cfg.escalate_bits < 8 else None)
+        self.pool, h, w = _cells(cfg.device.exit_pool, h, w)
+        self.exit = ExitHead(cfg.device.filters * h * w, classes)
+        self.log_probs = cfg.device.scores == "logprobs"
+        # The detail a device keeps for an escalated frame (cfg.escalation.detail): its view at
+        # reduced resolution, or its last stem block before the ReLU; few-bit levels where
+        # cfg.escalation.bits < 8 (int8 otherwise, see int8_roundtrip).
+        self.escalate = cfg.escalation.detail
+        self.reduce = nn.AvgPool2d(cfg.escalation.pool) if cfg.escalation.detail == "view" else None
+        self.detail_act = (Quantize(cfg.escalation.bits)
+                           if cfg.escalation.detail != "none" and cfg.escalation.bits < 8 else None)
 
     def outputs(self, image: torch.Tensor
                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -207,12 +207,12 @@ class EdgeSegment(nn.Module):
     def __init__(self, cfg: DDNNConfig, c_in: int, classes: int, h: int, w: int,
                  views: int = 1, per_view: bool = False):
         super().__init__()
-        binary = cfg.edge_codec == "binary"
+        binary = cfg.edge.codec == "binary"
         self.views = views if per_view else 0
         c_block = c_in // views if per_view else c_in
-        self.block = ConvP(c_block, cfg.edge_filters, binary_weights=False, binary_act=binary)
-        self.mean = per_view and cfg.edge_view_pool == "maxmean"
-        self.out_channels = cfg.edge_filters * (2 if self.mean else 1)  # the cloud's input
+        self.block = ConvP(c_block, cfg.edge.filters, binary_weights=False, binary_act=binary)
+        self.mean = per_view and cfg.edge.view_pool == "maxmean"
+        self.out_channels = cfg.edge.filters * (2 if self.mean else 1)  # the cloud's input
         self.exit = ExitHead(self.out_channels * _pooled(h, 1) * _pooled(w, 1), classes)
 
     def forward(self, features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -240,11 +240,11 @@ class CloudSegment(nn.Module):
     def __init__(self, cfg: DDNNConfig, c_in: int, classes: int, h: int, w: int):
         super().__init__()
         blocks, c = [], c_in
-        for f in cfg.cloud_filters:
+        for f in cfg.cloud.filters:
             blocks.append(ConvP(c, f, binary_weights=False, binary_act=False))
             c = f
         self.blocks = nn.Sequential(*blocks)
-        n = len(cfg.cloud_filters)
+        n = len(cfg.cloud.filters)
         self.exit = ExitHead(c * _pooled(h, n) * _pooled(w, n), classes)
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
@@ -277,10 +277,10 @@ def surest_views(detail: torch.Tensor, scores: torch.Tensor, present: torch.Tens
 
 def detail_shape(cfg: DDNNConfig, height: int, width: int) -> tuple[int, int, int]:
     """The per-view shape of what a device sends for an escalated frame."""
-    if cfg.escalate == "view":
-        return 3, height // cfg.escalate_pool, width // cfg.escalate_pool
-    n = len(cfg.device_stem)
-    return cfg.device_stem[-1], _pooled(height, n), _pooled(width, n)
+    if cfg.escalation.detail == "view":
+        return 3, height // cfg.escalation.pool, width // cfg.escalation.pool
+    n = len(cfg.device.stem)
+    return cfg.device.stem[-1], _pooled(height, n), _pooled(width, n)
 
 
 class EscalatedCloud(nn.Module):
@@ -288,7 +288,7 @@ class EscalatedCloud(nn.Module):
     (its view at reduced resolution, or its stem's activations) → scores.
 
     The edge features go through the cloud's own blocks (shared with :class:`CloudSegment`);
-    the details through a float CNN (``cfg.escalate_widths``) fused by their maximum over the
+    the details through a float CNN (``cfg.escalation.widths``) fused by their maximum over the
     present views (a slot of zeros is an absent view); one linear layer reads both.
     """
 
@@ -297,7 +297,7 @@ class EscalatedCloud(nn.Module):
         super().__init__()
         self.views, self.detail = views, detail
         self.blocks = cloud.blocks
-        self.trunk = ViewTrunk(cfg.escalate_widths, in_channels=detail[0], centre=False)
+        self.trunk = ViewTrunk(cfg.escalation.widths, in_channels=detail[0], centre=False)
         self.head = nn.Linear(self.trunk.dim + cloud.exit.fc.in_features, classes)
 
     def forward(self, edge_features: torch.Tensor, device_detail: torch.Tensor) -> torch.Tensor:
@@ -330,7 +330,7 @@ class DDNN(nn.Module):
         self.cfg = cfg
         self.views, self.classes = views, classes
         self.local_op, self.edge_op = cfg.aggregation
-        if cfg.share_device_weights:
+        if cfg.device.shared:
             shared = DeviceSegment(cfg, classes, height, width)
             self.devices = nn.ModuleList([shared] * views)
         else:
@@ -338,17 +338,17 @@ class DDNN(nn.Module):
                 DeviceSegment(cfg, classes, height, width) for _ in range(views)
             )
         self.local = LocalHead(views, classes) if self.local_op == "concat" else None
-        blocks = len(cfg.device_stem) + 1
+        blocks = len(cfg.device.stem) + 1
         h, w = _pooled(height, blocks), _pooled(width, blocks)
-        c_edge = cfg.device_filters * (views if self.edge_op == "concat" else 1)
-        per_view = cfg.edge_per_view and self.edge_op == "concat"
+        c_edge = cfg.device.filters * (views if self.edge_op == "concat" else 1)
+        per_view = cfg.edge.per_view and self.edge_op == "concat"
         self.edge = EdgeSegment(cfg, c_edge, classes, h, w, views, per_view)
         self.cloud = CloudSegment(cfg, self.edge.out_channels, classes, _pooled(h, 1),
                                   _pooled(w, 1))
         self.escalated = None
         # Details come from the k surest present views (0: from every one).
-        self.detail_slots = min(cfg.escalate_views, views)
-        if cfg.escalate != "none":
+        self.detail_slots = min(cfg.escalation.views, views)
+        if cfg.escalation.detail != "none":
             detail = detail_shape(cfg, height, width)
             self.escalated = EscalatedCloud(cfg, self.cloud, self.detail_slots or views, classes,
                                             detail)
@@ -371,7 +371,7 @@ class DDNN(nn.Module):
         if self.escalated is not None:
             b, v = present.shape
             detail = torch.stack([o[2] for o in outs], 1).flatten(0, 1)
-            if self.cfg.escalate_bits == 8:  # few-bit details are exact levels already
+            if self.cfg.escalation.bits == 8:  # few-bit details are exact levels already
                 detail = int8_roundtrip(detail)
             detail = detail.reshape(b, v, *detail.shape[1:])
             if self.detail_slots:

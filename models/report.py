@@ -39,6 +39,18 @@ def threshold_curves(
     }
 
 
+def write_config(out: Path, cfg) -> Path:
+    """``config.toml`` in the report folder ``out``: the configuration the bundle was trained
+    with, as ``ddnn train --config`` reads it back (cfg: a ``DDNNConfig``)."""
+    from ddnn.models.config_file import to_toml
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "config.toml"
+    path.write_text(to_toml(cfg, "the configuration this bundle was trained with: "
+                                 "ddnn train --config config.toml trains it again"))
+    return path
+
+
 def write_report(
     out: Path, metrics: dict, curves: dict[str, list[float]], manifest: Manifest
 ) -> list[Path]:

@@ -1,6 +1,6 @@
 """A raw-view teacher: a raw-offload reference bundle (``ddnn train --baseline``) whose answers
 the hierarchy's exits learn from beside the labels (knowledge distillation, Hinton et al.
-2015; ``DDNNConfig.teacher_weight``).
+2015; ``TrainingConfig.teacher_weight``).
 
 The teacher runs once, by ONNX Runtime, over the training split before training starts (a
 290 k-weight CNN over every view of every batch would cost each epoch as much as training the

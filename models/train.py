@@ -1,6 +1,6 @@
 """Joint training of all exits (DDNN §III-D): one optimizer, a weighted sum of the exits' losses.
 
-Extras, each a field of :class:`DDNNConfig` measured on/off in ``docs/training.md``: online
+Extras, each a field of :class:`TrainingConfig` measured on/off in ``docs/training.md``: online
 distillation (the cloud exit teaches the earlier ones), augmentation, a learning-rate schedule
 and early stopping on a split of its own. The same loop trains on one process or many under
 ``torchrun`` (``models.distributed``), on the CPU or CUDA with mixed precision, and saves a
@@ -139,18 +139,19 @@ def _ddnn_score(model: nn.Module, ds: MultiViewDataset) -> tuple[float, dict[str
 
 def _ddnn_loss(cfg: DDNNConfig):
     def loss(out, y, label, soft=None):
-        return joint_loss(out, y, label, cfg.exit_weights, cfg.distill, cfg.distill_temperature,
-                          cfg.distill_device, soft, cfg.teacher_weight)
+        t = cfg.training
+        return joint_loss(out, y, label, t.exit_weights, t.distill, t.distill_temperature,
+                          t.distill_device, soft, t.teacher_weight)
 
     return loss
 
 
 def _schedule(opt, cfg: DDNNConfig, steps_per_epoch: int):
-    total = max(1, cfg.epochs * steps_per_epoch)
-    warm = max(1, total // 10) if cfg.schedule == "onecycle" else 0
+    total = max(1, cfg.training.epochs * steps_per_epoch)
+    warm = max(1, total // 10) if cfg.training.schedule == "onecycle" else 0
 
     def factor(step: int) -> float:
-        if cfg.schedule == "constant":
+        if cfg.training.schedule == "constant":
             return 1.0
         if step < warm:
             return (step + 1) / warm
@@ -188,10 +189,11 @@ def _batch(ds: MultiViewDataset, idx: np.ndarray, cfg: DDNNConfig, gen, dev, low
     idx = np.sort(idx)  # sorted rows read a memory-mapped file sequentially
     x = torch.from_numpy(ds.images(idx))
     present = torch.from_numpy(ds.present[idx])
-    if low:  # incremental low-to-high resolution training (cfg.lowres_epochs)
+    if low:  # incremental low-to-high resolution training (cfg.training.lowres_epochs)
         x = half_resolution(x)
-    if cfg.augment:
-        x, present = augment(x, present, cfg.shift, cfg.brightness, cfg.view_dropout, gen)
+    if cfg.training.augment:
+        t = cfg.training
+        x, present = augment(x, present, t.shift, t.brightness, t.view_dropout, gen)
     y = torch.from_numpy(ds.y[idx]).masked_fill(~present, -1)
     label = torch.from_numpy(ds.label[idx])
     return x.to(dev), present.to(dev), y.to(dev), label.to(dev)
@@ -200,11 +202,11 @@ def _batch(ds: MultiViewDataset, idx: np.ndarray, cfg: DDNNConfig, gen, dev, low
 def _epoch(model, opt, sched, ds, cfg, dist: Distributed, epoch: int, loss_fn,
            teacher_logits: torch.Tensor | None = None) -> float:
     model.train()
-    gen = torch.Generator().manual_seed(cfg.seed * 100_003 + epoch * 7919 + dist.rank)
+    gen = torch.Generator().manual_seed(cfg.training.seed * 100_003 + epoch * 7919 + dist.rank)
     total, steps = 0.0, 0
-    for idx in dist.batches(ds.num_samples, cfg.batch_size, cfg.seed, epoch):
+    for idx in dist.batches(ds.num_samples, cfg.training.batch_size, cfg.training.seed, epoch):
         x, present, y, label = _batch(ds, idx, cfg, gen, dist.device,
-                                      low=epoch <= cfg.lowres_epochs)
+                                      low=epoch <= cfg.training.lowres_epochs)
         with dist.autocast():
             out = model(x, present)
         out = {k: v.float() for k, v in out.items()}
@@ -234,18 +236,19 @@ def train(
 ) -> TrainResult:
     """Train on ``train_ds``; keep the epoch with the best score on ``stop_ds``.
 
-    ``stop_ds`` chooses the epoch and stops early (``cfg.patience``); keep it apart from the
-    calibration data. Runs distributed when started by torchrun (``models.distributed``).
+    ``stop_ds`` chooses the epoch and stops early (``cfg.training.patience``); keep it apart from
+    the calibration data. Runs distributed when started by torchrun (``models.distributed``).
     """
-    torch.manual_seed(cfg.seed)
-    torch.set_num_threads(cfg.threads)
+    torch.manual_seed(cfg.training.seed)
+    torch.set_num_threads(cfg.training.threads)
     dist = Distributed.from_env(cfg)
     if model is None:
         _, h, w = train_ds.image_shape
         model = DDNN(cfg, train_ds.num_views, len(train_ds.classes), h, w)
     model = model.to(dist.device)
-    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    sched = _schedule(opt, cfg, dist.steps_per_epoch(train_ds.num_samples, cfg.batch_size))
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.training.lr,
+                           weight_decay=cfg.training.weight_decay)
+    sched = _schedule(opt, cfg, dist.steps_per_epoch(train_ds.num_samples, cfg.training.batch_size))
     run = _Run()
     taught_by = teacher.identity if teacher is not None else None
     if resume and checkpoint and Path(checkpoint).is_file():
@@ -258,7 +261,7 @@ def train(
     soft = (None if teacher is None  # on the device once, its rows picked per batch
             else torch.from_numpy(np.asarray(teacher.logits, np.float32)).to(dist.device))
     start = time.perf_counter()
-    bar = tqdm(range(run.epoch + 1, cfg.epochs + 1), desc="training", unit="epoch",
+    bar = tqdm(range(run.epoch + 1, cfg.training.epochs + 1), desc="training", unit="epoch",
                disable=not progress or not dist.main, file=sys.stderr)
     for epoch in bar:
         loss = _epoch(wrapped, opt, sched, train_ds, cfg, dist, epoch,
@@ -271,14 +274,14 @@ def train(
             if key > run.best_key:
                 run.best_key, run.best_epoch, run.bad_epochs = key, epoch, 0
                 run.best_state = copy.deepcopy(model.state_dict())
-            stop = cfg.patience > 0 and run.bad_epochs >= cfg.patience
+            stop = cfg.training.patience > 0 and run.bad_epochs >= cfg.training.patience
             bar.set_postfix(loss=f"{loss:.3f}", **{k: f"{v:.3f}" for k, v in acc.items()})
             if checkpoint:
                 save_checkpoint(checkpoint, model, opt, sched, run.__dict__)
         if dist.agree(stop):
             break
-    result = TrainResult(model, run.history, run.best_epoch, stopped_early=run.epoch < cfg.epochs,
-                         teacher=taught_by)
+    result = TrainResult(model, run.history, run.best_epoch,
+                         stopped_early=run.epoch < cfg.training.epochs, teacher=taught_by)
     if run.best_state is not None:
         model.load_state_dict(run.best_state)
     model.eval()

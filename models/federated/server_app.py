@@ -199,7 +199,7 @@ def _refit(answers: dict[int, RecordDict], arch: dict):
             tables = {}
         return node, samples, tables
 
-    escalates = arch.get("config", {}).get("escalate", DDNNConfig.escalate) != "none"
+    escalates = arch.get("config", {}).get("escalate", DDNNConfig().escalation.detail) != "none"
     tiers = {"edge", "cloud", "escalated"} if escalates else {"edge", "cloud"}
     return refit_stacking([site(n, c) for n, c in answers.items()], int(arch["views"]), tiers)
 

@@ -120,15 +120,15 @@ def experience_loss(model: DDNN, exp: Experience, idx: np.ndarray) -> torch.Tens
 
 def _labelled_loss(model: DDNN, ds: MultiViewDataset, idx: np.ndarray, s: LocalTraining,
                    gen: torch.Generator) -> torch.Tensor:
-    cfg = model.cfg
+    t = model.cfg.training
     idx = np.sort(idx)
     x, present = torch.from_numpy(ds.images(idx)), torch.from_numpy(ds.present[idx])
     if s.augment:
-        x, present = augment(x, present, cfg.shift, cfg.brightness, cfg.view_dropout, gen)
+        x, present = augment(x, present, t.shift, t.brightness, t.view_dropout, gen)
     y = torch.from_numpy(ds.y[idx]).masked_fill(~present, -1)
     out = model(x, present)
-    return joint_loss(out, y, torch.from_numpy(ds.label[idx]), cfg.exit_weights, cfg.distill,
-                      cfg.distill_temperature, cfg.distill_device)
+    return joint_loss(out, y, torch.from_numpy(ds.label[idx]), t.exit_weights, t.distill,
+                      t.distill_temperature, t.distill_device)
 
 
 def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
@@ -222,7 +222,7 @@ def detail_bytes(model: DDNN, ds: MultiViewDataset, device_scores: np.ndarray,
     """Each frame's details as its devices would send them if it escalated: every present
     view's (or the bundle's ``k`` surest views'), coded by the bundle's detail codec and
     deflated where shorter, as :meth:`ddnn.runtime.BundleRuntime.all_exits` counts them."""
-    codec = FeatureCodec(model.cfg.detail_codec)
+    codec = FeatureCodec(model.cfg.escalation.codec)
     sizes = np.zeros(ds.present.shape, np.int64)
     with torch.no_grad():
         for i in range(0, ds.num_samples, batch):

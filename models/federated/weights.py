@@ -12,7 +12,6 @@ files signed and checked by every tier stay the only source.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -33,8 +32,7 @@ def config_of(bundle: Bundle) -> DDNNConfig:
     if not isinstance(saved, dict):
         raise BundleError(f"{bundle.path}: the manifest has no training config to rebuild the "
                           "network from")
-    known = {f.name for f in dataclasses.fields(DDNNConfig)}
-    return DDNNConfig(**{k: v for k, v in saved.items() if k in known})
+    return DDNNConfig.from_saved(saved)
 
 
 def architecture(bundle: Bundle) -> dict:
@@ -54,8 +52,7 @@ def stacking_of(arch: dict) -> Stacking | None:
 
 def build_model(arch: dict) -> DDNN:
     """An untrained network of the architecture :func:`architecture` described."""
-    known = {f.name for f in dataclasses.fields(DDNNConfig)}
-    cfg = DDNNConfig(**{k: v for k, v in arch["config"].items() if k in known})
+    cfg = DDNNConfig.from_saved(arch["config"])
     _, h, w = arch["input_shape"]
     return DDNN(cfg, int(arch["views"]), len(arch["classes"]), int(h), int(w))
 

@@ -20,16 +20,16 @@ from ddnn.tools.evaluate import evaluate  # noqa: E402
 @pytest.fixture(scope="module")
 def escalating(tiny_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("escalating") / "b"
-    build_bundle(tiny_data.train, out, DDNNConfig(epochs=1, batch_size=32, escalate="view"),
-                 name="tiny", progress=False, log=lambda *_: None)
+    cfg = DDNNConfig.from_flat(epochs=1, batch_size=32, escalate="view")
+    build_bundle(tiny_data.train, out, cfg, name="tiny", progress=False, log=lambda *_: None)
     return out
 
 
 @pytest.fixture(scope="module")
 def reference(tiny_data, tmp_path_factory):
     out = tmp_path_factory.mktemp("reference") / "raw"
-    build_baseline(tiny_data.train, out, DDNNConfig(epochs=1, batch_size=32), progress=False,
-                   name="tiny")
+    build_baseline(tiny_data.train, out, DDNNConfig.from_flat(epochs=1, batch_size=32),
+                   progress=False, name="tiny")
     return out
 
 
@@ -162,7 +162,7 @@ def test_a_changed_reference_is_refused(reference, tmp_path):
 
 
 def test_a_reference_teaches_a_hierarchy(reference, escalating, tiny_data, tmp_path):
-    cfg = DDNNConfig(epochs=1, batch_size=32, escalate="view")  # as `escalating`, same seed
+    cfg = DDNNConfig.from_flat(epochs=1, batch_size=32, escalate="view")  # as `escalating`
     out = tmp_path / "taught"
     build_bundle(tiny_data.train, out, cfg, name="tiny", progress=False, log=lambda *_: None,
                  teacher=reference)

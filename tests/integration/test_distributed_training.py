@@ -91,7 +91,7 @@ def test_checkpoint_resumes_the_run(tiny_data, tmp_path):
     from ddnn.models.config import DDNNConfig
     from ddnn.models.train import _ddnn_score, train
 
-    cfg = DDNNConfig(epochs=3, batch_size=32)
+    cfg = DDNNConfig.from_flat(epochs=3, batch_size=32)
     _, train_ds, stop_ds, _ = split_data(tiny_data.train, None, cfg)
     full = train(train_ds, stop_ds, cfg, progress=False)
 

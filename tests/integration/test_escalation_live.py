@@ -32,7 +32,7 @@ def two_surest(tiny_data, tmp_path_factory) -> Path:
     from ddnn.models.config import DDNNConfig
 
     out = tmp_path_factory.mktemp("two") / "esc2"
-    build_bundle(tiny_data.train, out, DDNNConfig(epochs=1, batch_size=32, seed=0,
+    build_bundle(tiny_data.train, out, DDNNConfig.from_flat(epochs=1, batch_size=32, seed=0,
                                                    escalate="view", escalate_views=2),
                  name="esc2", version="1", progress=False, log=lambda *_: None)
     return out

@@ -17,6 +17,7 @@ from ddnn.models.export import (  # noqa: E402
     write_manifest,
 )
 from ddnn.models.network import DDNN  # noqa: E402
+from ddnn.models.presets import preset  # noqa: E402
 from ddnn.models.train import predict  # noqa: E402
 from ddnn.runtime import BundleRuntime  # noqa: E402
 
@@ -37,7 +38,7 @@ def test_every_exit_matches_torch(tiny_data, tmp_path, variant):
     kw = dict(variant)
     if kw.pop("early", False):
         kw["edge_per_view"] = False
-    cfg = DDNNConfig.paper(**kw) if kw.pop("paper", False) else DDNNConfig(**kw)
+    cfg = (preset("paper") if kw.pop("paper", False) else DDNNConfig()).replace(**kw)
     torch.manual_seed(0)
     model = DDNN(cfg, ds.num_views, len(ds.classes), 16, 16).eval()
     specs = export_segments(model, tmp_path, ds.image_shape)
@@ -58,7 +59,7 @@ def test_every_exit_matches_torch(tiny_data, tmp_path, variant):
 
 
 def test_float_device_variant_exports_and_calibrates(tiny_data, tmp_path):
-    cfg = DDNNConfig(device_codec="float16", epochs=1, scheme="AP-CC")
+    cfg = DDNNConfig.from_flat(device_codec="float16", epochs=1, scheme="AP-CC")
     build_bundle(tiny_data.train, tmp_path / "f", cfg, progress=False, log=lambda *_: None)
     m = load_bundle(tmp_path / "f").manifest
     assert m.codec["device_features"] == "float16" and m.aggregation == {

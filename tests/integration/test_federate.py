@@ -54,7 +54,8 @@ def sites(tmp_path_factory):
     start = root / "start"
     # Without escalation: the federation's mechanics and bytes, measured on a small model (an
     # escalating bundle's rebuild is tested in tests/unit/test_federated_site.py).
-    build_bundle(paths[0], start, DDNNConfig(epochs=1, batch_size=64, seed=0, escalate="none"),
+    build_bundle(paths[0], start,
+                 DDNNConfig.from_flat(epochs=1, batch_size=64, seed=0, escalate="none"),
                  name="tiny", version="1.9", progress=False, log=lambda *_: None)
     # Stacking weights off the fitting grid (steps of 0.05): the federation's refit must change
     # them, so the second evaluation, on the model each site kept, runs over real Flower too.

@@ -17,7 +17,7 @@ from ddnn.models.train import exit_accuracy, predict, train  # noqa: E402
 
 
 def _train_and_test(train_path, test_path, **cfg):
-    config = DDNNConfig(batch_size=32, threads=1, escalate="view", **cfg)
+    config = DDNNConfig.from_flat(batch_size=32, threads=1, escalate="view", **cfg)
     _, train_ds, stop_ds, _ = split_data(train_path, None, config)
     model = train(train_ds, stop_ds, config, progress=False).model
     test = load_dataset(test_path)

@@ -36,12 +36,12 @@ def make_tiny_data(root: Path) -> TinyData:
 def train_tiny_bundle(data: TinyData, out: Path) -> Path:
     """Train ``tiny_bundle`` on ``data`` into ``out`` (torch)."""
     from ddnn.models.build import build_bundle
-    from ddnn.models.config import DDNNConfig
+    from ddnn.models.presets import preset
 
     # The paper's network, pinned: the tier tests know its tensor shapes and codecs (device
     # features (4, 8, 8) binary, edge features (16, 4, 4) binary) whatever the model defaults;
     # tests/integration/test_export_parity.py and tests/unit/test_models_network.py cover those.
-    cfg = DDNNConfig.paper(epochs=4, batch_size=32, seed=0)
+    cfg = preset("paper").replace(epochs=4, batch_size=32, seed=0)
     build_bundle(data.train, out, cfg, name="tiny", version="1", progress=False,
                  log=lambda *_: None)
     return out
@@ -59,7 +59,7 @@ def kinds_repository(data: TinyData, tiny: Path, root: Path) -> Path:
     from ddnn.models.config import DDNNConfig
 
     shutil.copytree(tiny, root / "tiny")
-    cfg = DDNNConfig(epochs=1, batch_size=32, seed=0, escalate="view")
+    cfg = DDNNConfig.from_flat(epochs=1, batch_size=32, seed=0, escalate="view")
     build_bundle(data.train, root / "esc", cfg, name="esc", version="1", progress=False,
                  log=lambda *_: None)
     build_baseline(data.train, root / "tiny-raw", cfg, progress=False, name="tiny", version="1")
@@ -70,13 +70,13 @@ def one_epoch_bundle(root: Path, views: int) -> Path:
     """A ``tiny`` bundle of ``views`` views, trained one short epoch (for tests of the tiers,
     not of accuracy)."""
     from ddnn.models.build import build_bundle
-    from ddnn.models.config import DDNNConfig
+    from ddnn.models.presets import preset
     from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
     save_dataset(root / "train.npz", synthesize(60, SceneConfig(views=views, classes=3, size=16),
                                                 seed=1))
     build_bundle(root / "train.npz", root / "tiny",
-                 DDNNConfig.paper(epochs=1, batch_size=32, seed=0),  # pinned, as tiny_bundle
+                 preset("paper").replace(epochs=1, batch_size=32, seed=0),  # as tiny_bundle
                  name="tiny", version="1", progress=False, log=lambda *_: None)
     return root / "tiny"
 
@@ -157,7 +157,8 @@ def six_view_bundle(root: Path, frames: int = 200) -> SixViews:
     save_dataset(root / "train.npz", synthesize(240, cfg, seed=1))
     save_dataset(root / "test.npz", synthesize(frames, cfg, seed=2))
     save_dataset(root / "wrong.npz", synthesize(frames, cfg, seed=7))
-    build_bundle(root / "train.npz", root / "six", DDNNConfig(epochs=3, batch_size=32, seed=0),
+    build_bundle(root / "train.npz", root / "six",
+                 DDNNConfig.from_flat(epochs=3, batch_size=32, seed=0),
                  name="six", version="1", progress=False, log=lambda *_: None)
     return SixViews(root / "six", root / "test.npz", root / "wrong.npz", frames)
 
@@ -179,7 +180,7 @@ def drift_bundle(root: Path) -> Path:
 
     save_dataset(root / "train.npz", synthesize(800, SceneConfig(**DRIFT_SCENE), seed=1))
     build_bundle(root / "train.npz", root / "bundle",
-                 DDNNConfig(epochs=8, batch_size=32, seed=0),
+                 DDNNConfig.from_flat(epochs=8, batch_size=32, seed=0),
                  name="field", version="1", progress=False, log=lambda *_: None)
     return root / "bundle"
 

@@ -33,9 +33,9 @@ def test_every_training_variant_of_the_benchmarks_is_a_valid_ddnn_train_call():
         cfg = _config(args)
         assert isinstance(cfg, DDNNConfig), name
         if name != "tiers.escalate_view":  # the defaults themselves, named for the table
-            assert (cfg != DDNNConfig(threads=cfg.threads) or args.teacher
+            assert (cfg != DDNNConfig.from_flat(threads=cfg.training.threads) or args.teacher
                     or args.baseline), name
     pi = _config(build_parser().parse_args(["train", "--data", "d", "--out", "b",
                                             *tiers.VARIANTS["pi_device"]]))
-    assert (pi.device_stem, pi.device_convs, pi.device_filters, pi.escalate) == (
+    assert (pi.device.stem, pi.device.convs, pi.device.filters, pi.escalation.detail) == (
         (16, 32), 2, 32, "view")

@@ -307,10 +307,10 @@ def test_a_deep_device_bundle_is_rebuilt_from_its_onnx_files(tiny_data, tmp_path
     torch gives every exit of the bundle (parity is checked)."""
     torch = pytest.importorskip("torch")
     from ddnn.models.build import build_bundle
-    from ddnn.models.config import DDNNConfig
     from ddnn.models.federated.weights import model_from_bundle
+    from ddnn.models.presets import preset
 
-    cfg = DDNNConfig.deep_device(epochs=1, batch_size=32, seed=0, **kw)
+    cfg = preset("pi").replace(epochs=1, batch_size=32, seed=0, **kw)
     build_bundle(tiny_data.train, tmp_path / "deep", cfg, name="deep", version="1",
                  progress=False, log=lambda *_: None)
     model = model_from_bundle(tmp_path / "deep")

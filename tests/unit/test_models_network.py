@@ -10,12 +10,13 @@ from ddnn.errors import ConfigError  # noqa: E402
 from ddnn.models.config import DDNNConfig  # noqa: E402
 from ddnn.models.export import export_segments  # noqa: E402
 from ddnn.models.network import DDNN, Quantize, aggregate  # noqa: E402
+from ddnn.models.presets import preset  # noqa: E402
 from ddnn.models.train import _distill, joint_loss  # noqa: E402
 
 
 def _model(views=4, classes=3, size=32, **kw):
     torch.manual_seed(0)
-    return DDNN(DDNNConfig(**kw), views, classes, size, size).eval()
+    return DDNN(DDNNConfig.from_flat(**kw), views, classes, size, size).eval()
 
 
 def _inputs(b=6, views=4, size=32, seed=0):
@@ -41,7 +42,7 @@ def test_device_features_take_the_codec_levels(codec):
     model = _model(device_codec=codec)
     _, feats = model.devices[0](torch.rand(3, 3, 32, 32))
     levels = feats.unique()
-    assert len(levels) <= 2 ** DDNNConfig(device_codec=codec).device_bits
+    assert len(levels) <= 2 ** DDNNConfig.from_flat(device_codec=codec).device.bits
     assert not (levels == 0).any()
 
 
@@ -89,10 +90,10 @@ def test_any_image_size_from_16(size):
 
 
 def test_deep_device_preset_fits_a_small_board_and_sends_few_bytes(tmp_path):
-    cfg = DDNNConfig.deep_device()
-    assert (cfg.device_stem, cfg.device_convs, cfg.device_filters, cfg.escalate) == (
+    cfg = preset("pi")
+    assert (cfg.device.stem, cfg.device.convs, cfg.device.filters, cfg.escalation.detail) == (
         (32, 64), 2, 64, "none")
-    assert DDNNConfig.deep_device(escalate="view").escalate == "view"  # overrides apply on top
+    assert preset("pi").replace(escalate="view").escalation.detail == "view"  # overrides on top
     torch.manual_seed(0)
     model = DDNN(cfg, 6, 10, 32, 32).eval()
     stem = model.devices[0].stem
@@ -111,29 +112,29 @@ def test_deep_device_preset_fits_a_small_board_and_sends_few_bytes(tmp_path):
 ])
 def test_device_convs_takes_one_to_three_convolutions_of_a_stem(kw, message):
     with pytest.raises(ConfigError, match=message):
-        DDNNConfig(**kw)
+        DDNNConfig.from_flat(**kw)
 
 
 def test_paper_preset_is_the_previous_architecture():
-    cfg = DDNNConfig.paper()
-    assert (cfg.scheme, cfg.device_filters, cfg.device_stem, cfg.device_binary) == (
+    cfg = preset("paper")
+    assert (cfg.edge.scheme, cfg.device.filters, cfg.device.stem, cfg.device.binary) == (
         "MP-AP", 4, (), True)
-    assert (cfg.device_scores, cfg.edge_codec, cfg.edge_per_view) == ("logits", "binary", False)
+    assert (cfg.device.scores, cfg.edge.codec, cfg.edge.per_view) == ("logits", "binary", False)
     model = DDNN(cfg, 3, 3, 32, 32)
     weights = 3 * 4 * 9 + 2 * 4 + 4 * 16 * 16 * 3 + 3  # conv, batch norm, linear exit
     assert sum(p.numel() for p in model.devices[0].parameters()) == weights
-    assert DDNNConfig.paper(scheme="MP-CC").scheme == "MP-CC"
+    assert preset("paper").replace(scheme="MP-CC").edge.scheme == "MP-CC"
 
 
 def test_bad_architecture_settings_are_refused():
     with pytest.raises(ConfigError, match="device codec"):
-        DDNNConfig(device_codec="int8")
+        DDNNConfig.from_flat(device_codec="int8")
     with pytest.raises(ConfigError, match="edge codec"):
-        DDNNConfig(edge_codec="bits2")
+        DDNNConfig.from_flat(edge_codec="bits2")
     with pytest.raises(ConfigError, match="maxmean"):
-        DDNNConfig(edge_view_pool="maxmean", edge_codec="binary")
+        DDNNConfig.from_flat(edge_view_pool="maxmean", edge_codec="binary")
     with pytest.raises(ConfigError, match="device_scores"):
-        DDNNConfig(device_scores="probs")
+        DDNNConfig.from_flat(device_scores="probs")
 
 
 def _training_outputs():
@@ -164,7 +165,7 @@ def test_training_batches_cover_every_sample_once_and_never_hold_one_alone(sampl
     # training split was one more than a multiple of the batch size (48 x 48 images, 2 views).
     from ddnn.models.distributed import Distributed
 
-    dist = Distributed.from_env(DDNNConfig(device="cpu"))
+    dist = Distributed.from_env(DDNNConfig.from_flat(device="cpu"))
     batches = list(dist.batches(samples, 64, seed=0, epoch=3))
     assert sorted(np.concatenate(batches).tolist()) == list(range(samples))
     assert len(batches) == dist.steps_per_epoch(samples, 64)
@@ -174,8 +175,9 @@ def test_training_batches_cover_every_sample_once_and_never_hold_one_alone(sampl
 def test_precision_names_the_autocast_the_manifest_records():
     from ddnn.models.distributed import Distributed
 
-    assert Distributed.from_env(DDNNConfig(device="cpu")).precision == "fp32"
-    assert Distributed.from_env(DDNNConfig(device="cpu", cpu_amp=True)).precision == "bf16"
+    assert Distributed.from_env(DDNNConfig.from_flat(device="cpu")).precision == "fp32"
+    cpu_amp = DDNNConfig.from_flat(device="cpu", cpu_amp=True)
+    assert Distributed.from_env(cpu_amp).precision == "bf16"
     assert Distributed(amp_dtype=torch.float16).precision == "fp16"  # CUDA without bf16
 
 
@@ -262,7 +264,7 @@ def test_half_resolution_averages_each_two_by_two_block_at_the_same_size():
     torch.testing.assert_close(low[..., :4], half_resolution(x[..., :4]))  # the even part
     assert torch.equal(low[..., 4], x[..., 4])  # an odd last column stays as it was
     with pytest.raises(ConfigError, match="lowres_epochs"):
-        DDNNConfig(lowres_epochs=-1)
+        DDNNConfig.from_flat(lowres_epochs=-1)
 
 
 def test_each_batch_learns_from_its_own_samples_teacher_answers(tmp_path):
@@ -277,7 +279,7 @@ def test_each_batch_learns_from_its_own_samples_teacher_answers(tmp_path):
                                                 seed=3))
     ds = load_dataset(tmp_path / "d.npz")
     teacher = Teacher(10.0 * np.eye(3, dtype=np.float32)[ds.label], {"name": "t"})
-    cfg = DDNNConfig(epochs=2, batch_size=16, lowres_epochs=1, device="cpu")
+    cfg = DDNNConfig.from_flat(epochs=2, batch_size=16, lowres_epochs=1, device="cpu")
     plain, seen = _ddnn_loss(cfg), []
 
     def spy(out, y, label, soft=None):

@@ -1,0 +1,50 @@
+"""Named starting points of ``ddnn train --preset``: each a few flat fields over the defaults.
+
+A configuration resolves as defaults < preset < config file < flags (``ddnn.models.cli``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ddnn.errors import ConfigError
+from ddnn.models.config import DDNNConfig
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A name, what it is in one line, and the flat fields it changes."""
+
+    name: str
+    summary: str
+    fields: dict[str, Any]
+
+
+PRESETS = {p.name: p for p in (
+    Preset("tiny", "the defaults: a 16 KB device with a float stem, escalation of views at "
+           "4 bits (docs/training.md, 'Closing the gap')", {}),
+    Preset("paper", "the paper's network, the defaults before docs/training.md's changes: one "
+           "binarized ConvP block of 4 filters per device, linear device exit, MP-AP, binary "
+           "edge features", {
+               "scheme": "MP-AP", "device_filters": 4, "device_stem": (), "device_binary": True,
+               "device_codec": "binary", "device_exit_float": False, "device_exit_pool": 0,
+               "device_scores": "logits", "edge_filters": 16, "edge_per_view": False,
+               "edge_codec": "binary", "distill_device": True, "escalate": "none",
+               "device_convs": 1}),
+    # Its fused exit alone matched or beat the raw-offload reference on the generated sets at
+    # 29-101 B a frame (docs/training.md, "A deep device"); escalation then adds nothing.
+    Preset("pi", "a device as deep as a Raspberry Pi-class board affords: double-conv stem "
+           "blocks of 32 and 64 filters, 64 binary features a cell, no escalation (about "
+           "210 KB a device)", {
+               "device_stem": (32, 64), "device_convs": 2, "device_filters": 64,
+               "escalate": "none"}),
+)}
+DEFAULT_PRESET = "tiny"
+
+
+def preset(name: str) -> DDNNConfig:
+    """The configuration a preset names."""
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    return DDNNConfig.from_flat(**PRESETS[name].fields)
