@@ -145,6 +145,8 @@ class FrameAssembler:
             return
         if held.scores is None:
             f.absent.add(view)
+            if held.skipped:
+                f.skipped.add(view)
         else:
             f.scores[view] = held.scores
         if held.features is not None:
@@ -153,15 +155,16 @@ class FrameAssembler:
         self.roster.on_time(view, f.id, 0.0, now)  # it came before the frame opened
 
     def add_scores(self, view: int, frame: int, scores: Scores | None, captured: float,
-                   now: float) -> Frame | None:
-        """Scores (or ``None`` for an absent view) of one view; returns the frame if now ready."""
+                   now: float, skipped: bool = False) -> Frame | None:
+        """Scores (or ``None`` for an absent view, or one whose device ``skipped`` the frame:
+        nobody waits for either) of one view; returns the frame if now ready."""
         with self._lock:
             self.roster.heard(view)
             f = self._frames.get(frame)
             if f is None:
                 self._check_new(frame, now, view)
                 if self.roster.holds(view, frame, captured, now):
-                    self.roster.hold(view, frame, scores, captured, now)
+                    self.roster.hold(view, frame, scores, captured, now, skipped)
                     return None
                 f = self._open(frame, now, captured, view)
             if view in f.scores or view in f.absent or view in f.refused:
@@ -174,6 +177,8 @@ class FrameAssembler:
             f.captures[view] = captured
             if scores is None:
                 f.absent.add(view)
+                if skipped:
+                    f.skipped.add(view)
             else:
                 f.scores[view] = scores
             return self._ready_or_wait(f, now)

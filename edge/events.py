@@ -56,6 +56,9 @@ class DeviceEvents:
     def on_clock_skewed(self, device: str) -> None:
         """A message of ``device`` stamped far from the edge's clock."""
 
+    def on_skipped(self, device: str) -> None:
+        """``device`` fell behind its source and skipped a frame (it said so)."""
+
     def on_flag(self, device: str, reason: str, flagged: bool) -> None:
         """A device flagged for ``reason`` (:mod:`ddnn.edge.conduct`), or cleared."""
 

@@ -50,6 +50,7 @@ class Frame:
     stage: Stage = SCORES
     scores: dict[int, Scores] = field(default_factory=dict)
     absent: set[int] = field(default_factory=set)
+    skipped: set[int] = field(default_factory=set)  # of the absent: their devices fell behind
     features: dict[int, np.ndarray] = field(default_factory=dict)
     requested: tuple[int, ...] = ()
     missing: set[int] = field(default_factory=set)  # views expected but not heard by the deadline

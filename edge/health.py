@@ -188,8 +188,15 @@ def snapshot_check(snap: EdgeSnapshot) -> Check:
                "flagged_devices": dict(snap.flagged_devices)}
     if snap.drift is not None:
         details["drift"] = dict(snap.drift)
-    if snap.drift_reason is not None:  # (a warning: the edge still serves)
-        details["warnings"] = [snap.drift_reason]
+    warnings = []  # (the edge still serves: these do not make it unready)
+    if snap.drift_reason is not None:
+        warnings.append(snap.drift_reason)
+    if snap.late_devices:
+        warnings.append(f"device(s) {', '.join(snap.late_devices)} keep arriving late: most of "
+                        "their recent views came after their frames were answered (a slow board, "
+                        "a congested link, or a clock that is off); their views are not fused")
+    if warnings:
+        details["warnings"] = warnings
     return Check(details=details)
 
 

@@ -54,6 +54,7 @@ class EdgeMetrics(EdgeEvents):
         d = self.devices  # (its series, as the edge's: what the HTTP side and tests read)
         self.messages, self.bytes, self.dropped, self.late = d.messages, d.bytes, d.dropped, d.late
         self.refused, self.flagged, self.clock_skewed = d.refused, d.flagged, d.clock_skewed
+        self.skipped = d.skipped
         self.devices_online = d.devices_online
         self.missing = r.counter("ddnn_edge_missing_views_total",
                                  "Views a frame expected but fused without, by stage", ("stage",))
@@ -166,6 +167,10 @@ class DeviceMetrics(EdgeEvents):
         self.clock_skewed = r.counter("ddnn_edge_clock_skewed_total",
                                       "Messages stamped far from the edge's clock, by device",
                                       ("device",))
+        self.skipped = r.counter("ddnn_edge_skipped_views_total",
+                                 "Views a device skipped because it fell behind its source (it "
+                                 "said so: nobody waited; missing 'skipped'), by device",
+                                 ("device",))
         self.devices_online = r.gauge("ddnn_edge_device_online",
                                       "1 while a device's status is online", ("device",))
 
@@ -199,6 +204,9 @@ class DeviceMetrics(EdgeEvents):
 
     def on_clock_skewed(self, device: str) -> None:
         self.clock_skewed.inc(device=device)
+
+    def on_skipped(self, device: str) -> None:
+        self.skipped.inc(device=device)
 
     def on_flag(self, device: str, reason: str, flagged: bool) -> None:
         self.flagged.set(1 if flagged else 0, device=device, reason=reason)

@@ -89,7 +89,7 @@ class DeviceRoster:
             if v in fused:
                 continue
             if v in f.absent:
-                out[v] = "absent"
+                out[v] = "skipped" if v in f.skipped else "absent"
             elif v in f.scores:
                 out[v] = "no_features"
             elif v in f.refused or self.conduct.flagged(v):
@@ -154,10 +154,10 @@ class DeviceRoster:
                                                                  self.expecting)
 
     def hold(self, view: int, frame: int, scores: Scores | None, captured: float,
-             now: float) -> None:
+             now: float, skipped: bool = False) -> None:
         if self.runahead.is_held(view, frame):
             raise Drop("duplicate", f"view {view} of frame {frame} arrived twice")
-        for _ in self.runahead.hold(view, frame, scores, captured, now):
+        for _ in self.runahead.hold(view, frame, scores, captured, now, skipped):
             self.ran_ahead(view)
 
     def ran_ahead(self, view: int) -> None:

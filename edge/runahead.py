@@ -52,6 +52,7 @@ class Held:
     captured: float
     arrived: float  # monotonic time it came
     features: np.ndarray | None = None  # its features, pushed right after its scores (push)
+    skipped: bool = False  # no scores because its device skipped the frame (it fell behind)
 
 
 @dataclass
@@ -110,12 +111,12 @@ class RunAhead:
         p.at = now
 
     def hold(self, view: int, frame: int, scores: Scores | None, captured: float,
-             now: float) -> list[Held]:
+             now: float, skipped: bool = False) -> list[Held]:
         """Hold a view; returns those pushed out (its device's oldest, past :data:`HOLD`)."""
         held = self.held[view]
         if frame in held:
             return []
-        held[frame] = Held(frame, scores, captured, now)
+        held[frame] = Held(frame, scores, captured, now, skipped=skipped)
         self.holding += 1
         out = []
         while len(held) > HOLD:

@@ -19,6 +19,19 @@ def test_a_frame_is_ready_when_every_view_reported():
     assert f.captured == 9.0 and f.stage == SCORES
 
 
+def test_a_view_its_device_skipped_is_not_waited_for_and_says_why():
+    # A device that fell behind its source says "skipped" instead of sending scores late.
+    a = FrameAssembler(3, deadline=1.0)
+    assert a.add_scores(0, 5, S, 10.0, now=0.0) is None
+    assert a.add_scores(1, 5, None, 10.0, now=0.05, skipped=True) is None
+    f = a.add_scores(2, 5, S, 10.0, now=0.1)  # ready at once: nobody waits for view 1
+    assert f is not None and f.present == [0, 2] and f.skipped == {1}
+    assert a.roster.why_missing(f, (0, 2)) == {1: "skipped"}
+    with pytest.raises(Drop, match="twice"):
+        a.add_scores(1, 6, None, 10.0, now=0.2, skipped=True) or a.add_scores(
+            1, 6, S, 10.0, now=0.2)
+
+
 def test_a_missing_view_never_blocks_a_frame():
     a = FrameAssembler(3, deadline=0.5)
     a.add_scores(0, 1, S, 0.0, now=0.0)
