@@ -113,7 +113,7 @@ class EdgeAggregator:
         self.pulls = (FeaturePulls(publish, requests, events, lambda: self.manifest)
                       if publish is not None else None)
         self.details = DetailPulls(publish, requests, events, s.feature_deadline,
-                                   self.cloud_stage)
+                                   self.cloud_stage, devices=self.devices)
         self.path = FramePath(self.assembler, pipeline, self.answers, self.details, events,
                               audit=self.audit, pulls=self.pulls)
         counts = MessageCounts(events)
@@ -167,8 +167,15 @@ class EdgeAggregator:
             cloud_up=self.cloud_stage.up, devices=tuple(self.devices),
             late_devices=tuple(self.devices[v] for v in roster.late_views()),
             manifest=self.manifest, thresholds=dict(self.pipeline.policy.thresholds),
-            flagged_devices={self.devices[v]: why for v, why in roster.flagged().items()},
+            flagged_devices=self._flagged(roster.flagged()),
             drift=self.audit.status(), drift_reason=self.audit.reason())
+
+    def _flagged(self, by_conduct: dict[int, list[str]]) -> dict[str, list[str]]:
+        """Each flagged device and why: its conduct, and detail pulls it keeps missing."""
+        out = {v: list(why) for v, why in by_conduct.items()}
+        for v, why in self.details.flagged().items():
+            out.setdefault(v, []).extend(why)
+        return {self.devices[v]: sorted(why) for v, why in out.items()}
 
     def accept(self, payload: bytes, device: str | None = None) -> str | None:
         """One device message from outside MQTT (HTTP ingest): the drop reason, or None."""

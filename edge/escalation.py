@@ -10,7 +10,9 @@ its kept ``DETAIL``, and the frame goes on to the cloud stage with the details i
 slot order (:meth:`~ddnn.runtime.BundleRuntime.escalated`'s input). A detail that misses the
 deadline leaves its slot zero (the network trained with views missing); it is counted
 (``ddnn_edge_missing_views_total{stage="detail"}``), and the view stays among the result's
-fused views (its scores and features were). Thread-safe: details arrive on the MQTT thread,
+fused views (its scores and features were). A device that keeps missing detail pulls is passed
+over (:mod:`ddnn.edge.detail_suspects`): its slot stays empty and no frame waits for it, but for
+a probe now and then. Thread-safe: details arrive on the MQTT thread,
 frames come from the worker (or the MQTT thread), deadlines run on the worker.
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -27,6 +29,7 @@ from ddnn import envelope as env
 from ddnn.aggregation import aggregate
 from ddnn.bundle import Manifest
 from ddnn.edge.cloud_stage import CloudStage
+from ddnn.edge.detail_suspects import DetailSuspects
 from ddnn.edge.events import EdgeEvents
 from ddnn.edge.frame import Drop, Frame
 from ddnn.edge.pipeline import Scores, ToCloud
@@ -43,13 +46,15 @@ class Escalating:
 
     frame: Frame
     sent: ToCloud
-    senders: tuple[int, ...]  # views asked, in slot order (surest first, or view order)
+    senders: tuple[int, ...]  # views whose details it brings, in slot order (surest first,
+    # or view order)
     deadline: float  # monotonic
+    asked: tuple[int, ...] = ()  # of the senders, those pulled and waited for (not suspects)
     details: dict[int, np.ndarray] = field(default_factory=dict)  # view -> (1, c, r, r)
 
     @property
     def complete(self) -> bool:
-        return len(self.details) == len(self.senders)
+        return len(self.details) == len(self.asked)
 
 
 def senders(scores: Mapping[int, Scores], k: int) -> tuple[int, ...]:
@@ -74,9 +79,11 @@ class DetailPulls:
     """
 
     def __init__(self, publish: Callable[[str, bytes, int], object] | None, topic: str,
-                 events: EdgeEvents, deadline: float, cloud: CloudStage):
+                 events: EdgeEvents, deadline: float, cloud: CloudStage, *,
+                 devices: Sequence[str]):
         self._publish, self.topic, self.events = publish, topic, events
         self.deadline, self.cloud = deadline, cloud
+        self.suspects = DetailSuspects(devices, events)  # who is passed over, under _lock
         self._waiting: dict[int, Escalating] = {}
         self._lock = threading.Lock()
 
@@ -91,12 +98,17 @@ class DetailPulls:
 
     def _escalate(self, f: Frame, sent: ToCloud, m: Manifest) -> None:
         """Pull the frame's details (it goes on when they are in, or at the deadline)."""
-        asked = senders(f.scores, m.escalation_views)
-        if self._publish is None or not asked or len(self._waiting) >= MAX_WAITING:
-            self.cloud.put(f, self._with_details(sent, asked, {}, m))
-            return
+        slots = senders(f.scores, m.escalation_views)
         with self._lock:
-            self._waiting[f.id] = Escalating(f, sent, asked, time.monotonic() + self.deadline)
+            asked = self.suspects.ask(slots)
+            if self._publish is None or not asked or len(self._waiting) >= MAX_WAITING:
+                asked = ()
+            else:
+                self._waiting[f.id] = Escalating(f, sent, slots,
+                                                 time.monotonic() + self.deadline, asked)
+        if not asked:
+            self.cloud.put(f, self._with_details(sent, slots, {}, m))
+            return
         self._request(f.id, asked, m)
 
     def _request(self, frame: int, views: tuple[int, ...], m: Manifest) -> None:
@@ -112,12 +124,13 @@ class DetailPulls:
         """A device's detail of ``frame`` (MQTT thread); a Drop when it was not asked for."""
         with self._lock:
             e = self._waiting.get(frame)
-            if e is None or view not in e.senders:
+            if e is None or view not in e.asked:
                 raise Drop("unrequested", f"detail of view {view} for frame {frame} was not "
                                           "pulled (or came after its deadline)", view=view)
             if view in e.details:
                 raise Drop("duplicate", f"detail of view {view} of frame {frame} arrived twice")
             e.details[view] = detail
+            self.suspects.answered(view)
             if not e.complete:
                 return
             del self._waiting[frame]
@@ -129,15 +142,16 @@ class DetailPulls:
             due = [e for e in self._waiting.values() if e.deadline <= now]
             for e in due:
                 del self._waiting[e.frame.id]
+                self.suspects.missed(v for v in e.asked if v not in e.details)
         for e in due:
-            late = len(e.senders) - len(e.details)
+            late = len(e.asked) - len(e.details)
             self.events.on_missing("detail", late)
             self._send(e)
 
     def again(self) -> None:
         """Pull again what the waiting frames still miss (after a reconnection)."""
         with self._lock:
-            waiting = [(e.frame, tuple(v for v in e.senders if v not in e.details))
+            waiting = [(e.frame, tuple(v for v in e.asked if v not in e.details))
                        for e in self._waiting.values()]
             now = time.monotonic()
             for e in self._waiting.values():
@@ -165,6 +179,11 @@ class DetailPulls:
                 x[0, slot] = np.reshape(details[v], shape)
                 present[0, slot] = True
         return replace(sent, detail=aggregate(x, present, "concat"))
+
+    def flagged(self) -> dict[int, list[str]]:
+        """The views passed over for details, and why (for the health checks)."""
+        with self._lock:
+            return self.suspects.flagged()
 
     def __len__(self) -> int:
         return len(self._waiting)

@@ -36,6 +36,10 @@ class EdgeLog(EdgeEvents):
             log.warning("device %s runs ahead of the other devices (its views come more than "
                         "%.0f ms before theirs, or faster than --max-fps alone): flagged, not "
                         "waited for, its views not fused", device, self.budget * 1000)
+        elif reason == "details":
+            log.warning("device %s has not answered the last detail pulls: passed over for "
+                        "details (its slot left empty, no frame waits for it) but for a probe "
+                        "now and then", device)
         elif reason == "scores":
             log.warning("device %s sends class scores out of the bundle's bounds: flagged, "
                         "not waited for, its views not fused", device)
