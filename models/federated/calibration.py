@@ -29,6 +29,7 @@ from ddnn.operating_curve import (
     best_tier,
     curve_table,
     frontier,
+    pick_max_bytes,
     pick_tolerance,
 )
 from ddnn.stacking import Stacking
@@ -174,9 +175,11 @@ def add_counts(tables: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarr
 
 
 def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
-                     tolerance: float = 0.0, agreement: float = AGREEMENT) -> Calibration:
+                     tolerance: float = 0.0, agreement: float = AGREEMENT,
+                     max_bytes: float | None = None) -> Calibration:
     """``models.calibrate.calibrate``'s choice from summed tables, not logits: at levels 0
-    and 1 where the tables have level 1, else at level 0 (a site too old to count it).
+    and 1 where the tables have level 1, else at level 0 (a site too old to count it); by an
+    accuracy ``tolerance``, or (``max_bytes``) the most accurate point within a byte budget.
 
     The best tier is the one with most right answers (ties: the higher one, as ``sweep``
     has it); without agreement tables (a site too old to count them) accuracy alone decides,
@@ -215,9 +218,27 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
               payload=np.stack(payloads).astype(np.int64),
               frames=frames, seen=seen,
               best_tier=float(max(right.values())) / max(seen, 1), agree=agree)
+    if max_bytes is not None:
+        return Calibration(pick_max_bytes(s, max_bytes), None, max_bytes, s.best_tier, frames,
+                           curve_table(frontier(s)), agreement)
     point = pick_tolerance(s, tolerance, agreement)
     return Calibration(point, tolerance, None, s.best_tier, frames, curve_table(frontier(s)),
                        agreement)
+
+
+def calibration_budget(s_tolerance: float, s_agreement: float, s_max_bytes: float,
+                       recorded: Mapping) -> tuple[float, float, float | None]:
+    """``(tolerance, agreement, max_bytes)`` a federation calibrates its version by: what it
+    was told (``max_bytes`` above 0: a byte budget; ``tolerance`` or ``agreement`` 0 or above),
+    else the budget the starting bundle was calibrated by (``recorded``: its manifest's
+    ``calibration``), so a version keeps its bundle's objective: a byte budget stays one."""
+    if s_max_bytes > 0:
+        return 0.0, AGREEMENT if s_agreement < 0 else s_agreement, s_max_bytes
+    if s_tolerance < 0 and recorded.get("max_bytes") is not None:
+        return 0.0, AGREEMENT, float(recorded["max_bytes"])
+    tolerance = s_tolerance if s_tolerance >= 0 else float(recorded.get("tolerance") or 0.0)
+    agreement = s_agreement if s_agreement >= 0 else float(recorded.get("agreement", AGREEMENT))
+    return tolerance, agreement, None
 
 
 def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | None]],

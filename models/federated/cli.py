@@ -92,10 +92,16 @@ def _federation_options(p) -> None:
     p.add_argument("--round-timeout", type=float, default=D.round_timeout,
                    help="seconds a round waits for the sites (a silent site is left out)")
     p.add_argument("--tolerance", type=float, default=D.tolerance,
-                   help="accuracy the hierarchy may lose against its best tier (calibration)")
+                   help="calibrate the new version to lose at most this accuracy against its "
+                   "best tier (default: the budget the starting bundle was calibrated by, a "
+                   "tolerance or a byte budget)")
     p.add_argument("--agreement", type=float, default=D.agreement,
                    help="with --tolerance: the share of held-out frames (less the tolerance) "
-                   "the chosen point must answer as the best tier does (0: accuracy alone)")
+                   "the chosen point must answer as the best tier does (0: accuracy alone; "
+                   "default: the starting bundle's)")
+    p.add_argument("--max-bytes", type=float, default=D.max_bytes,
+                   help="calibrate the new version to the most accurate point within this "
+                   "device uplink payload per frame (bytes) instead of a tolerance")
     p.add_argument("--threads", type=int, default=D.threads, help="torch threads per site")
     p.add_argument("--seed", type=int, default=D.seed, help="seeds splits and batches")
     p.add_argument("--model-version", default="", help="the new bundle's version (default: "
@@ -117,7 +123,7 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         holdout=args.holdout, seed=args.seed, threshold=args.dma_threshold,
         check_steps=args.dma_check_steps, min_sites=args.min_sites, wait_sites=wait_sites,
         join_timeout=args.join_timeout, round_timeout=args.round_timeout,
-        tolerance=args.tolerance, agreement=args.agreement,
+        tolerance=args.tolerance, agreement=args.agreement, max_bytes=args.max_bytes,
         threads=args.threads, version=args.model_version)
 
 

@@ -18,12 +18,13 @@ import json
 import logging
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 
 from flwr.app import ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.serverapp import Grid, ServerApp
 
-from ddnn.errors import DdnnError
+from ddnn.errors import ConfigError, DdnnError
 from ddnn.models.federated.records import (
     ARRAYS,
     CONFIG,
@@ -251,15 +252,31 @@ def _screened(answers: dict[int, RecordDict], grid: int, views: int, detail: int
     return kept
 
 
+def _calibrate(total, cost, s: FederationSettings, recorded: Mapping):
+    """The new version's calibration by its budget; a byte budget no point meets (the model
+    changed) falls back to the tolerance rule, with a warning, rather than losing the run."""
+    from ddnn.models.federated.calibration import calibrate_counts, calibration_budget
+
+    tolerance, agreement, max_bytes = calibration_budget(s.tolerance, s.agreement, s.max_bytes,
+                                                         recorded)
+    if max_bytes is not None:
+        try:
+            return calibrate_counts(total, cost, max_bytes=max_bytes)
+        except ConfigError as e:
+            log.warning("%s: calibrating by accuracy instead (tolerance %g)", e, tolerance)
+    return calibrate_counts(total, cost, tolerance, agreement)
+
+
 def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSettings,
-                        rounds: int, cost, arch: dict):
+                        rounds: int, cost, arch: dict, recorded: Mapping | None = None):
     """Federated evaluation: the sites' held-out results and summed calibration tables, and,
     where the bundle stacks its exits, their stacking refitted from the sites' summed stacking
     tables (``None``: the bundle's stays). Where the refit changes the weights, the sites that
     answered evaluate once more (the model they kept, answering with the new weights), so the
     thresholds fit the answers the new version gives; if none answers that, the first
-    evaluation and the bundle's stacking stand."""
-    from ddnn.models.federated.calibration import add_counts, calibrate_counts
+    evaluation and the bundle's stacking stand. The thresholds are calibrated by the budget
+    ``s`` names, else by the starting bundle's (``recorded``: its manifest's calibration)."""
+    from ddnn.models.federated.calibration import add_counts
 
     nodes = sorted(grid.get_node_ids())
     stacked = arch.get("stacking") is not None
@@ -290,7 +307,7 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
                 for k in exits} if samples else {}
     total = add_counts(tables) if tables else None
     # No calibration without a held-out frame (sites that held none out send empty tables).
-    cal = (calibrate_counts(total, cost, s.tolerance, s.agreement)
+    cal = (_calibrate(total, cost, s, recorded or {})
            if total is not None and int(total["samples"][0]) > 0 else None)
     if cal is not None:
         accuracy["overall"] = cal.point.accuracy
@@ -322,7 +339,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     strategy, history = run_rounds(grid, s, exchange, initial, progress)
     weights = final_model(grid, strategy, exchange, s.rounds, history)
     cal, stacking, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,
-                                                   UplinkCost.of(start.manifest), arch)
+                                                   UplinkCost.of(start.manifest), arch,
+                                                   start.manifest.calibration)
     refused = sum(len(h["refused"]) for h in history)
     summary = {"strategy": s.strategy, "aggregate": s.aggregate, "rounds": s.rounds,
                "epochs": s.epochs, "lr": s.lr, "communicated_bytes": exchange.communicated,

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 
 from ddnn.errors import ConfigError
 from ddnn.models.federated.strategy import AGGREGATES, DMA_CHECK_STEPS, DMA_THRESHOLD
-from ddnn.operating_curve import AGREEMENT
 
 STRATEGIES = ("fedavg", "dma")
 
@@ -38,8 +37,11 @@ class FederationSettings:
     wait_sites: int = 1  # sites to wait for before the first round
     join_timeout: float = 300.0  # seconds to wait for them
     round_timeout: float = 600.0  # seconds a round waits for replies (a silent site is dropped)
-    tolerance: float = 0.0  # calibration: accuracy the hierarchy may lose against its best tier
-    agreement: float = AGREEMENT  # calibration: share of frames answered as the best tier does
+    # Calibration of the new version: by default (-1, 0) the starting bundle's own budget, as
+    # its manifest records it (a tolerance and agreement, or a byte budget).
+    tolerance: float = -1.0  # accuracy the hierarchy may lose against its best tier
+    agreement: float = -1.0  # with the tolerance: share of frames answered as the best tier
+    max_bytes: float = 0.0  # a byte budget instead: the most accurate point within it, B/frame
     grid: int = 201  # calibration: thresholds tried per exit
     threads: int = 1  # torch threads on each site
     version: str = ""  # the new bundle's version (default: the next after the starting one)
@@ -59,8 +61,14 @@ class FederationSettings:
             raise ConfigError("min_sites and wait_sites must be at least 1")
         if self.join_timeout <= 0 or self.round_timeout <= 0:
             raise ConfigError("timeouts must be positive")
-        if not (0.0 <= self.tolerance <= 1.0 and 0.0 <= self.agreement <= 1.0):
-            raise ConfigError("tolerance and agreement must lie in [0, 1]")
+        for name in ("tolerance", "agreement"):
+            value = getattr(self, name)
+            if value != -1.0 and not 0.0 <= value <= 1.0:
+                raise ConfigError(f"{name} must lie in [0, 1] (-1: the starting bundle's), got "
+                                  f"{value}")
+        if self.max_bytes < 0 or (self.max_bytes > 0 and self.tolerance >= 0):
+            raise ConfigError("max_bytes must be positive (0: none), and not given with a "
+                              "tolerance: a version is calibrated by one budget")
         if self.grid < 2 or self.threads < 1:
             raise ConfigError("grid >= 2, threads >= 1")
 

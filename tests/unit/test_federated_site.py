@@ -62,6 +62,33 @@ def test_summed_site_tables_choose_what_central_calibration_chooses(tolerance, s
     assert alone.point.bytes_per_frame < central.point.bytes_per_frame
 
 
+def test_a_byte_budget_chooses_what_central_calibration_chooses_and_is_kept_by_default():
+    # A bundle trained with `ddnn train --max-bytes B` is recalibrated by a federation within
+    # the same budget (its manifest says so), never silently by a tolerance.
+    from ddnn.models.federated.calibration import calibration_budget
+
+    rng = np.random.default_rng(7)
+    sites = [_exits(rng, n) for n in (70, 130, 41)]
+    pooled, labels, present = _pooled(sites)
+    counts = add_counts(exit_counts(e, y, p, 51) for e, y, p in sites)
+    cheapest = calibrate(pooled, labels, present, COST, 1.0, grid=51).point.bytes_per_frame
+    budget = cheapest + 6.0  # room for a few frames' features
+    central = calibrate(pooled, labels, present, COST, max_bytes=budget, grid=51)
+    assert central.point.bytes_per_frame <= budget
+    recorded = central.to_dict()  # what a bundle's manifest holds
+    tolerance, agreement, max_bytes = calibration_budget(-1.0, -1.0, 0.0, recorded)
+    assert max_bytes == budget
+    federated = calibrate_counts(counts, COST, tolerance, agreement, max_bytes)
+    assert federated.point == central.point and federated.max_bytes == budget
+    assert federated.to_dict()["objective"].startswith("highest accuracy within max_bytes")
+    # A tolerance given to ddnn federate wins; a bundle calibrated by a tolerance keeps it.
+    assert calibration_budget(0.02, -1.0, 0.0, recorded)[2] is None
+    by_tolerance = calibrate(pooled, labels, present, COST, 0.03, grid=51).to_dict()
+    assert calibration_budget(-1.0, -1.0, 0.0, by_tolerance) == (0.03, by_tolerance["agreement"],
+                                                                   None)
+    assert calibration_budget(-1.0, -1.0, 40.0, by_tolerance)[2] == 40.0
+
+
 def _escalating(rng, n: int, skills=(1.0, 1.5, 2.0, 3.0), c: int = 3, v: int = 3):
     """Exits of a bundle that escalates, its escalated exit the best, and each frame's detail
     bytes as its present views' devices would send them (about 200 B a view)."""
