@@ -212,7 +212,12 @@ def _ranged(codec: str) -> dict[str, Any]:
     return {} if r is None else {"range": list(r)}
 
 
-IMAGE_RANGE = {"range": [0.0, 1.0]}  # the bundle's input range (the dataset file's)
+IMAGE_RANGE = (0.0, 1.0)  # the bundle's input range (the dataset file's)
+
+
+def _images() -> dict[str, Any]:
+    """The metadata parameters of an input of images: their ``range``."""
+    return {"range": list(IMAGE_RANGE)}
 
 
 class CloudPackedModel(CloudModel):
@@ -257,7 +262,7 @@ class FullModel(ServedModel):
 
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         m = self.runtime.manifest
-        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape), IMAGE_RANGE),
+        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape), _images()),
                 TensorMeta("present", "BOOL", (-1, m.views)))
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
@@ -277,8 +282,7 @@ def _check_range(meta: TensorMeta, x: np.ndarray) -> None:
     lo, hi = bounds
     if x.min() < lo or x.max() > hi:
         raise OipError(f"input {meta.name!r} must hold values in [{lo:g}, {hi:g}] (what the "
-                       f"bundle's {'images' if bounds == IMAGE_RANGE['range'] else 'codec'} "
-                       "can produce; the metadata's parameters.range)")
+                       "bundle's images or codec can produce: the metadata's parameters.range)")
 
 
 class EscalatedModel(ServedModel):
@@ -318,7 +322,7 @@ class RawModel(ServedModel):
 
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         m = self.runtime.manifest
-        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape), IMAGE_RANGE),)
+        return (TensorMeta("views", "FP32", (-1, m.views, *m.input_shape), _images()),)
 
     def _scores(self, inputs: dict[str, np.ndarray]) -> np.ndarray:
         return self.runtime.scores(inputs["views"])

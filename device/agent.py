@@ -273,9 +273,10 @@ class DeviceAgent:
             delay = due - time.time()
             if delay > 0 and stop.wait(delay):
                 return
-            if period and delay <= -period:
+            if period and delay <= -period and not is_absent(image):
                 # The next frame is due already: this one can no longer be on time. Drop it, as
-                # a camera's leaky queue does, and say so: the lag never grows.
+                # a camera's leaky queue does, and say so: the lag never grows. (An absent view
+                # costs no inference: it is said as such.)
                 self.skip(frame, due)
                 continue
             # (its capture time is its slot in the schedule: a late answer's latency says so)

@@ -216,4 +216,5 @@ class ExitAudit:
                 "thresholds": m.thresholds.as_dict(), "configured": m.configured.as_dict(),
                 "audit_rate": m.audit_rate, "investigating": m.investigating,
                 "frames": m.frames, "alarm_raised_at_frame": m.raised_at,
+                "ignored_shifts": m.ignored_shifts,
                 "adapt": self.policy.adapt_thresholds}

@@ -324,13 +324,16 @@ class AgreementMonitor:
         start = max(self.frames - self.policy.window, self._since)
         if self.frames - self._decided_at >= DEFER:  # restarts kept it from deciding: no more
             start = max(min(start, self.frames - MIN_FRAMES), 0)
-        while self._rows and self._rows[0][0] <= start:
+        # Rows a later window may still reach back to stay (a restart shrinks the window now,
+        # but past DEFER the last MIN_FRAMES frames decide, observations and all).
+        keep_from = min(start, self.frames - MIN_FRAMES)
+        while self._rows and self._rows[0][0] <= keep_from:
             self._rows.popleft()
         self._new = 0
         span = self.frames - start
         if span >= MIN_FRAMES:
             self._decided_at = self.frames  # (decide runs on this window next)
-        return [o for _, o in self._rows], span
+        return [o for f, o in self._rows if f > start], span
 
     def decide(self, rows: Sequence[Observation], span: int) -> Decision:
         """What the window says; nothing changes until :meth:`apply`."""

@@ -52,7 +52,7 @@ class ResultFanout:
         thread or a connection."""
         self.sequence.open()
         if self._kept is not None:
-            self.recent.restore(self._kept, below=self.sequence.first)
+            self.recent.load(self._kept, below=self.sequence.first)
         for sink in self.sinks:
             sink.start()
 
@@ -61,7 +61,7 @@ class ResultFanout:
         for sink in reversed(self.sinks):
             sink.close()
         if self._kept is not None:
-            self.recent.keep(self._kept)
+            self.recent.save(self._kept)
 
     def publish(self, result: Result) -> None:
         """Number one result (its ``seq``: the order of the answers) and send it to every

@@ -247,6 +247,7 @@ class EdgeHandler(BoundedHandler):
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream; charset=utf-8")
             self.send_header("Cache-Control", "no-store")
+            self.send_header("Connection", "close")
             self.server.waiting(self.connection)  # a stream waits on its reader, always
             self.end_headers()
 

@@ -252,8 +252,9 @@ class Ingest:
         if e.kind == MessageType.ABSENT:
             return a.add_scores(view, e.frame, None, captured, now)
         if e.kind == MessageType.SKIPPED:  # its device fell behind: nobody waits for the view
-            self.events.on_skipped(device)
-            return a.add_scores(view, e.frame, None, captured, now, skipped=True)
+            f = a.add_scores(view, e.frame, None, captured, now, skipped=True)
+            self.events.on_skipped(device)  # (counted once taken: not a duplicate or late one)
+            return f
         if e.kind == MessageType.FEATURES:
             x = self._tensor(e, m.codec["device_features"], self._feature_shape)
             return a.add_features(view, e.frame, x, captured, now)

@@ -91,7 +91,7 @@ class StreamSlots:
 
 
 def follow(recent: RecentResults, since: int, write: Callable[[bytes], None],
-           running: Callable[[], bool]) -> None:
+           running: Callable[[], bool], keep_alive: float = KEEP_ALIVE) -> None:
     """Write every answer numbered after ``since`` as an event, as they come, while
     ``running()``; returns when it is not, and raises when ``write`` does (the reader left)."""
     last = since
@@ -106,5 +106,5 @@ def follow(recent: RecentResults, since: int, write: Callable[[bytes], None],
             last = r["seq"]
         if page.results:
             continue  # (there may be more than a page)
-        if not recent.wait_after(last, KEEP_ALIVE):
+        if not recent.wait_after(last, keep_alive):
             write(b": keep-alive\n\n")  # an idle stream still tells a dead reader apart

@@ -12,6 +12,7 @@ from __future__ import annotations
 import bisect
 import collections
 import heapq
+import json
 import logging
 import os
 import threading
@@ -103,9 +104,14 @@ class RecentResults(ResultSink):
         # Results as they are (immutable): made into dicts when read, not for every frame.
         self._ring: collections.deque[Result] = collections.deque(maxlen=size)
         self._changed = threading.Condition()  # guards the ring; notified on every result
+        # The seq of the newest answer the ring let go (None: none yet). Answer numbers have
+        # holes (a restart's jump, the clock start), so only this says what a reader missed.
+        self._evicted: int | None = None
 
     def publish(self, result: Result) -> None:
         with self._changed:
+            if len(self._ring) == self._ring.maxlen and self._ring[0].seq is not None:
+                self._evicted = self._ring[0].seq
             self._ring.append(result)
             self._changed.notify_all()
 
@@ -119,30 +125,32 @@ class RecentResults(ResultSink):
         """The kept answers numbered after ``seq``, in seq order: the first ``limit`` of them
         (all without one), and whether some after ``seq`` are no longer kept (``gap``)."""
         with self._changed:
-            kept = list(self._ring)
+            kept, evicted = list(self._ring), self._evicted
         numbered = [r for r in kept if r.seq is not None]
         start = bisect.bisect_right(numbered, seq, key=_seq)
         page = numbered[start:] if limit is None else numbered[start:start + limit]
         oldest = numbered[0].seq if numbered else None
         latest = numbered[-1].seq if numbered else None
         # A consumer further behind than the ring is told so, never handed a silent gap.
-        gap = oldest is not None and seq + 1 < oldest
+        gap = evicted is not None and seq < evicted
         return ResultsPage([r.to_dict() for r in page], oldest, latest, gap)
 
-    def keep(self, path: Path) -> None:
-        """Write the kept results to ``path`` (JSON lines, atomically), for :meth:`restore`."""
+    def save(self, path: Path) -> None:
+        """Write the kept results to ``path`` (JSON lines, atomically), for :meth:`load`: first
+        a line saying the newest seq let go, then the results."""
         with self._changed:
-            kept = list(self._ring)
+            kept, evicted = list(self._ring), self._evicted
         tmp = path.with_suffix(".tmp")
         try:
             with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps({"evicted_seq": evicted}) + "\n")
                 f.writelines(r.to_json().decode() + "\n" for r in kept)
             os.replace(tmp, path)
         except OSError as e:  # the results went out already: only a late reader loses them
             log.error("cannot keep the recent results in %s: %s", path, e)
 
-    def restore(self, path: Path, below: int) -> None:
-        """Take back the results :meth:`keep` wrote (those numbered below ``below``, this
+    def load(self, path: Path, below: int) -> None:
+        """Take back the results :meth:`save` wrote (those numbered below ``below``, this
         run's first; a line that is not a valid result is skipped)."""
         try:
             lines = path.read_text(encoding="utf-8").splitlines()
@@ -152,6 +160,7 @@ class RecentResults(ResultSink):
             log.error("cannot read the recent results in %s: %s", path, e)
             return
         restored, last = [], -1
+        evicted = _evicted_seq(lines[0]) if lines else None
         for line in lines[-(self._ring.maxlen or len(lines)):]:
             try:
                 r = Result.from_json(line)
@@ -162,6 +171,7 @@ class RecentResults(ResultSink):
                 last = r.seq
         with self._changed:
             self._ring.extendleft(reversed(restored))
+            self._evicted = evicted
         if restored:
             log.info("%d recent results of the edge's previous run taken back from %s",
                      len(restored), path)
@@ -190,3 +200,12 @@ def _frame(result: Result) -> int:
 
 def _seq(result: Result) -> int:
     return result.seq or 0
+
+
+def _evicted_seq(line: str) -> int | None:
+    """The first line :meth:`RecentResults.save` writes: the newest seq the ring let go."""
+    try:
+        value = json.loads(line).get("evicted_seq") if line.startswith("{\"evicted") else None
+    except (ValueError, AttributeError):
+        return None
+    return value if type(value) is int and value >= 0 else None

@@ -226,18 +226,21 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
                        agreement)
 
 
-def calibration_budget(s_tolerance: float, s_agreement: float, s_max_bytes: float,
+def calibration_budget(tolerance: float, agreement: float, max_bytes: float,
                        recorded: Mapping) -> tuple[float, float, float | None]:
-    """``(tolerance, agreement, max_bytes)`` a federation calibrates its version by: what it
-    was told (``max_bytes`` above 0: a byte budget; ``tolerance`` or ``agreement`` 0 or above),
-    else the budget the starting bundle was calibrated by (``recorded``: its manifest's
-    ``calibration``), so a version keeps its bundle's objective: a byte budget stays one."""
-    if s_max_bytes > 0:
-        return 0.0, AGREEMENT if s_agreement < 0 else s_agreement, s_max_bytes
-    if s_tolerance < 0 and recorded.get("max_bytes") is not None:
+    """``(tolerance, agreement, max_bytes)`` a federation calibrates its version by: the ones
+    it was given (``max_bytes`` above 0: a byte budget; a ``tolerance`` or ``agreement`` of 0
+    or above), else the budget the starting bundle was calibrated by (``recorded``: its
+    manifest's ``calibration``), so a version keeps its bundle's objective: a byte budget
+    stays one."""
+    if max_bytes > 0:
+        return 0.0, AGREEMENT, max_bytes
+    if tolerance < 0 and recorded.get("max_bytes") is not None:
         return 0.0, AGREEMENT, float(recorded["max_bytes"])
-    tolerance = s_tolerance if s_tolerance >= 0 else float(recorded.get("tolerance") or 0.0)
-    agreement = s_agreement if s_agreement >= 0 else float(recorded.get("agreement", AGREEMENT))
+    if tolerance < 0:
+        tolerance = float(recorded.get("tolerance") or 0.0)
+    if agreement < 0:
+        agreement = float(recorded.get("agreement", AGREEMENT))
     return tolerance, agreement, None
 
 

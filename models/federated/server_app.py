@@ -254,7 +254,7 @@ def _screened(answers: dict[int, RecordDict], grid: int, views: int, detail: int
 
 def _calibrate(total, cost, s: FederationSettings, recorded: Mapping):
     """The new version's calibration by its budget; a byte budget no point meets (the model
-    changed) falls back to the tolerance rule, with a warning, rather than losing the run."""
+    changed) takes the cheapest point, with a warning, rather than losing the run."""
     from ddnn.models.federated.calibration import calibrate_counts, calibration_budget
 
     tolerance, agreement, max_bytes = calibration_budget(s.tolerance, s.agreement, s.max_bytes,
@@ -263,7 +263,8 @@ def _calibrate(total, cost, s: FederationSettings, recorded: Mapping):
         try:
             return calibrate_counts(total, cost, max_bytes=max_bytes)
         except ConfigError as e:
-            log.warning("%s: calibrating by accuracy instead (tolerance %g)", e, tolerance)
+            log.warning("%s: the new version takes the cheapest point instead", e)
+            return calibrate_counts(total, cost, tolerance=1.0, agreement=0.0)
     return calibrate_counts(total, cost, tolerance, agreement)
 
 

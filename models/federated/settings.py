@@ -66,9 +66,12 @@ class FederationSettings:
             if value != -1.0 and not 0.0 <= value <= 1.0:
                 raise ConfigError(f"{name} must lie in [0, 1] (-1: the starting bundle's), got "
                                   f"{value}")
-        if self.max_bytes < 0 or (self.max_bytes > 0 and self.tolerance >= 0):
-            raise ConfigError("max_bytes must be positive (0: none), and not given with a "
-                              "tolerance: a version is calibrated by one budget")
+        if not 0 <= self.max_bytes < float("inf"):
+            raise ConfigError(f"max_bytes must be a positive number of bytes (0: none), got "
+                              f"{self.max_bytes}")
+        if self.max_bytes > 0 and max(self.tolerance, self.agreement) >= 0:
+            raise ConfigError("give --max-bytes or --tolerance/--agreement, not both: a version "
+                              "is calibrated by one budget")
         if self.grid < 2 or self.threads < 1:
             raise ConfigError("grid >= 2, threads >= 1")
 

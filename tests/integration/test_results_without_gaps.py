@@ -30,6 +30,17 @@ class Consumer(threading.Thread):
         self.url, self.got, self.last = url, [], -1
         self.stop = threading.Event()
         self.failures = 0
+        self.error: BaseException | None = None  # what ended the thread, re-raised by check()
+
+    def run(self) -> None:
+        try:
+            self.consume()
+        except BaseException as e:  # an assertion in this thread: the test says it
+            self.error = e
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
 
     def take(self, result: dict) -> None:
         self.got.append(result)
@@ -39,7 +50,7 @@ class Consumer(threading.Thread):
 class Pager(Consumer):
     """Pages ``?since=`` every 0.1 s, as the docs say."""
 
-    def run(self) -> None:
+    def consume(self) -> None:
         with httpx.Client(timeout=5) as client:
             while not self.stop.wait(0.1):
                 try:
@@ -63,7 +74,7 @@ class Follower(Consumer):
         super().__init__(url)
         self.drop_after, self.connections = drop_after, []  # (url, events before it)
 
-    def run(self) -> None:
+    def consume(self) -> None:
         while not self.stop.is_set():
             try:
                 self._follow()
@@ -124,8 +135,12 @@ def test_a_pager_and_a_stream_get_every_answer_once_across_reconnects_and_restar
             wait_for(lambda: first_run + edge.agg.answered >= frames, 60, "every frame answered")
             published = [json.loads(line) for line in out.read_text().splitlines()]
             last = published[-1]["seq"]
-            wait_for(lambda: pager.last == last and follower.last == last, 30,
-                     "both consumers caught up")
+            def caught_up() -> bool:
+                pager.check()
+                follower.check()
+                return pager.last == last and follower.last == last
+
+            wait_for(caught_up, 30, "both consumers caught up")
         finally:
             pager.stop.set()
             follower.stop.set()
