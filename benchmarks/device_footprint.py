@@ -147,7 +147,7 @@ def agent(python: Sequence[str], bundle: Path, data: Path, broker: str, frames: 
     proc = subprocess.Popen(
         [*python, "-m", "ddnn", "device", "--bundle", str(bundle.resolve()), "--broker", broker,
          "--view", "0", "--data", str(data.resolve()), "--fps", "200", "--limit", str(frames),
-         "--grace", "0.5", "--threads", "1", "--wait-peers", "0"],
+         "--grace", "0.5", "--threads", "1", "--wait-peers", "0", "--max-lag-ms", "0"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=AWAY,
     )
     watch = MemoryWatch(proc, emulated).start()

@@ -258,6 +258,8 @@ class DeviceAgent:
         devices given the same time capture frame n together.
         """
         period = 1.0 / self.settings.fps if self.settings.fps > 0 else 0.0
+        lag = self.settings.max_lag_ms / 1000
+        max_lag = max(lag, period) if period and lag > 0 else float("inf")  # (inf: never skip)
         start = time.time()
         start_at = self.settings.start_at if start_at is None else start_at
         if start_at is not None:
@@ -273,10 +275,10 @@ class DeviceAgent:
             delay = due - time.time()
             if delay > 0 and stop.wait(delay):
                 return
-            if period and delay <= -period and not is_absent(image):
-                # The next frame is due already: this one can no longer be on time. Drop it, as
-                # a camera's leaky queue does, and say so: the lag never grows. (An absent view
-                # costs no inference: it is said as such.)
+            if -delay > max_lag and not is_absent(image):
+                # This frame can no longer be on time: drop it, as a camera's leaky queue does,
+                # and say so; the lag never grows past max_lag. (An absent view costs no
+                # inference: it is said as such.)
                 self.skip(frame, due)
                 continue
             # (its capture time is its slot in the schedule: a late answer's latency says so)

@@ -139,18 +139,24 @@ class OutboxPolicy:
 
 @dataclass(frozen=True, kw_only=True)
 class ReplayTiming:
-    """How a replay starts (together with its peers) and how long it lingers at its end."""
+    """How a replay starts (together with its peers), how far behind its schedule it may fall,
+    and how long it lingers at its end."""
 
     wait_peers: float = 30.0  # seconds to wait for the edge and the peers; 0: do not
     peers: tuple[str, ...] = ()  # devices to wait for; empty: every view's default id
     start_at: float | None = None  # Unix time of the first frame: cameras triggered together
     grace: float = 2.0  # seconds to keep answering pulls after the last frame
     drain_timeout: float = 60.0  # longest wait to deliver the outbox after the last frame
+    # How late (ms) a frame may start before it is skipped (said so to the edge): a device
+    # slower than its --fps stays this close to the present instead of falling behind without
+    # bound; at least one frame period; 0: never skip (a replay that must deliver every frame).
+    # Half the edge's default latency budget (--max-wait-ms 1000): its views are still fused.
+    max_lag_ms: float = 500.0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "peers", tuple(check_name("peer device id", p)
                                                 for p in self.peers))
-        _at_least(self, {"wait_peers": 0, "grace": 0})
+        _at_least(self, {"wait_peers": 0, "grace": 0, "max_lag_ms": 0})
         if self.start_at is not None and self.start_at < 0:
             raise ConfigError(f"start_at must not be negative, got {self.start_at}")
         if self.drain_timeout <= 0:
@@ -345,6 +351,10 @@ OPTIONS = (
                "seconds to keep answering pulls after the last frame of a replay"),
         Option("drain-timeout", float, "S",
                "longest wait in seconds to deliver what is queued after the last frame"),
+        Option("max-lag-ms", float, "MS",
+               "replays at --fps: a frame due longer ago than this (at least one frame period) "
+               "is skipped and the edge told so, so a device slower than its frame rate stays "
+               "current instead of falling behind; 0: never skip"),
     ))),
     *section("Over-the-air updates", (
         *grouped("updates", UPDATE_OPTIONS),

@@ -56,7 +56,9 @@ class Hierarchy:
             ddnn_process(["device", "--bundle", str(bundle), "--broker", broker, "--view",
                           str(v), "--data", str(data), "--fps", str(fps), "--deployment",
                           "e2e", "--wait-peers", "60", "--grace", "1", "--keepalive", "1",
-                          "--reconnect-max", "1", *device_args], tmp / f"device{v}.log")
+                          "--reconnect-max", "1",
+                          # every frame, however late: the answers are compared frame by frame
+                          "--max-lag-ms", "0", *device_args], tmp / f"device{v}.log")
             for v in range(views)
         ]
 
