@@ -118,7 +118,7 @@ def test_a_pager_and_a_stream_get_every_answer_once_across_reconnects_and_restar
     with real_cloud(bundle) as cloud:
         edge = Edge(bundle, mosquitto.url, cloud.url, **settings)
         current = {"url": edge.service.http.url}
-        pager, follower = Pager(lambda: current["url"]), Follower(lambda: current["url"], 25)
+        pager, follower = Pager(lambda: current["url"]), Follower(lambda: current["url"], 5)
         pager.start()
         follower.start()
         devices = threading.Thread(target=run_devices, args=(bundle, tiny_data.test,

@@ -115,7 +115,8 @@ def test_each_model_lists_one_form_of_the_features():
                         "unpacked_datatype": "FP32", "unpacked_shape": [-1, *SAMPLE]}}]
     plain = CloudModel(_Runtime("binary")).metadata(["1"])  # type: ignore[arg-type]
     assert plain["name"] == "m-cloud" and plain["inputs"] == [
-        {"name": "edge_features", "datatype": "FP32", "shape": [-1, *SAMPLE]}]
+        {"name": "edge_features", "datatype": "FP32", "shape": [-1, *SAMPLE],
+         "parameters": {"range": [-1.0, 1.0]}}]  # (binary features decode to ±1)
     int8 = _model("int8").metadata(["1"])["inputs"][0]
     assert int8["shape"] == [-1, 4 + 1024] and int8["parameters"]["codec"] == "int8"
     assert [CloudPackedModel.serves(SimpleNamespace(kind="ddnn", codec={"edge_features": c}))
