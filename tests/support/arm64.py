@@ -113,7 +113,9 @@ def live_replay(userland: Userland, work: Path, bundle: Path, data: Path) -> dic
     results = work / "results.jsonl"
     device = ["device", "--bundle", str(bundle), "--data", str(data), "--fps", str(FPS),
               "--deployment", DEPLOYMENT, "--wait-peers", "300", "--grace", "1",
-              "--threads", "1"]
+              "--threads", "1",
+              # every frame, however late (an emulated device is slow): compared frame by frame
+              "--max-lag-ms", "0"]
     # The devices' spools (on by default) in this run's folder, never the user's state.
     os.environ["XDG_STATE_HOME"] = state = str(work / "state")
     procs: list[subprocess.Popen] = []
