@@ -72,19 +72,8 @@ def fedavg(sites):
 
     private, public = generate_keypair(root / "keys")
     out = root / "fedavg"
-    proc = _ddnn("federate", "--bundle", str(start), "--site", str(paths[0]), "--site",
-                 str(paths[1]), "--out", str(out), "--key", str(private), "--json", *ROUNDS,
-                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        stdout, stderr = proc.communicate(timeout=800)
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            proc.wait(60)
-    assert proc.returncode == 0, stderr[-3000:]
-    lines = stdout.strip().splitlines()
-    assert len(lines) == 1, stdout  # --json: one line, nothing else on stdout
-    return json.loads(lines[0]), out, public
+    result = _federate(start, paths, out, "--key", str(private), timeout=800)
+    return result, out, public
 
 
 def test_fedavg_on_one_machine_improves_the_bundle_and_signs_the_next_version(fedavg, sites):
@@ -251,19 +240,23 @@ def test_a_flower_user_runs_the_app_with_flwr_run_on_their_own_superlink(sites, 
     assert bundle.manifest.training["federation"]["rounds"] == 1
 
 
-def _federate(start: Path, sites: list[Path], out: Path, *extra: str) -> dict:
+def _federate(start: Path, sites: list[Path], out: Path, *extra: str,
+              timeout: float = 1200) -> dict:
+    """One `ddnn federate --json` run on this machine; its one line of JSON."""
     given = [a for p in sites for a in ("--site", str(p))]
     proc = _ddnn("federate", "--bundle", str(start), *given, "--out", str(out), "--json", *ROUNDS,
                  *extra,
                  stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
-        stdout, stderr = proc.communicate(timeout=1200)
+        stdout, stderr = proc.communicate(timeout=timeout)
     finally:
         if proc.poll() is None:
             proc.terminate()
             proc.wait(60)
     assert proc.returncode == 0, stderr[-3000:]
-    return json.loads(stdout.strip().splitlines()[-1])
+    lines = stdout.strip().splitlines()
+    assert len(lines) == 1, stdout  # --json: one line, nothing else on stdout
+    return json.loads(lines[0])
 
 
 @pytest.mark.timeout(2400)  # two federations of four sites, one with four times the data
