@@ -118,6 +118,13 @@ DEVICE_FOOTPRINT = Spec(
               (f"memory/{k}/this_tree/agent_over_floor_mib",
                f"memory/{k}/baseline_*/agent_over_floor_mib"))
           for a, k in (("x86-64", "x86_64"), ("aarch64 emulated", "aarch64_emulated"))),
+        *(Row(f"agent's own CPU per frame, {a} (ms) vs older commit",
+              (f"memory/{k}/this_tree/per_frame/own_cpu_ms",
+               f"memory/{k}/baseline_*/per_frame/own_cpu_ms"))
+          for a, k in (("x86-64", "x86_64"), ("aarch64 emulated", "aarch64_emulated"))),
+        Row("aarch64 emulated agent at 10 fps: share of frames delivered vs older commit",
+            ("memory/aarch64_emulated/this_tree/ten_fps/delivered_share",
+             "memory/aarch64_emulated/baseline_*/ten_fps/delivered_share")),
         Row("device segment file (B) vs a raw 8-bit frame",
             ("segment_file_bytes", "raw_frame_bytes")),
         Row("device segment per frame, one thread, p50 (ms)",

@@ -32,6 +32,7 @@ LEVEL_BITS = {"bits2": 2, "bits4": 4}  # few-bit codecs: bits per value
 MAX_ELEMENTS = 1 << 24
 
 _SCALE = struct.Struct("<f")
+_FLOAT16_MAX = float(np.finfo(np.float16).max)
 
 
 def _elements(shape: tuple[int, ...]) -> int:
@@ -43,12 +44,21 @@ def _elements(shape: tuple[int, ...]) -> int:
     return n
 
 
-def _level_bits(x: np.ndarray, k: int) -> np.ndarray:
-    """Values (n,) → bits (n * k,) of each value's nearest level index, most significant first."""
+def _level_bytes(x: np.ndarray, k: int) -> bytes:
+    """Values (n,) → each value's nearest level index in ``k`` bits, most significant first,
+    packed ``8 // k`` indices a byte (the last byte zero-padded): what ``np.packbits`` of the
+    indices' bits gives, without spelling out the bits (a tenth of the work on a device)."""
     steps = 2**k - 1
-    index = np.clip(np.rint((np.clip(x, -1.0, 1.0) + 1.0) * (steps / 2)), 0, steps)
-    shifts = np.arange(k - 1, -1, -1, dtype=np.uint8)
-    return ((index.astype(np.uint8)[:, None] >> shifts) & 1).astype(np.uint8).ravel()
+    index = np.rint((np.clip(x, -1.0, 1.0) + 1.0) * (steps / 2)).astype(np.uint8)
+    per = 8 // k
+    pad = -len(index) % per
+    if pad:
+        index = np.concatenate([index, np.zeros(pad, np.uint8)])
+    index = index.reshape(-1, per)
+    packed = index[:, 0] << (8 - k)
+    for j in range(1, per):
+        packed |= index[:, j] << (8 - k * (j + 1))
+    return packed.tobytes()
 
 
 def _levels(bits: np.ndarray, k: int) -> np.ndarray:
@@ -104,13 +114,14 @@ class FeatureCodec:
     def encode(self, x: np.ndarray) -> bytes:
         """Pack a float tensor; raises :class:`CodecError` on NaN or infinity."""
         x = np.asarray(x, dtype=np.float32)
-        _elements(x.shape)
+        if x.size > MAX_ELEMENTS:  # (an array's shape is valid: only its size is checked)
+            raise CodecError(f"tensor of {x.size} elements exceeds the limit of {MAX_ELEMENTS}")
         if not np.isfinite(x).all():
             raise CodecError("cannot encode a tensor with NaN or infinite values")
         if self.kind == "binary":
             return np.packbits((x > 0).ravel()).tobytes()
         if self.kind in LEVEL_BITS:
-            return np.packbits(_level_bits(x.ravel(), LEVEL_BITS[self.kind])).tobytes()
+            return _level_bytes(x.ravel(), LEVEL_BITS[self.kind])
         if self.kind == "int8":
             peak = float(np.abs(x).max()) if x.size else 0.0
             # The scale is stored as float32: keep it a normal number even for subnormal peaks.
@@ -118,7 +129,7 @@ class FeatureCodec:
             q = np.clip(np.rint(x / np.float32(scale)), -127, 127).astype(np.int8)
             return _SCALE.pack(scale) + q.tobytes()
         if self.kind == "float16":
-            if x.size and float(np.abs(x).max()) > float(np.finfo(np.float16).max):
+            if x.size and float(np.abs(x).max()) > _FLOAT16_MAX:
                 raise CodecError("value out of float16 range; use float32 or int8")
             return x.astype("<f2").tobytes()
         return x.astype("<f4").tobytes()

@@ -22,6 +22,7 @@ anything else, so a receiver can count and drop a bad message with one ``except`
 from __future__ import annotations
 
 import enum
+import functools
 import math
 import struct
 import time
@@ -112,7 +113,7 @@ class Envelope:
         if self.codec is None:
             raise DecodeError(f"{self.kind.name.lower()} message carries no tensor")
         try:
-            return FeatureCodec(self.codec).decode(self.payload, tuple(shape))
+            return _codec(self.codec).decode(self.payload, tuple(shape))
         except DecodeError:
             raise
         except CodecError as e:
@@ -139,12 +140,20 @@ def pack(
         raise CodecError("give both a tensor and its codec, or neither")
     if len({model is None, deployment is None, device is None}) != 1:
         raise CodecError("give the model, deployment and device together, or none of them")
-    payload = b"" if tensor is None else FeatureCodec(codec).encode(tensor)
+    payload = b"" if tensor is None else _codec(codec).encode(tensor)
     ts = time.time() if timestamp is None else float(timestamp)
     deflate = deflate and bool(payload)
-    row = FeatureCodec(codec).row_bytes(np.shape(tensor)) if deflate else 0
-    return Envelope(MessageType(kind), version, int(frame), ts, codec, payload, model,
-                    deployment, device, deflate, row)
+    row = _codec(codec).row_bytes(np.shape(tensor)) if deflate else 0
+    kind = kind if type(kind) is MessageType else MessageType(kind)
+    return Envelope(kind, version, int(frame), ts, codec, payload, model, deployment, device,
+                    deflate, row)
+
+
+@functools.cache
+def _codec(kind: str) -> FeatureCodec:
+    """One codec object per kind (a device packs a few messages a frame); an unknown kind
+    raises, and is not kept."""
+    return FeatureCodec(kind)
 
 
 def encode(env: Envelope) -> bytes:

@@ -51,19 +51,21 @@ class SegmentRunner:
         self.spec = spec
         self._session = _session(path, threads)
         self._outputs = [t.name for t in spec.outputs]
+        # Worked out once: a device calls this every frame.
+        self._inputs = [(t.name, t.sample_shape) for t in spec.inputs]
 
     def __call__(self, **inputs: np.ndarray) -> dict[str, np.ndarray]:
         feeds = {}
-        for t in self.spec.inputs:
-            if t.name not in inputs:
-                raise ConfigError(f"segment {self.spec.file} needs input {t.name!r}")
-            x = np.ascontiguousarray(inputs[t.name], dtype=np.float32)
-            if x.shape[1:] != t.sample_shape:
+        for name, sample_shape in self._inputs:
+            if name not in inputs:
+                raise ConfigError(f"segment {self.spec.file} needs input {name!r}")
+            x = np.ascontiguousarray(inputs[name], dtype=np.float32)
+            if x.shape[1:] != sample_shape:
                 raise ConfigError(
-                    f"segment {self.spec.file} input {t.name!r} must have per-sample shape "
-                    f"{t.sample_shape}, got {x.shape[1:]}"
+                    f"segment {self.spec.file} input {name!r} must have per-sample shape "
+                    f"{sample_shape}, got {x.shape[1:]}"
                 )
-            feeds[t.name] = x
+            feeds[name] = x
         results = self._session.run(self._outputs, feeds)
         return dict(zip(self._outputs, results, strict=True))
 

@@ -77,11 +77,11 @@ class DeviceAgent:
         self.threshold = m.policy.with_overrides(
             local=settings.local_threshold).threshold("local")
         self.stats = DeviceStats()
-        # frame -> its encoded features message (None in push mode: they went up) and, where
-        # the bundle escalates, its detail message, encoded only if pulled (coding a detail
-        # costs about 30 µs, and most frames never escalate)
+        # frame -> its features message (None in push mode: they went up) and, where the
+        # bundle escalates, its detail message: their tensors packed, each message encoded
+        # only if pulled (most frames never are: coding a detail costs about 30 µs)
         self._features: collections.OrderedDict[
-            int, tuple[bytes | None, env.Envelope | None]] = collections.OrderedDict()
+            int, tuple[env.Envelope | None, env.Envelope | None]] = collections.OrderedDict()
         # (frame, what was pulled) -> (when, connection number) it was last sent on a pull
         self._answered: dict[tuple[int, MessageType], tuple[float, int]] = {}
         # The transport's count of connections to the broker (MqttClient.connects): a pull
@@ -153,14 +153,15 @@ class DeviceAgent:
                               deflate=True, **self._ids)
         push = self.settings.mode == "push"  # the features go up with the scores, unasked
         if not push or detail is not None:
-            self._keep(frame, None if push else env.encode(feat_msg), detail)
+            self._keep(frame, None if push else feat_msg, detail)
         self._queue("scores", env.pack(MessageType.SCORES, frame=frame, timestamp=ts,
                                        tensor=scores, codec=m.codec["scores"], **self._ids))
         if push:
             self._queue("features", feat_msg)
 
-    def _keep(self, frame: int, features: bytes | None, detail: env.Envelope | None) -> None:
-        """Keep a frame's encoded features and detail messages for the edge's pulls."""
+    def _keep(self, frame: int, features: env.Envelope | None, detail: env.Envelope | None
+              ) -> None:
+        """Keep a frame's features and detail messages for the edge's pulls."""
         with self._lock:
             self._features[frame] = (features, detail)
             while len(self._features) > self.settings.keep:
@@ -236,8 +237,7 @@ class DeviceAgent:
                 log.warning("ignoring a repeated pull for frame %d, answered %.1f s ago (logged "
                             "once; counted)", req.frame, now - last[0])  # type: ignore[index]
             return
-        if isinstance(data, env.Envelope):  # a detail, coded now that it is pulled
-            data = env.encode(data)
+        data = env.encode(data)  # (coded now that it is pulled)
         # (the detail travels on the features topic: the edge tells them apart by type)
         self._emit(OutMessage("features", data, req.frame))
         self.stats.pulls_answered += 1

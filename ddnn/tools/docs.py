@@ -3,7 +3,9 @@
 - ``docs/result.schema.json``: the JSON schema of a result (:func:`ddnn.result.json_schema`);
 - the options tables of ``ddnn device``, ``ddnn gateway``, ``ddnn edge`` and ``ddnn cloud``,
   between ``<!-- options:NAME -->`` and ``<!-- /options:NAME -->`` in the docs, from each
-  command's options table (``OPTIONS`` beside its settings class).
+  command's options table (``OPTIONS`` beside its settings class);
+- the device budget, between ``<!-- device-budget -->`` and ``<!-- /device-budget -->``, from
+  :mod:`ddnn.benchmarks.device_budget` (what the footprint benchmark checks).
 
 ``--check`` writes nothing and exits 1 when a generated part is stale (the tests run it).
 """
@@ -45,6 +47,12 @@ def generated(docs: Path = DOCS) -> dict[Path, str]:
             if pattern.search(text):
                 table = options_table(tier)
                 text = pattern.sub(lambda m, t=table: m.group(1) + t + m.group(2), text)
+        budget = re.compile(r"(<!-- device-budget -->\n).*?(<!-- /device-budget -->)", re.S)
+        if budget.search(text):
+            from ddnn.benchmarks.device_budget import markdown_table
+
+            table = markdown_table()
+            text = budget.sub(lambda m, t=table: m.group(1) + t + m.group(2), text)
         if text != original:
             out[page] = text
     return out

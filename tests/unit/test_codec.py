@@ -109,6 +109,16 @@ def test_few_bit_codecs_round_to_the_nearest_level_never_zero(bits, x):
     assert np.all(out != 0) and np.all(np.abs(out) <= 1)
 
 
+@pytest.mark.parametrize("bits", [2, 4])
+@given(x=arrays(np.float32, shapes, elements=st.floats(-1.5, 1.5, width=32)))
+def test_few_bit_payload_is_each_level_index_bit_by_bit(bits, x):
+    # The wire format, spelled out: each value's nearest level index in `bits` bits, most
+    # significant first, all of them through np.packbits (the encoder packs whole indices).
+    index = np.rint((np.clip(x.ravel(), -1, 1) + 1) * ((2**bits - 1) / 2)).astype(np.uint8)
+    spelled = (index[:, None] >> np.arange(bits - 1, -1, -1, dtype=np.uint8)) & 1
+    assert FeatureCodec(f"bits{bits}").encode(x) == np.packbits(spelled.ravel()).tobytes()
+
+
 def test_few_bit_codecs_match_the_training_quantizer():
     torch = pytest.importorskip("torch")
     from ddnn.models.network import Quantize
