@@ -62,7 +62,8 @@ RECORDING_OPTIONS = (
     Option("experience", path, "DIR",
            "record experience into DIR for ddnn federate: for each frame the cloud answered, "
            "the device features the edge fused and the cloud's answer (soft label); device "
-           "features only, never images (opt-in; needs --cloud)", key="directory"),
+           "features only, never images (opt-in; needs --cloud, or --operator-token for "
+           "operators' labels only)", key="directory"),
     Option("experience-max-mb", float, "MB",
            "the experience directory's budget: past it the oldest chunks are deleted",
            key="max_mb"),
