@@ -14,11 +14,16 @@ renamed, so a reader never sees half a chunk), each an ``.npz`` without pickles 
 - ``soft_label`` float32 ``(N, C)``: the cloud's class probabilities (softmax of its scores);
 - optional ``device_scores`` float16 ``(N, V, C)``: the devices' scores as sent (for the
   local exit, when it has weights);
-- ``meta``: a 0-d string, JSON: ``{"format": "ddnn-experience", "format_version": 1,
+- ``label`` int16 ``(N,)`` (format version 2): an operator's hard label (``POST /v1/feedback``,
+  :mod:`ddnn.edge.feedback`), the class index, or -1 where the frame has none; a labelled
+  frame's ``soft_label`` is that class's one-hot row, so a reader that knows only soft labels
+  learns the operator's answer too;
+- ``meta``: a 0-d string, JSON: ``{"format": "ddnn-experience", "format_version": 2,
   "model": {"name", "version"}, "classes": [...], "feature_shape": [F, h, w],
   "device_codec": ..., "created": ISO 8601}``.
 
-The oldest chunks are deleted first when the directory grows past its budget
+Version 1 chunks (no ``label``) still load, as frames without a hard label. The oldest chunks
+are deleted first when the directory grows past its budget
 (:func:`prune`). Numpy only: the edge writes it without torch.
 """
 
@@ -39,7 +44,9 @@ import numpy as np
 from ddnn.errors import DatasetError
 
 FORMAT = "ddnn-experience"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_VERSIONS = (1, 2)  # version 1: no hard labels
+NO_LABEL = -1  # ``label`` of a frame without a hard label
 PREFIX = "experience-"
 log = logging.getLogger("ddnn.experience")
 _seq = itertools.count()
@@ -47,13 +54,24 @@ _seq = itertools.count()
 
 @dataclass(frozen=True)
 class Experience:
-    """Recorded frames: features (float32), which views were fused, the cloud's soft labels."""
+    """Recorded frames: features (float32), which views were fused, the cloud's soft labels,
+    and the operators' hard labels (:data:`NO_LABEL` where none was given)."""
 
     features: np.ndarray  # float32 (N, V, F, h, w)
     present: np.ndarray  # bool (N, V)
     soft_label: np.ndarray  # float32 (N, C)
     device_scores: np.ndarray | None  # float32 (N, V, C), or None when not recorded
     classes: tuple[str, ...]
+    label: np.ndarray | None = None  # int64 (N,), NO_LABEL where none; None: all NO_LABEL
+
+    def __post_init__(self) -> None:
+        if self.label is None:
+            object.__setattr__(self, "label", np.full(self.num_samples, NO_LABEL, np.int64))
+
+    @property
+    def labelled(self) -> np.ndarray:
+        """bool (N,): the frames an operator labelled."""
+        return np.asarray(self.label) != NO_LABEL
 
     @property
     def num_samples(self) -> int:
@@ -62,13 +80,17 @@ class Experience:
     def subset(self, index: np.ndarray) -> Experience:
         scores = None if self.device_scores is None else self.device_scores[index]
         return Experience(self.features[index], self.present[index], self.soft_label[index],
-                          scores, self.classes)
+                          scores, self.classes, np.asarray(self.label)[index])
 
 
 def write_chunk(directory: str | Path, features: np.ndarray, present: np.ndarray,
                 soft_label: np.ndarray, *, model: tuple[str, str], classes: list[str],
-                device_codec: str, device_scores: np.ndarray | None = None) -> Path:
-    """Write one chunk of experience into ``directory`` (atomically); returns its path."""
+                device_codec: str, device_scores: np.ndarray | None = None,
+                label: np.ndarray | None = None) -> Path:
+    """Write one chunk of experience into ``directory`` (atomically); returns its path.
+
+    ``label``: the hard labels (class index, :data:`NO_LABEL` for none; None: no frame has one).
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     meta = {
@@ -81,6 +103,8 @@ def write_chunk(directory: str | Path, features: np.ndarray, present: np.ndarray
         "features": np.asarray(features, dtype=np.float16),
         "present": np.asarray(present, dtype=bool),
         "soft_label": np.asarray(soft_label, dtype=np.float32),
+        "label": (np.full(len(features), NO_LABEL, np.int16) if label is None
+                  else np.asarray(label, dtype=np.int16)),
         "meta": np.array(json.dumps(meta)),
     }
     if device_scores is not None:
@@ -120,9 +144,12 @@ def _read_chunk(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
         raise DatasetError(f"{path.name}: not an experience chunk ({e})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise DatasetError(f"{path.name}: meta does not name the {FORMAT} format")
-    if meta.get("format_version") != FORMAT_VERSION:
-        raise DatasetError(f"{path.name}: format version {meta.get('format_version')!r} is not "
-                           f"{FORMAT_VERSION}")
+    version = meta.get("format_version")
+    if version not in READABLE_VERSIONS or isinstance(version, bool):
+        raise DatasetError(f"{path.name}: format version {version!r} is not one of "
+                           f"{READABLE_VERSIONS}")
+    if version == 1 and "label" in arrays:
+        raise DatasetError(f"{path.name}: a format version 1 chunk holds no label")
     return meta, arrays
 
 
@@ -145,6 +172,13 @@ def _check_chunk(path: Path, meta: dict, a: dict[str, np.ndarray]) -> None:
     if d is not None and d.shape != (*p.shape, s.shape[1]):
         raise DatasetError(f"{path.name}: device_scores {d.shape} should be "
                            f"{(*p.shape, s.shape[1])}")
+    y = a.get("label")
+    if y is not None:
+        if y.shape != (n,) or y.dtype.kind not in "iu":
+            raise DatasetError(f"{path.name}: label {y.shape} {y.dtype} should be integers ({n},)")
+        if ((y != NO_LABEL) & ((y < 0) | (y >= s.shape[1]))).any():
+            raise DatasetError(f"{path.name}: a label is not a class index (0..{s.shape[1] - 1}) "
+                               f"nor {NO_LABEL}")
 
 
 def read_experience(directory: str | Path, classes: tuple[str, ...] | None = None,
@@ -189,4 +223,7 @@ def read_experience(directory: str | Path, classes: tuple[str, ...] | None = Non
         device_scores=(np.concatenate([a["device_scores"] for a in parts]).astype(np.float32)
                        if with_scores else None),
         classes=names,
+        label=np.concatenate([a["label"].astype(np.int64) if "label" in a
+                              else np.full(len(a["features"]), NO_LABEL, np.int64)
+                              for a in parts]),
     )

@@ -34,6 +34,7 @@ from ddnn.edge.escalation import DetailPulls
 from ddnn.edge.event_log import EdgeLog
 from ddnn.edge.events import EdgeEvents, EventRunner
 from ddnn.edge.fanout import ResultFanout
+from ddnn.edge.feedback import AnsweredMemory, FeedbackDesk, FeedbackRoute
 from ddnn.edge.ingest import Ingest
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.path import FramePath
@@ -106,8 +107,10 @@ class EdgeAggregator:
                       if s.drift.monitoring else ExitAudit.off())
         recorder = (ExperienceRecorder(s.recording, events=events)
                     if s.recording.directory is not None else None)
+        operator = s.operator.token()
+        memory = AnsweredMemory() if operator is not None and recorder is not None else None
         self.answers = Answers(self.assembler, self.devices, self.fanout, events,
-                               audit=self.audit, recorder=recorder)
+                               audit=self.audit, recorder=recorder, memory=memory)
         self.cloud_stage = CloudStage(cloud, self.answers, events, batch=s.cloud_link.batch)
         requests = topics.requests(s.edge_id)
         self.pulls = (FeaturePulls(publish, requests, events, lambda: self.manifest)
@@ -122,6 +125,13 @@ class EdgeAggregator:
         self.ingest = Ingest(self.assembler, topics, self.devices, m, scheduler=self.scheduler,
                              events=events, counts=counts, pulls=self.pulls,
                              details=self.details)
+        # POST /v1/feedback: operators' labels, recorded with the frames' features.
+        self.feedback: FeedbackRoute | None = None
+        if memory is not None and recorder is not None and operator is not None:
+            desk = FeedbackDesk(memory, recorder, self.pulls, devices=self.devices,
+                                events=events, wait=s.feature_deadline)
+            self.ingest.feedback = desk
+            self.feedback = FeedbackRoute(desk, operator, events)
         events.on_bundle(m.name, m.version, running=True)
         metrics.before_render.append(counts.flush)
         self.lifecycle = self._lifecycle(recorder, counts)

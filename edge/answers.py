@@ -18,6 +18,7 @@ from ddnn.edge.assembler import Frame, FrameAssembler
 from ddnn.edge.audit import ExitAudit
 from ddnn.edge.events import EdgeEvents
 from ddnn.edge.fanout import ResultFanout
+from ddnn.edge.feedback import AnsweredMemory
 from ddnn.edge.pipeline import Exit, ToCloud
 from ddnn.edge.recorder import ExperienceRecorder
 from ddnn.result import Result, result_for, unanswered
@@ -28,9 +29,11 @@ class Answers:
 
     def __init__(self, assembler: FrameAssembler, devices: Sequence[str], fanout: ResultFanout,
                  events: EdgeEvents, *, audit: ExitAudit,
-                 recorder: ExperienceRecorder | None = None):
+                 recorder: ExperienceRecorder | None = None,
+                 memory: AnsweredMemory | None = None):
         self.assembler, self.devices, self.fanout = assembler, list(devices), fanout
         self.events, self.audit, self.recorder = events, audit, recorder
+        self.memory = memory  # the answered frames an operator may label (None: no feedback)
 
     def answer(self, f: Frame, answer: Exit | None, *, step: str, degraded: bool = False,
                finish: bool = True) -> None:
@@ -55,6 +58,9 @@ class Answers:
         # The bookkeeping after the result is out (a bad result leaves the frame unanswered).
         if finish:
             self.assembler.finish(f)
+            if self.memory is not None and f.pipeline is not None:
+                self.memory.remember(f.id, f.pipeline.manifest,
+                                     answer.views if answer else (), f.features)
         self.events.on_stage(step, handed - f.ready_at)
         self.events.on_answered(result, step, latency)
 

@@ -101,7 +101,8 @@ class FrameEvents:
 
 class LearningEvents:
     """What the edge observes of learning in the field: the exits checked against the cloud
-    (drift, ``--audit-rate``) and the experience recorded (``--experience``)."""
+    (drift, ``--audit-rate``), the experience recorded (``--experience``) and the operators'
+    feedback (``POST /v1/feedback``)."""
 
     def on_audit(self, exit: str) -> None:
         """A frame answered at the ``exit`` early exit and sent up for the cloud to check."""
@@ -120,6 +121,10 @@ class LearningEvents:
 
     def on_experience_size(self, size: int) -> None:
         """Bytes of recorded experience on disk."""
+
+    def on_feedback(self, outcome: str) -> None:
+        """An operator's ``POST /v1/feedback`` answered: ``recorded``, or why not
+        (:mod:`ddnn.edge.feedback`: ``unauthorized``, ``forbidden``, ``unknown``, ...)."""
 
 
 class Hook(Protocol):

@@ -3,7 +3,9 @@
 ``GET /metrics`` (Prometheus text), ``GET /healthz``, ``GET /v1/results?since=SEQ`` and
 ``GET /v1/results/stream`` (the answers, for tools without MQTT: :mod:`ddnn.edge.results_feed`),
 ``POST /v1/ingest`` (one message envelope, what a device
-publishes over MQTT) and ``POST /v1/results`` (a one-view device's own local-exit result).
+publishes over MQTT), ``POST /v1/results`` (a one-view device's own local-exit result) and
+``POST /v1/feedback`` (an operator's label for an answered frame: :mod:`ddnn.edge.feedback`,
+with the operator's token, never a device's).
 Standard library only: a threading server in a background thread.
 
 The POST routes take a bearer token (:mod:`ddnn.edge.credentials`): with per-device tokens, a
@@ -263,6 +265,9 @@ class EdgeHandler(BoundedHandler):
             self.streams.give_back()
 
     def do_POST(self) -> None:
+        if urllib.parse.urlsplit(self.path).path == "/v1/feedback":  # (the operator's token)
+            self._feedback()
+            return
         sender = self._sender()
         if sender is None:
             return
@@ -293,6 +298,29 @@ class EdgeHandler(BoundedHandler):
             self._json(413, {"error": f"body over {env.MAX_MESSAGE} bytes"})
             return None
         return self.rfile.read(length)
+
+    def _feedback(self) -> None:
+        """An operator's label (:mod:`ddnn.edge.feedback`)."""
+        route = self.agg.feedback
+        if route is None:
+            self.close_connection = True
+            self._json(404, {"error": "POST /v1/feedback is off: start the edge with "
+                                      "--operator-token and --experience"})
+            return
+        if not self.begin():  # (busy from here: a label may wait for pulled features)
+            return
+        try:
+            length: int | None = int(self.headers.get("Content-Length", "-1"))
+        except ValueError:
+            length = None
+        reply = route.post(self.headers.get("Authorization", "").encode("utf-8", "replace"),
+                           self.client_address[0], None if length is None or length < 0
+                           else length, self.rfile.read, self.credentials)
+        if reply.status in (401, 403, 429):
+            self.metrics.refused.inc(reason={401: "unauthorized", 403: "forbidden",
+                                             429: "rate"}[reply.status])
+        self.close_connection = self.close_connection or reply.close
+        self._json(reply.status, reply.body, reply.headers)
 
     def _ingest(self, body: bytes, sender: str) -> None:
         device = None if sender == ANY_DEVICE else sender

@@ -40,6 +40,7 @@ from ddnn.edge.assembler import Drop, Frame, FrameAssembler
 from ddnn.edge.counts import MessageCounts
 from ddnn.edge.escalation import DetailPulls
 from ddnn.edge.events import EdgeEvents
+from ddnn.edge.feedback import FeedbackDesk
 from ddnn.edge.pulls import FeaturePulls
 from ddnn.edge.scheduler import FrameScheduler
 from ddnn.edge.score_bounds import ScoreBounds
@@ -113,7 +114,8 @@ class Ingest:
     """Takes device messages for one deployment's devices (``devices[i]`` runs view ``i``),
     readying frames for ``scheduler``. ``pulls`` (None: the devices push their features) is
     asked again for what a device back online missed; ``details`` takes the pulled details of
-    escalated frames (None: none are pulled)."""
+    escalated frames (None: none are pulled); ``feedback`` (set when operators label frames)
+    the features pulled for a labelled frame."""
 
     def __init__(self, assembler: FrameAssembler, topics: Topics, devices: Sequence[str],
                  manifest: Manifest, *, scheduler: FrameScheduler, events: EdgeEvents,
@@ -123,6 +125,7 @@ class Ingest:
         self.devices = list(devices)
         self.views = {d: i for i, d in enumerate(self.devices)}
         self.events, self.pulls, self.details = events, pulls, details
+        self.feedback: FeedbackDesk | None = None  # takes features pulled for a label
         self.counts = counts or MessageCounts(events)
         self._routes: dict[str, tuple[str, str]] = {}  # topic -> (device, kind)
         self._skewed = LogThrottle()  # devices whose clock was found off (warned once each)
@@ -257,6 +260,9 @@ class Ingest:
             return f
         if e.kind == MessageType.FEATURES:
             x = self._tensor(e, m.codec["device_features"], self._feature_shape)
+            # (features pulled for an operator's label: their frame was answered long ago)
+            if self.feedback is not None and self.feedback.offer(view, e.frame, x):
+                return None
             return a.add_features(view, e.frame, x, captured, now)
         if e.kind == MessageType.DETAIL and m.escalated is not None and self.details:
             shape = (1, *m.devices[view].output("detail").sample_shape)

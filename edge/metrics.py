@@ -243,6 +243,9 @@ class LearningMetrics(EdgeEvents):
             ("outcome",))
         self.experience_bytes = r.gauge("ddnn_edge_experience_bytes",
                                         "Bytes of recorded experience on disk")
+        self.feedback = r.counter(
+            "ddnn_edge_feedback_total", "Operators' POST /v1/feedback, by outcome: recorded, or "
+            "why it was refused", ("outcome",))
         for thresholds in ("in_force", "configured"):
             self.agreement.set(math.nan, thresholds=thresholds)
         self.drift_alarm.set(0)
@@ -255,6 +258,7 @@ class LearningMetrics(EdgeEvents):
         for outcome in ("recorded", "dropped", "failed"):
             self.experience.zero(outcome=outcome)
         self.experience_bytes.set(0)
+        self.feedback.zero(outcome="recorded")
 
     def on_audit(self, exit: str) -> None:
         self.audits.inc(exit=exit)
@@ -277,3 +281,6 @@ class LearningMetrics(EdgeEvents):
 
     def on_experience_size(self, size: int) -> None:
         self.experience_bytes.set(size)
+
+    def on_feedback(self, outcome: str) -> None:
+        self.feedback.inc(outcome=outcome)

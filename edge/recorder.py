@@ -1,7 +1,10 @@
 """Experience recorded by the edge (``--experience DIR``): for every frame the cloud answered,
 the device features the edge fused and the cloud's answer as a soft label, in the format of
 :mod:`ddnn.experience`, for ``ddnn federate`` to learn from (the cloud teaches the layers above
-the device stem). Device features only: no image ever reaches the edge, so none is recorded.
+the device stem); and for every frame an operator labelled (``POST /v1/feedback``,
+:mod:`ddnn.edge.feedback`), its features with the hard label. Device features only: no image
+ever reaches the edge, so none is recorded. Labelled frames are written in chunks of their own
+as soon as the queue is empty (an operator's answer is rare and worth more than the cloud's).
 
 Off the frame path: the cloud stage hands each frame over with :meth:`ExperienceRecorder.put`
 (a reference to arrays it already holds, into a bounded queue; when the queue is full the
@@ -59,7 +62,8 @@ RECORDING_OPTIONS = (
     Option("experience", path, "DIR",
            "record experience into DIR for ddnn federate: for each frame the cloud answered, "
            "the device features the edge fused and the cloud's answer (soft label); device "
-           "features only, never images (opt-in; needs --cloud)", key="directory"),
+           "features only, never images (opt-in; needs --cloud, or --operator-token for "
+           "operators' labels only)", key="directory"),
     Option("experience-max-mb", float, "MB",
            "the experience directory's budget: past it the oldest chunks are deleted",
            key="max_mb"),
@@ -73,7 +77,13 @@ class Taught:
     manifest: Manifest  # of the bundle version the frame ran on
     features: Mapping[int, np.ndarray]  # view → its device features (decoded levels)
     scores: Mapping[int, Scores]  # view → the scores its device sent
-    cloud: np.ndarray  # (C,) the cloud's scores
+    cloud: np.ndarray | None  # (C,) the cloud's scores; None for a labelled frame
+    label: int = experience.NO_LABEL  # an operator's class index
+
+    @property
+    def key(self) -> tuple[str, str, bool]:
+        """Frames written together: one bundle version, labelled or taught by the cloud."""
+        return self.manifest.name, self.manifest.version, self.label != experience.NO_LABEL
 
 
 class ExperienceRecorder:
@@ -116,10 +126,23 @@ class ExperienceRecorder:
         except queue.Full:
             self.events.on_experience("dropped", 1)
 
+    def put_labelled(self, manifest: Manifest, features: Mapping[int, np.ndarray],
+                     label: int) -> bool:
+        """Hand over one frame an operator labelled with the class index ``label`` (any
+        thread; never blocks). False: the queue is full, the frame was not taken (counted)."""
+        if not 0 <= label < manifest.num_classes:
+            raise ValueError(f"label {label} is not a class index of {manifest.name}")
+        try:
+            self._queue.put_nowait(Taught(manifest, features, {}, None, label))
+        except queue.Full:
+            self.events.on_experience("dropped", 1)
+            return False
+        return True
+
     # --- the recorder's thread ---------------------------------------------------------------
 
     def _loop(self) -> None:
-        pending: dict[tuple[str, str], list[Taught]] = {}  # by bundle version
+        pending: dict[tuple[str, str, bool], list[Taught]] = {}  # by Taught.key
         since = time.monotonic()
         while not self._stop.is_set():
             with contextlib.suppress(queue.Empty):
@@ -136,14 +159,17 @@ class ExperienceRecorder:
         self._flush(pending, everything=True)
 
     @staticmethod
-    def _add(pending: dict[tuple[str, str], list[Taught]], t: Taught) -> None:
-        pending.setdefault((t.manifest.name, t.manifest.version), []).append(t)
+    def _add(pending: dict[tuple[str, str, bool], list[Taught]], t: Taught) -> None:
+        pending.setdefault(t.key, []).append(t)
 
-    def _flush(self, pending: dict[tuple[str, str], list[Taught]], everything: bool) -> None:
-        """Write every full chunk (``everything``: the rest too)."""
+    def _flush(self, pending: dict[tuple[str, str, bool], list[Taught]],
+               everything: bool) -> None:
+        """Write every full chunk (``everything``: the rest too; labelled frames: once the
+        queue is empty)."""
         for key, frames in list(pending.items()):
             size = chunk_frames(frames[0].manifest, self.max_bytes)
-            while len(frames) >= size or (frames and everything):
+            now = everything or (key[2] and self._queue.empty())
+            while len(frames) >= size or (frames and now):
                 self._write(frames[:size])
                 del frames[:size]
             if not frames:
@@ -153,10 +179,11 @@ class ExperienceRecorder:
         m = frames[0].manifest
         try:
             arrays = chunk_arrays(frames)
-            experience.write_chunk(self.directory, *arrays[:3], model=(m.name, m.version),
+            experience.write_chunk(self.directory, arrays.features, arrays.present,
+                                   arrays.soft_label, model=(m.name, m.version),
                                    classes=list(m.classes),
                                    device_codec=m.codec["device_features"],
-                                   device_scores=arrays[3])
+                                   device_scores=arrays.device_scores, label=arrays.label)
             experience.prune(self.directory, self.max_bytes)
         except (OSError, ValueError) as e:
             self.events.on_experience("failed", len(frames))
@@ -183,16 +210,28 @@ def chunk_frames(m: Manifest, max_bytes: int) -> int:
     return int(min(CHUNK_FRAMES, max(1, max_bytes // (8 * frame_bytes(m)))))
 
 
-def chunk_arrays(frames: list[Taught]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                np.ndarray | None]:
-    """``features``, ``present``, ``soft_label`` and ``device_scores`` (None unless every frame
-    has every fused view's scores) of a chunk, in :mod:`ddnn.experience`'s layout."""
+@dataclass(frozen=True)
+class ChunkArrays:
+    """A chunk's arrays in :mod:`ddnn.experience`'s layout."""
+
+    features: np.ndarray  # float16 (N, V, F, h, w)
+    present: np.ndarray  # bool (N, V)
+    soft_label: np.ndarray  # float32 (N, C)
+    device_scores: np.ndarray | None  # float16 (N, V, C); None unless every frame has them
+    label: np.ndarray  # int16 (N,), NO_LABEL where the frame has no hard label
+
+
+def chunk_arrays(frames: list[Taught]) -> ChunkArrays:
+    """A chunk's arrays: ``device_scores`` only when every frame has every fused view's
+    scores; the soft label of a labelled frame is its class's one-hot row."""
     m = frames[0].manifest
     shape = m.devices[0].output("features").sample_shape
     n, v, c = len(frames), m.views, m.num_classes
     features = np.zeros((n, v, *shape), np.float16)
     present = np.zeros((n, v), bool)
     scores = np.zeros((n, v, c), np.float16)
+    soft = np.zeros((n, c), np.float32)
+    label = np.full(n, experience.NO_LABEL, np.int16)
     with_scores = True
     for i, t in enumerate(frames):
         for view, f in t.features.items():
@@ -203,5 +242,8 @@ def chunk_arrays(frames: list[Taught]) -> tuple[np.ndarray, np.ndarray, np.ndarr
                 with_scores = False
             else:
                 scores[i, view] = np.ravel(s)
-    soft = softmax(np.stack([np.ravel(t.cloud) for t in frames])).astype(np.float32)
-    return features, present, soft, scores if with_scores else None
+        if t.cloud is None:
+            label[i], soft[i, t.label] = t.label, 1.0
+        else:
+            soft[i] = softmax(np.ravel(t.cloud)[None])[0]
+    return ChunkArrays(features, present, soft, scores if with_scores else None, label)

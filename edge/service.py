@@ -78,6 +78,10 @@ class EdgeService:
             access = s.http_access
             tokens = (load_http_tokens(access.http_tokens, devices) if access.http_tokens
                       else None)
+            route = self.aggregator.feedback
+            if route is not None and route.shares([access.http_token, *(tokens or {}).values()]):
+                raise ConfigError("the operator token is a device's token (--http-token or "
+                                  "--http-tokens): give the operator a token of its own")
             tls = server_tls(*access.tls) if access.tls is not None else None
             self.http = EdgeHttpServer(self.aggregator, s.http.host, s.http.port,
                                        access.http_token, tokens=tokens,

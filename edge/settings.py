@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ddnn.edge.drift import DRIFT_OPTIONS, DriftPolicy
+from ddnn.edge.feedback import OPERATOR_OPTIONS, OperatorAccess
 from ddnn.edge.recorder import RECORDING_OPTIONS, ExperienceRecording
 from ddnn.errors import ConfigError
 from ddnn.exits import check_threshold
@@ -211,7 +212,7 @@ class EdgeSettings:
 
     Checks that need the bundle (one device id per view) are made when the service is built.
     Option groups (``security``, ``updates``, ``cloud_link``, ``waits``, ``thresholds``,
-    ``drift``, ``recording``, ``http``, ``http_access``, ``results``, ``broker_link``,
+    ``drift``, ``recording``, ``operator``, ``http``, ``http_access``, ``results``, ``broker_link``,
     ``health``) keep their flat names as flags and variables, and in code too
     (:func:`ddnn.plumbing.options.bind`: ``EdgeSettings(cloud_timeout=5).cloud_timeout``).
     """
@@ -231,6 +232,7 @@ class EdgeSettings:
     thresholds: ExitOverrides = ExitOverrides()  # overrides of the bundle's exit thresholds
     drift: DriftPolicy = DriftPolicy()  # the exits checked against the cloud (edge.drift)
     recording: ExperienceRecording = ExperienceRecording()  # experience for ddnn federate
+    operator: OperatorAccess = OperatorAccess()  # who may label frames (POST /v1/feedback)
     http: MonitorHttp = MonitorHttp()  # the HTTP server (/metrics, /healthz, /v1/ingest)
     http_access: HttpAccess = HttpAccess()  # who may post to it, and over what
     results: ResultOutputs = ResultOutputs()  # where every result also goes
@@ -270,8 +272,13 @@ class EdgeSettings:
                 raise ConfigError(f"HTTP server certificate or key {f}: no such file")
         if self.expect_frames is not None and self.expect_frames < 1:
             raise ConfigError(f"expect_frames must be at least 1, got {self.expect_frames}")
-        if self.recording.directory is not None and self.cloud_link.url is None:
-            raise ConfigError("--experience needs --cloud: the cloud's answers are the labels")
+        if (self.recording.directory is not None and self.cloud_link.url is None
+                and not self.operator.enabled):
+            raise ConfigError("--experience needs --cloud (the cloud's answers are the labels) "
+                              "or --operator-token (operators' labels, POST /v1/feedback)")
+        if self.operator.enabled and (self.recording.directory is None or self.http.port is None):
+            raise ConfigError("--operator-token needs --experience (where labelled frames are "
+                              "recorded) and --http-port (POST /v1/feedback)")
         if self.drift.monitoring and self.cloud_link.url is None:
             raise ConfigError("--audit-rate needs --cloud: the cloud's answers check the exits")
 
@@ -353,6 +360,7 @@ OPTIONS = (
         Option("edge-threshold", float, "T", "override the bundle's edge exit threshold (0..1)"))),
     *grouped("drift", DRIFT_OPTIONS),
     *grouped("recording", RECORDING_OPTIONS),
+    *grouped("operator", OPERATOR_OPTIONS),
     *grouped("http", (
         Option("http-host", str, "ADDR", "address of the HTTP server", key="host"),
         Option("http-port", int, "PORT",
