@@ -70,6 +70,7 @@ def train(msg: Message, context: Context) -> Message:
         metrics.update({f"holdout-{k}": v for k, v in held.correct.items()})
     settings = LocalTraining(epochs=float(config["epochs"]), lr=float(config["lr"]),
                              batch_size=int(config["batch-size"]), seed=int(config["seed"]),
+                             proximal=float(config.get("proximal", 0.0)),
                              threads=int(config["threads"]))
     rnd = int(config["round"])
     if dma:

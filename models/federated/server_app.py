@@ -333,8 +333,9 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     initial = model_weights(model_from_bundle(s.bundle))
     version = s.version or next_version(start.manifest.version)
     base = {"arch": json.dumps(arch), "strategy": s.strategy, "epochs": s.epochs,
-            "batch-size": s.batch_size, "holdout": s.holdout, "seed": s.seed,
-            "threshold": s.threshold, "check-steps": s.check_steps, "threads": s.threads}
+            "batch-size": s.batch_size, "proximal": s.proximal, "holdout": s.holdout,
+            "seed": s.seed, "threshold": s.threshold, "check-steps": s.check_steps,
+            "threads": s.threads}
     exchange = Exchange(grid, s, base)
     wait_for_sites(grid, s.wait_sites, s.join_timeout)
     strategy, history = run_rounds(grid, s, exchange, initial, progress)

@@ -29,6 +29,7 @@ class FederationSettings:
     epochs: float = 2.0  # local epochs per round
     lr: float = 2e-3  # Adam learning rate of the first round (cosine decay over the rounds)
     batch_size: int = 64  # samples per local step
+    proximal: float = 0.0  # FedProx's mu: mu/2 ||w - w_round_start||^2 in each site's loss
     holdout: float = 0.2  # share of each site's data held out for evaluation and calibration
     seed: int = 0  # seeds the sites' splits, batches and augmentation
     threshold: float = DMA_THRESHOLD  # dma: relative squared divergence that makes a site send
@@ -53,6 +54,8 @@ class FederationSettings:
             raise ConfigError(f"aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
         if self.rounds < 1 or self.epochs <= 0 or self.lr <= 0 or self.batch_size < 1:
             raise ConfigError("rounds, epochs, lr and batch size must be positive")
+        if not 0.0 <= self.proximal < float("inf"):
+            raise ConfigError(f"the proximal weight must be >= 0 (0: none), got {self.proximal}")
         if not 0.0 < self.holdout < 1.0:
             raise ConfigError("holdout must lie strictly between 0 and 1")
         if self.threshold <= 0 or self.check_steps < 1:

@@ -49,6 +49,9 @@ class LocalTraining:
     augment: bool = True
     experience_weight: float = 1.0  # weight of the distillation loss on experience batches
     threads: int = 1  # torch CPU threads on the site
+    # FedProx (Li et al., 2020): mu/2 * ||w - w_start||^2 added to the site's loss holds a
+    # site whose classes are skewed near the shared model it started from (0: plain FedAvg).
+    proximal: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -141,6 +144,8 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     set_weights(model, weights)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    anchor = ([(p, p.detach().clone()) for p in model.parameters() if p.requires_grad]
+              if settings.proximal > 0 else [])
     rng = np.random.default_rng([settings.seed, round_seed])
     gen = torch.Generator().manual_seed(settings.seed * 7919 + round_seed)
     n_lab = site.train.num_samples if site.train is not None else 0
@@ -157,6 +162,9 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
         if n_exp:
             loss = loss + settings.experience_weight * experience_loss(
                 model, site.experience, next(exp_order))
+        if anchor:
+            loss = loss + 0.5 * settings.proximal * sum(
+                (p - p0).square().sum() for p, p0 in anchor)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

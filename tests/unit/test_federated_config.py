@@ -18,14 +18,16 @@ from ddnn.models.federated.settings import FederationSettings
 
 def test_settings_round_trip_through_the_run_config():
     s = FederationSettings(bundle="/b", out="/o", work="/w", strategy="dma", rounds=7,
-                           epochs=0.5, threshold=0.02, agreement=0.9, version="3.1")
+                           epochs=0.5, threshold=0.02, agreement=0.9, version="3.1",
+                           proximal=0.01)
     assert FederationSettings.from_run_config(s.run_config()) == s
     assert s.run_config()["check-steps"] == s.check_steps
 
 
 @pytest.mark.parametrize("bad", [{"strategy": "fedprox"}, {"rounds": 0}, {"holdout": 1.0},
                                  {"threshold": 0.0}, {"min_sites": 0}, {"grid": 1},
-                                 {"agreement": 1.5}])
+                                 {"agreement": 1.5}, {"proximal": -0.1},
+                                 {"proximal": float("nan")}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ConfigError):
         FederationSettings(bundle="b", out="o", work="w", **bad)

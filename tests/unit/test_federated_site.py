@@ -315,6 +315,22 @@ def test_stop_when_ends_local_training_at_the_first_check_that_says_so(tiny_bund
     assert done.stopped and done.steps == 4 and len(seen) == 2
 
 
+def test_the_proximal_term_holds_a_site_near_the_model_it_started_from(tiny_bundle, tiny_data):
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated.strategy import distance2
+    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
+    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+
+    arch = architecture(load_bundle(tiny_bundle))
+    start = model_weights(model_from_bundle(tiny_bundle))
+    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    # The same batches and augmentation: only the proximal term differs between the runs.
+    moved = {mu: distance2(fit(arch, start, site, LocalTraining(epochs=2, lr=0.01,
+                                                                proximal=mu)).weights, start)
+             for mu in (0.0, 100.0)}
+    assert 0 < moved[100.0] < 0.5 * moved[0.0]
+
+
 def test_an_escalating_bundle_is_rebuilt_from_its_onnx_files(kinds_repository):
     """Its devices' weights are named under the detail wrapper, and its escalated cloud's view
     trunk had each batch norm folded into its convolution: both come back, and torch gives
