@@ -27,15 +27,16 @@ from ddnn.result import Result
 
 HORIZON = 4.0  # seconds of samples a window keeps: long enough for a percentile, short enough
 # that a change of the network shows within a few seconds
-KEEP = 16  # samples a window keeps past its horizon: a path nobody walks keeps its last costs
+KEEP = 16  # samples a window keeps past its horizon while none is newer: a path nobody walks
+# keeps its last costs
 DRAWS = 1024  # samples of each path drawn from its parts
 PATHS = ("local", "edge", "cloud")
 CLOUD_MODELS = ("cloud", "escalated")
 
 
 class MovingWindow:
-    """The values added in the last ``horizon`` seconds, at most ``size`` (always the last
-    ``keep`` of them, however old). Thread-safe."""
+    """The values added in the last ``horizon`` seconds, at most ``size``; with none that
+    recent, the last ``keep`` of them, however old. Thread-safe."""
 
     def __init__(self, horizon: float = HORIZON, *, size: int = 4096, keep: int = KEEP):
         if not horizon > 0 or size < 1 or not 0 <= keep <= size:
@@ -53,8 +54,10 @@ class MovingWindow:
         """The values in the window now (oldest first)."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            while (len(self._samples) > self.keep
-                   and self._samples[0][0] < now - self.horizon):
+            # Old values go once a newer one is in the horizon; with none, the last few stay.
+            fresh = bool(self._samples) and self._samples[-1][0] >= now - self.horizon
+            while self._samples and self._samples[0][0] < now - self.horizon and (
+                    fresh or len(self._samples) > self.keep):
                 self._samples.popleft()
             return np.array([v for _, v in self._samples], np.float64)
 

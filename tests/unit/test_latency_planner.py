@@ -61,9 +61,11 @@ def test_moving_window_forgets_old_values_but_keeps_the_last_few():
     w = MovingWindow(1.0, keep=2)
     for t, v in enumerate([1.0, 2.0, 3.0, 4.0]):
         w.add(v, now=float(t))
-    assert w.values(now=3.5).tolist() == [3.0, 4.0]
+    assert w.values(now=2.5).tolist() == [3.0, 4.0]
+    assert w.quantile(1.0, now=2.5) == 4.0
     assert w.values(now=100.0).tolist() == [3.0, 4.0]  # nobody walks it: its last costs stay
-    assert w.quantile(1.0, now=3.5) == 4.0
+    w.add(5.0, now=101.0)
+    assert w.values(now=101.0).tolist() == [5.0]  # a newer one: the old ones go
     assert MovingWindow(1.0).quantile(0.5) is None
     with pytest.raises(ValueError):
         MovingWindow(0.0)
