@@ -26,6 +26,7 @@ BENCHMARKS = {
     "soak": "ddnn.benchmarks.soak",  # minutes of the full hierarchy: memory and every frame
     "federated": "ddnn.benchmarks.federated",  # drifted sites: before, FedAvg, DMA, central
     "drift": "ddnn.benchmarks.drift",  # live domain change: fixed vs adaptive exit thresholds
+    "latency_slo": "ddnn.benchmarks.latency_slo",  # a cloud slowing mid-run: fixed vs planner
 }
 
 
@@ -57,7 +58,7 @@ def register(sub, data_sub, formatter) -> None:
 def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     module = importlib.import_module(BENCHMARKS[name])
     if name in ("training", "ablation", "paper_tables", "federated", "drift", "tiers",
-                "stacking"):
+                "stacking", "latency_slo"):
         return module.run(out, work, quick=quick)
     from ddnn.benchmarks.common import workspace
 

@@ -312,6 +312,22 @@ DRIFT = Spec(
     "training defaults, cached in `runs/bench/drift`",
 )
 
+LATENCY_SLO = Spec(
+    question="When the cloud turns slow mid-run, does the latency planner (`--latency-slo`) keep "
+    "the p99 within the objective, and at what accuracy, against fixed thresholds?",
+    baseline="the same replay with the bundle's fixed thresholds (`fixed`), same run; the "
+    "objective is 100 ms at p99.",
+    label="thresholds",
+    rows="summary/*",
+    cols=tuple(c for phase in ("fast", "slow", "recovered") for c in (
+        Col(f"{phase}: p99 (ms)", f"summary/{{0}}/{phase}/p99_ms"),
+        Col(f"{phase}: accuracy (%)", f"summary/{{0}}/{phase}/accuracy", scale=PCT),
+        Col(f"{phase}: cloud exits (%)", f"summary/{{0}}/{phase}/cloud_share", scale=PCT))),
+    setup=("frames_per_phase", "fps", "delay_s", "objective_ms", "percentile", "wait_ms"),
+    bundle="a small bundle the benchmark trains itself (3 views of 16×16), cached in "
+    "`runs/bench/latency_slo`",
+)
+
 SPECS = {
     "training": TRAINING, "ablation": ABLATION, "tiers": TIERS, "stacking": STACKING,
     "paper_tables": PAPER_TABLES,
@@ -319,6 +335,7 @@ SPECS = {
     "edge_cloud_bytes": EDGE_CLOUD_BYTES, "hierarchy_latency": HIERARCHY_LATENCY,
     "alignment": ALIGNMENT, "edge_ingest": EDGE_INGEST, "raw_vs_hierarchy": RAW_VS_HIERARCHY,
     "bandwidth": BANDWIDTH, "soak": SOAK, "federated": FEDERATED, "drift": DRIFT,
+    "latency_slo": LATENCY_SLO,
 }
 
 # The suite's time budget for benchmarks without a measured wall time in their JSON

@@ -194,22 +194,28 @@ def curve_table(points: list[OperatingPoint], digits: int = 5) -> dict[str, list
     }
 
 
-def pick_from_table(table: dict[str, list], max_bytes: float) -> OperatingPoint:
-    """The most accurate point of a stored curve within ``max_bytes`` per frame (ties: fewer
-    bytes): how ``ddnn evaluate --max-bytes`` re-picks a bundle's point from its held-out curve."""
+def table_points(table: dict[str, list]) -> list[OperatingPoint]:
+    """The points of a stored curve (:func:`curve_table`), in its order."""
     try:
         rows = [dict(zip(CURVE_KEYS, values, strict=True))
                 for values in zip(*(table[k] for k in CURVE_KEYS), strict=True)]
+        return [OperatingPoint(
+            level=int(r["level"]), local=float(r["local_threshold"]),
+            edge=float(r["edge_threshold"]), accuracy=float(r["accuracy"]),
+            bytes_per_frame=float(r["bytes_per_frame"]),
+            exit_fraction={t: float(r[f"{t}_fraction"]) for t in ("local", "edge", "cloud")})
+            for r in rows]
     except (KeyError, TypeError, ValueError) as e:
         raise ConfigError(f"the bundle's operating curve is malformed ({e})") from None
-    within = [r for r in rows if r["bytes_per_frame"] <= max_bytes + 1e-9]
+
+
+def pick_from_table(table: dict[str, list], max_bytes: float) -> OperatingPoint:
+    """The most accurate point of a stored curve within ``max_bytes`` per frame (ties: fewer
+    bytes): how ``ddnn evaluate --max-bytes`` re-picks a bundle's point from its held-out curve."""
+    points = table_points(table)
+    within = [p for p in points if p.bytes_per_frame <= max_bytes + 1e-9]
     if not within:
-        least = min((r["bytes_per_frame"] for r in rows), default=float("nan"))
+        least = min((p.bytes_per_frame for p in points), default=float("nan"))
         raise ConfigError(f"no operating point sends at most {max_bytes:g} bytes per frame; "
                           f"the least is {least:.1f}")
-    r = max(within, key=lambda r: (r["accuracy"], -r["bytes_per_frame"]))
-    return OperatingPoint(
-        level=int(r["level"]), local=float(r["local_threshold"]), edge=float(r["edge_threshold"]),
-        accuracy=float(r["accuracy"]), bytes_per_frame=float(r["bytes_per_frame"]),
-        exit_fraction={t: float(r[f"{t}_fraction"]) for t in ("local", "edge", "cloud")},
-    )
+    return max(within, key=lambda p: (p.accuracy, -p.bytes_per_frame))

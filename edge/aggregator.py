@@ -36,9 +36,11 @@ from ddnn.edge.events import EdgeEvents, EventRunner
 from ddnn.edge.fanout import ResultFanout
 from ddnn.edge.feedback import AnsweredMemory, FeedbackDesk, FeedbackRoute
 from ddnn.edge.ingest import Ingest
+from ddnn.edge.latency import PathCosts
 from ddnn.edge.metrics import EdgeMetrics
 from ddnn.edge.path import FramePath
 from ddnn.edge.pipeline import ExitPipeline
+from ddnn.edge.planner import LatencyPlanner
 from ddnn.edge.pulls import FeaturePulls
 from ddnn.edge.recorder import ExperienceRecorder
 from ddnn.edge.roster import DeviceRules
@@ -68,6 +70,9 @@ class EdgeSnapshot:
     # the exits checked against the cloud (None: not monitored)
     drift: Mapping[str, Any] | None = None
     drift_reason: str | None = None  # why the drift alarm is up (None: it is not)
+    # the latency planner (None: no --latency-slo), and why its objective is not held
+    latency: Mapping[str, Any] | None = None
+    latency_reasons: tuple[str, ...] = ()
 
     @property
     def single_view(self) -> bool:
@@ -94,7 +99,10 @@ class EdgeAggregator:
         self.devices = view_devices(devices, m.views)
         self.metrics = metrics = metrics or EdgeMetrics()
         budget = max(s.max_wait, s.deadline)
-        self.events = events = EventRunner([*metrics.observers(), EdgeLog(budget), *observers])
+        # What the paths cost, for the latency planner (--latency-slo), observes the events.
+        self.costs = PathCosts() if s.latency.slo is not None else None
+        self.events = events = EventRunner([*metrics.observers(), EdgeLog(budget),
+                                            *([self.costs] if self.costs else []), *observers])
         events.on_devices(self.devices)
         self.assembler = FrameAssembler(
             m.views, s.deadline, s.feature_deadline, max_wait=s.max_wait,
@@ -119,6 +127,12 @@ class EdgeAggregator:
                                    self.cloud_stage, devices=self.devices)
         self.path = FramePath(self.assembler, pipeline, self.answers, self.details, events,
                               audit=self.audit, pulls=self.pulls)
+        self.planner = (LatencyPlanner(s.latency, self.costs, lambda: self.path.pipeline,
+                                       deadlines=self._pull_deadlines,
+                                       pull_deadline=s.feature_deadline,
+                                       drift=self.audit.status, events=events)
+                        if self.costs is not None else None)
+        self.path.planner = self.planner
         counts = MessageCounts(events)
         self.scheduler = FrameScheduler(self.assembler, self.path, events, counts=counts,
                                         connected=connected)
@@ -178,7 +192,14 @@ class EdgeAggregator:
             late_devices=tuple(self.devices[v] for v in roster.late_views()),
             manifest=self.manifest, thresholds=dict(self.pipeline.policy.thresholds),
             flagged_devices=self._flagged(roster.flagged()),
-            drift=self.audit.status(), drift_reason=self.audit.reason())
+            drift=self.audit.status(), drift_reason=self.audit.reason(),
+            latency=self.planner.status() if self.planner else None,
+            latency_reasons=tuple(r for r in (self.planner.reason(), self.planner.drift_reason())
+                                  if r is not None) if self.planner else ())
+
+    def _pull_deadlines(self, seconds: float) -> None:
+        """How long frames wait for pulled features and details (the latency planner's)."""
+        self.assembler.feature_deadline = self.details.deadline = seconds
 
     def _flagged(self, by_conduct: dict[int, list[str]]) -> dict[str, list[str]]:
         """Each flagged device and why: its conduct, and detail pulls it keeps missing."""
@@ -255,6 +276,8 @@ class EdgeAggregator:
             parts.add("edge-experience", recorder)
         parts.add("edge-worker", self.scheduler.worker)
         parts.add("edge-cloud", self.cloud_stage.worker)
+        if self.planner is not None:
+            parts.add("edge-latency-planner", self.planner.worker)
         return parts
 
     def start(self) -> EdgeAggregator:

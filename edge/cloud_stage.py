@@ -46,7 +46,8 @@ class CloudStage:
     def __init__(self, cloud: CloudClient | None, answers: Answers, events: EdgeEvents, *,
                  batch: int):
         self.cloud, self.answers, self.events, self.batch = cloud, answers, events, batch
-        self._queue: queue.SimpleQueue[tuple[Frame, ToCloud]] = queue.SimpleQueue()
+        # (each frame with its hand-over time: a call's cost counts its oldest frame's queueing)
+        self._queue: queue.SimpleQueue[tuple[Frame, ToCloud, float]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._unknown = LogThrottle()  # a version the cloud does not serve: one line each
         self.worker = Worker("edge-cloud", self._loop, stop=self._stop.set)
@@ -58,7 +59,7 @@ class CloudStage:
 
     def put(self, f: Frame, sent: ToCloud) -> None:
         """Hand a frame over (it runs from here on the stage's thread)."""
-        self._queue.put((f, sent))
+        self._queue.put((f, sent, time.monotonic()))
 
     def close(self) -> None:
         """After the thread stopped: the cloud client's connection."""
@@ -79,26 +80,27 @@ class CloudStage:
             # One call per bundle version (during an update, frames finish on their own) and
             # model (escalated or not).
             groups: dict[tuple[str, bool], list[tuple[Frame, ToCloud]]] = {}
-            for f, sent in batch:
+            for f, sent, _ in batch:
                 groups.setdefault((sent.version, sent.detail is not None), []).append((f, sent))
+            since = min(t for _, _, t in batch)
             for (version, _), items in groups.items():
                 try:
-                    self._send(items, version)
+                    self._send(items, version, since)
                 except Exception:  # a bug must not lose the frames: the edge's answer stands
                     log.exception("cloud stage failed; answering from the edge exit")
                     for f, sent in items:
                         if f.stage is not DONE:
                             self.answers.answer(f, sent.fallback, step="cloud", degraded=True)
 
-    def _send(self, items: list[tuple[Frame, ToCloud]], version: str) -> None:
+    def _send(self, items: list[tuple[Frame, ToCloud]], version: str, since: float) -> None:
         sent = [s for _, s in items]
         scores, degraded = None, False
         if sent[0].detail is not None:
-            scores = self._call(sent, version, escalated=True)
+            scores = self._call(sent, version, since, escalated=True)
             degraded = scores is None  # the plain cloud's answer is the weaker one
         escalated = scores is not None
         if scores is None:
-            scores = self._call(sent, version)
+            scores = self._call(sent, version, since)
         if scores is None:  # no cloud: the best answer this edge has is its own, degraded
             for f, s in items:
                 if not s.audit:  # (an audited frame has its answer)
@@ -113,13 +115,14 @@ class CloudStage:
                 self.answers.answer(f, answer, step="cloud", degraded=degraded)
             self.answers.cloud_answered(f, s, checked)
 
-    def _call(self, sent: list[ToCloud], version: str, escalated: bool = False
+    def _call(self, sent: list[ToCloud], version: str, since: float, escalated: bool = False
               ) -> np.ndarray | None:
         """The cloud's scores for ``sent`` (from the escalated model, with the details), or
-        None when it cannot give them (counted)."""
+        None when it cannot give them (counted, with the time since ``since``: the oldest
+        frame's hand-over, monotonic)."""
         if self.cloud is None or not self.cloud.available():
             return None
-        t0 = time.perf_counter()
+        model = "escalated" if escalated else "cloud"
         features = np.concatenate([s.features for s in sent])
         try:
             if escalated:
@@ -138,7 +141,7 @@ class CloudStage:
                           "plain cloud segment" if escalated else "edge exit")
             return None
         except CloudError:
-            self.events.on_cloud_call("error")
+            self.events.on_cloud_call("error", time.monotonic() - since, model=model)
             return None
-        self.events.on_cloud_call("ok", time.perf_counter() - t0)
+        self.events.on_cloud_call("ok", time.monotonic() - since, model=model)
         return scores

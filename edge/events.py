@@ -85,9 +85,11 @@ class FrameEvents:
     def on_settled(self, pending: int) -> None:
         """After each round of the worker: ``pending`` frames are being assembled."""
 
-    def on_cloud_call(self, outcome: str, seconds: float | None = None) -> None:
+    def on_cloud_call(self, outcome: str, seconds: float | None = None,
+                      model: str = "cloud") -> None:
         """A call to the cloud ended (``ok``, ``error``, ``unknown_version``,
-        ``no_escalated``); ``seconds``: how long an answered one took."""
+        ``no_escalated``); ``seconds``: how long it took (``ok``, ``error``), from its oldest
+        frame's hand-over to the cloud stage; ``model``: ``cloud`` or ``escalated``."""
 
     def on_bundle(self, model: str, version: str, running: bool) -> None:
         """The edge runs ``model:version`` for new frames, or no longer does."""
@@ -97,6 +99,13 @@ class FrameEvents:
 
     def on_thresholds(self, thresholds: Mapping[str, float]) -> None:
         """The exit thresholds in force."""
+
+    def on_latency_plan(self, point: Mapping[str, float], objective: float,
+                        predicted: float | None, measured: float | None, met: bool) -> None:
+        """The latency planner's operating point (``level``, ``local``, ``edge`` thresholds,
+        its held-out ``accuracy``), the ``objective`` (``--latency-slo``), the percentile of
+        latency it predicts and the one measured (seconds; None: not known yet), and whether
+        the point is predicted to meet the objective."""
 
 
 class LearningEvents:

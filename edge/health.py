@@ -15,7 +15,9 @@ A drift alarm (``--audit-rate``, :mod:`ddnn.edge.drift`: at the configured thres
 exits' answers disagree with the cloud's more than ``--agreement-budget`` allows) is named
 under ``warnings``, by how much and with the thresholds in force meanwhile, and leaves the edge
 ready: its answers still go out, and a readiness probe taking it out of service would cut off
-the devices that post over HTTP.
+the devices that post over HTTP. So is a latency objective (``--latency-slo``,
+:mod:`ddnn.edge.planner`) that cannot be met or was missed over the last seconds, and a drift
+monitor whose thresholds it overrules.
 
 Ready again by itself once the cause is gone. A small thread samples the worker's progress
 every :data:`SAMPLE` seconds, so a stall is measured, not guessed from one look.
@@ -188,9 +190,12 @@ def snapshot_check(snap: EdgeSnapshot) -> Check:
                "flagged_devices": dict(snap.flagged_devices)}
     if snap.drift is not None:
         details["drift"] = dict(snap.drift)
+    if snap.latency is not None:
+        details["latency"] = dict(snap.latency)
     warnings = []  # (the edge still serves: these do not make it unready)
     if snap.drift_reason is not None:
         warnings.append(snap.drift_reason)
+    warnings += snap.latency_reasons
     if snap.late_devices:
         warnings.append(f"device(s) {', '.join(snap.late_devices)} keep arriving late: most of "
                         "their recent views came after their frames were answered (a slow board, "

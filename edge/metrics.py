@@ -25,8 +25,8 @@ _STAGE_BUCKETS = (0.00005, 0.0001, 0.00015, 0.0002, 0.00025, 0.0003, 0.00035, 0.
 class EdgeMetrics(EdgeEvents):
     """Every series the edge exports (names start with ``ddnn_edge_``), kept current by the
     edge's events: this class observes the frames, the cloud and the bundle;
-    :class:`DeviceMetrics` the devices and :class:`LearningMetrics` learning in the field
-    (:meth:`observers` gives all three)."""
+    :class:`DeviceMetrics` the devices, :class:`LearningMetrics` learning in the field and
+    :class:`LatencyMetrics` the latency planner (:meth:`observers` gives all four)."""
 
     def __init__(self) -> None:
         r = self.registry = Registry()
@@ -77,6 +77,7 @@ class EdgeMetrics(EdgeEvents):
         self.bundle_updates = r.counter("ddnn_edge_bundle_updates_total",
                                         "Over-the-air bundle updates, by result", ("result",))
         self.learning = LearningMetrics(r)
+        self.planning = LatencyMetrics(r)
 
         # Compute times of segments, observed once the frame's result is out (not on its path).
         self._computed: collections.deque[tuple[str, float]] = collections.deque()
@@ -84,7 +85,7 @@ class EdgeMetrics(EdgeEvents):
     def observers(self) -> tuple[EdgeEvents, ...]:
         """The observers that keep every series current (for an
         :class:`~ddnn.edge.events.EventRunner`)."""
-        return self, self.devices, self.learning
+        return self, self.devices, self.learning, self.planning
 
     def on_computed(self, step: str, seconds: float) -> None:
         """Noted, not observed: the frame's path only appends (:meth:`observe_computed`)."""
@@ -114,7 +115,8 @@ class EdgeMetrics(EdgeEvents):
         self.observe_computed()
         self.pending.set(pending)
 
-    def on_cloud_call(self, outcome: str, seconds: float | None = None) -> None:
+    def on_cloud_call(self, outcome: str, seconds: float | None = None,
+                      model: str = "cloud") -> None:
         self.cloud.inc(outcome=outcome)
         if outcome in ("ok", "error"):  # (a version it does not serve says nothing of its link)
             self.cloud_up.set(1 if outcome == "ok" else 0)
@@ -138,6 +140,33 @@ class EdgeMetrics(EdgeEvents):
         for hook in self.before_render:  # counts kept in plain integers on the hot path
             hook()
         return self.registry.render()
+
+
+class LatencyMetrics(EdgeEvents):
+    """The latency planner's series (``--latency-slo``, :mod:`ddnn.edge.planner`)."""
+
+    def __init__(self, r: Registry) -> None:
+        self.latency_objective = r.gauge(
+            "ddnn_edge_latency_objective_seconds",
+            "The latency objective (--latency-slo) at its percentile, and the latency planner's "
+            "percentile of capture to result: predicted for the operating point in force, and "
+            "measured over the last seconds", ("kind",))
+        self.latency_met = r.gauge("ddnn_edge_latency_objective_met",
+                                   "1 while the operating point in force is predicted to meet "
+                                   "the latency objective, else 0")
+        self.operating_point = r.gauge(
+            "ddnn_edge_operating_point",
+            "The latency planner's operating point: its escalation level and its held-out "
+            "accuracy (its thresholds are ddnn_edge_exit_threshold)", ("field",))
+
+    def on_latency_plan(self, point: Mapping[str, float], objective: float,
+                        predicted: float | None, measured: float | None, met: bool) -> None:
+        for kind, seconds in (("objective", objective), ("predicted", predicted),
+                              ("measured", measured)):
+            self.latency_objective.set(math.nan if seconds is None else seconds, kind=kind)
+        self.latency_met.set(1 if met else 0)
+        for name in ("level", "accuracy"):
+            self.operating_point.set(point[name], field=name)
 
 
 class DeviceMetrics(EdgeEvents):

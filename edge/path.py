@@ -4,7 +4,8 @@
 
 1. **local exit** (:meth:`ExitPipeline.local`): no view sent scores, answer that nobody saw
    it; confident, answer (:meth:`Answers.answer`), unless the audit draws it
-   (:class:`~ddnn.edge.audit.ExitAudit`: answered, and sent on up to be checked);
+   (:class:`~ddnn.edge.audit.ExitAudit`: answered, and sent on up to be checked) or the latency
+   planner probes the paths up with it (:class:`~ddnn.edge.planner.LatencyPlanner`: the same);
 2. **pull** the features of the views present (:meth:`FeaturePulls.request`): the frame waits
    in the assembler, which hands it back (through the scheduler) when they are in or at their
    deadline;
@@ -30,6 +31,7 @@ from ddnn.edge.audit import ExitAudit
 from ddnn.edge.escalation import DetailPulls
 from ddnn.edge.events import EdgeEvents
 from ddnn.edge.pipeline import Exit, ExitPipeline, Pull
+from ddnn.edge.planner import LatencyPlanner
 from ddnn.edge.pulls import FeaturePulls
 
 
@@ -37,8 +39,11 @@ class FramePath:
     """Walks frames of ``assembler`` up the exits of ``pipeline`` (the bundle version new
     frames take: :attr:`pipeline`, replaced by an update; a frame keeps the one it started on).
 
-    ``pulls`` None: the devices push their features (nobody is asked).
+    ``pulls`` None: the devices push their features (nobody is asked). :attr:`planner`: the
+    latency planner, whose probes go up like audits (None: no ``--latency-slo``).
     """
+
+    planner: LatencyPlanner | None = None
 
     def __init__(self, assembler: FrameAssembler, pipeline: ExitPipeline, answers: Answers,
                  details: DetailPulls, events: EdgeEvents, *, audit: ExitAudit,
@@ -92,12 +97,13 @@ class FramePath:
             return False
         if local is None:
             local = p.local(f.scores, arrived=f.features, pushing=self.pushing())
-        audited = self.audit.local(f, local)
+        audited = self.audit.local(f, local) or (
+            isinstance(local, Exit) and self.planner is not None and self.planner.probe(f))
         if isinstance(local, Exit) and not audited:
             self.answers.answer(f, local, step="local")
             self._observe_arrival(f)  # (after the result: it is not on the frame's path)
             return False
-        if isinstance(local, Exit):  # an audit: answered once, from here, and sent on up
+        if isinstance(local, Exit):  # an audit or a probe: answered once, from here, sent up
             self.answers.answer(f, local, step="local", finish=False)
             pushing = self.pushing()
             local = Pull(local.views, tuple(v for v in local.views if v not in f.features
@@ -117,7 +123,8 @@ class FramePath:
         if f.pulled_at:  # (a one-view device's frame comes with its features)
             self.events.on_stage("pull", f.ready_at - f.pulled_at)
         arrived = {v: f.features[v] for v in f.requested if v in f.features}
-        early = self.audit.answered(f)  # the local exit answered it: the audit's chance
+        # The local exit answered it: the audit's chance (or the probes' share).
+        early = self.audit.answered(f) or (self.planner.probed(f) if self.planner else 0.0)
         if not arrived:
             if early:
                 self.assembler.finish(f)  # answered already, and nothing came to check it with

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,6 +132,33 @@ class ExitOverrides:
 
 
 @dataclass(frozen=True, kw_only=True)
+class LatencyObjective:
+    """A latency objective the edge plans its operating point for (``--latency-slo``,
+    ``--latency-percentile``: :mod:`ddnn.edge.planner`); None: the thresholds stay put."""
+
+    latency_slo_ms: float | None = None  # capture to answer, at the percentile below
+    latency_percentile: float = 99.0
+
+    def __post_init__(self) -> None:
+        if self.latency_slo_ms is not None and not 0 < self.latency_slo_ms < math.inf:
+            raise ConfigError(f"latency_slo_ms must be a positive number of milliseconds, got "
+                              f"{self.latency_slo_ms}")
+        if not 50 <= self.latency_percentile < 100:
+            raise ConfigError(f"latency_percentile must be in [50, 100), got "
+                              f"{self.latency_percentile}")
+
+    @property
+    def slo(self) -> float | None:
+        """The objective in seconds (None: none)."""
+        return None if self.latency_slo_ms is None else self.latency_slo_ms / 1000
+
+    @property
+    def quantile(self) -> float:
+        """The percentile as a quantile (0..1)."""
+        return self.latency_percentile / 100
+
+
+@dataclass(frozen=True, kw_only=True)
 class HttpAccess:
     """Who may post to the HTTP server, and over what (``--http-token*``, ``--http-cert-file``,
     ``--http-key-file``, ``--http-max-connections``)."""
@@ -212,8 +240,8 @@ class EdgeSettings:
 
     Checks that need the bundle (one device id per view) are made when the service is built.
     Option groups (``security``, ``updates``, ``cloud_link``, ``waits``, ``thresholds``,
-    ``drift``, ``recording``, ``operator``, ``http``, ``http_access``, ``results``, ``broker_link``,
-    ``health``) keep their flat names as flags and variables, and in code too
+    ``latency``, ``drift``, ``recording``, ``operator``, ``http``, ``http_access``, ``results``,
+    ``broker_link``, ``health``) keep their flat names as flags and variables, and in code too
     (:func:`ddnn.plumbing.options.bind`: ``EdgeSettings(cloud_timeout=5).cloud_timeout``).
     """
 
@@ -230,6 +258,7 @@ class EdgeSettings:
     gateways: tuple[tuple[str, tuple[str, ...]], ...] = ()  # (gateway, the devices it speaks for)
     waits: FrameWaits = FrameWaits()  # how long frames wait, and for which devices
     thresholds: ExitOverrides = ExitOverrides()  # overrides of the bundle's exit thresholds
+    latency: LatencyObjective = LatencyObjective()  # the operating point planned for latency
     drift: DriftPolicy = DriftPolicy()  # the exits checked against the cloud (edge.drift)
     recording: ExperienceRecording = ExperienceRecording()  # experience for ddnn federate
     operator: OperatorAccess = OperatorAccess()  # who may label frames (POST /v1/feedback)
@@ -358,6 +387,15 @@ OPTIONS = (
     *grouped("thresholds", (
         Option("local-threshold", float, "T", "override the bundle's local exit threshold (0..1)"),
         Option("edge-threshold", float, "T", "override the bundle's edge exit threshold (0..1)"))),
+    *grouped("latency", (
+        Option("latency-slo", float, "MS",
+               "latency objective, capture to answer in milliseconds at --latency-percentile: "
+               "the edge measures what its paths cost now and runs the most accurate point of "
+               "the bundle's operating curve predicted to meet it (never below the local "
+               "exit's accuracy), with the pull deadlines it leaves (docs/latency.md); unset: "
+               "the thresholds stay put", key="latency_slo_ms"),
+        Option("latency-percentile", float, "P",
+               "the percentile of latency --latency-slo bounds (50 to 99.9...)"))),
     *grouped("drift", DRIFT_OPTIONS),
     *grouped("recording", RECORDING_OPTIONS),
     *grouped("operator", OPERATOR_OPTIONS),

@@ -2,7 +2,8 @@
 
 One look answers "is this edge well?": its health and the reasons when not, each device's state
 and the last frames it was fused in (or missing from, and why), how frames leave the hierarchy
-(exit shares, degraded answers), the thresholds in force and the latest answers. Everything is
+(exit shares, degraded answers), the thresholds in force, the latency objective's operating
+point and the latest answers. Everything is
 read from what the edge already keeps (the snapshot, the health check, the metrics, the ring of
 recent results); the page refreshes itself every few seconds and needs no script.
 """
@@ -51,6 +52,7 @@ def status(agg, check: Check) -> dict[str, Any]:
         "degraded": int(degraded),
         "thresholds": dict(snap.thresholds),
         "drift": snap.drift,
+        "latency": snap.latency,
         "recent": recent[-SHOWN_RESULTS:][::-1],
     }
 
@@ -81,6 +83,22 @@ def _drift(drift: dict[str, Any] | None) -> str:
             f"{' (investigating a shift)' if drift['investigating'] else ''}.</p>"
             "<table id='agreement'><tr><th>thresholds</th><th>agreement with the cloud</th>"
             f"<th>local</th><th>edge</th></tr>{rows}</table>")
+
+
+def _latency(latency: dict[str, Any] | None) -> str:
+    """The latency planner's section: its objective, point and percentiles."""
+    if latency is None:
+        return "<p id='latency'>No latency objective (--latency-slo).</p>"
+    p = latency["point"]
+    met = ("<span class='ok'>met</span>" if latency["met"] else
+           "<span class='bad'>cannot be met</span>")
+    rows = _row(p["level"], p["thresholds"]["local"], p["thresholds"]["edge"],
+                f"{p['accuracy']:.1%}", latency["predicted_ms"], latency["measured_ms"])
+    return (f"<p id='latency'>Objective {latency['objective_ms']:g} ms at "
+            f"p{latency['percentile']:g}: {met}; {latency['replans']} re-plans, pull deadline "
+            f"{latency['pull_deadline_ms']} ms.</p><table id='plan'><tr><th>level</th>"
+            "<th>local threshold</th><th>edge threshold</th><th>held-out accuracy</th>"
+            f"<th>predicted ms</th><th>measured ms</th></tr>{rows}</table>")
 
 
 def render(data: dict[str, Any]) -> bytes:
@@ -121,6 +139,8 @@ td,th{{border:1px solid #ccc;padding:.2em .6em;text-align:left}}.ok{{color:#070}
 {exits}</table>
 <h2>Agreement with the cloud</h2>
 {_drift(data.get("drift"))}
+<h2>Latency objective</h2>
+{_latency(data.get("latency"))}
 <h2>Latest answers</h2>
 <table id="recent"><tr><th>frame</th><th>label</th><th>exit</th><th>entropy</th><th>views</th>
 <th>missing</th></tr>{recent}</table>

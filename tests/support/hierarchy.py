@@ -32,13 +32,14 @@ class Edge:
     """An edge aggregator in this process."""
 
     def __init__(self, bundle: Path, broker: str | None, cloud: str | None, *, deployment="it",
-                 http_port: int | None = None, **settings):
+                 http_port: int | None = None, observers=(), **settings):
         self.runtime = BundleRuntime(load_bundle(bundle), threads=1)
         s = EdgeSettings(bundle=bundle, broker=broker, cloud=cloud, deployment=deployment,
                          http_port=http_port, keepalive=5, reconnect_max=1,
                          **{"deadline_ms": 2000.0, "feature_deadline_ms": 2000.0, **settings})
         self.service = EdgeService.from_settings(
-            s, runtime=self.runtime, cloud_retry=RetryPolicy(initial=0.05, maximum=0.2)).start()
+            s, runtime=self.runtime, cloud_retry=RetryPolicy(initial=0.05, maximum=0.2),
+            observers=observers).start()
         self.agg = self.service.aggregator
         if broker:
             assert self.service.mqtt.wait_subscribed(10)  # SUBACKs: no message lost

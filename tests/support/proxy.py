@@ -1,11 +1,14 @@
 """A TCP relay in front of a server that a test can cut and restore: an outage of one client's
-path to the broker while the others keep theirs."""
+path to the broker while the others keep theirs; or one that delays what it relays (a slow
+cloud)."""
 
 from __future__ import annotations
 
 import contextlib
+import queue
 import socket
 import threading
+import time
 
 from ddnn.tools.broker import free_port
 
@@ -76,6 +79,46 @@ class TcpRelay:
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with self._lock:
+                self._sockets -= {src, dst}
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+
+class DelayingRelay(TcpRelay):
+    """A :class:`TcpRelay` that holds every byte :attr:`delay` seconds (half on the way in, half
+    on the way out): a server that answers that much later, as over a long or congested link.
+    The delay can change while connections are open; bytes keep their order."""
+
+    def __init__(self, target: tuple[str, int], delay: float = 0.0):
+        self.delay = delay
+        super().__init__(target)
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        due: queue.SimpleQueue[tuple[float, bytes]] = queue.SimpleQueue()
+        threading.Thread(target=self._deliver, args=(due, src, dst), daemon=True,
+                         name="relay-delay").start()
+        try:
+            while data := src.recv(65536):
+                due.put((time.monotonic() + self.delay / 2, data))
+        except OSError:
+            pass
+        due.put((0.0, b""))  # the end: the deliverer closes both
+
+    def _deliver(self, due: queue.SimpleQueue, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := (item := due.get())[1]:
+                time.sleep(max(item[0] - time.monotonic(), 0.0))
                 dst.sendall(data)
         except OSError:
             pass

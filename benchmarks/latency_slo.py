@@ -1,0 +1,263 @@
+"""Live replay whose cloud slows down mid-run: fixed exit thresholds beside the latency planner
+(``ddnn edge --latency-slo``), issue 42.
+
+A small bundle (its calibration stores the operating curve); three devices replay at a camera's
+pace through a real Mosquitto, an edge and a cloud (in this process, each on its own threads).
+The edge reaches the cloud through a TCP relay that holds the cloud's traffic: nothing in the
+first phase, :data:`DELAY` in the second (a congested or far cloud), nothing in the third. A
+rate limit alone (tbf, 10 Mbit/s -> 256 kbit/s, as ``bandwidth`` shapes the devices' uplink)
+does not make this cloud slow: its calls carry a few hundred bytes, a few milliseconds at
+256 kbit/s; added delay does. Two runs over the same replay and settings but the objective:
+``fixed`` keeps the bundle's thresholds, ``planner`` runs ``--latency-slo``
+:data:`SLO_MS`. Per phase (by capture time): the p99 of capture-to-answer latency against the
+objective, the accuracy of the answers (against the replay's labels) and the exit shares; over
+time, each answer's latency and the planner's point. Results in ``latency_slo.json``,
+``latency_slo.png``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ddnn.benchmarks.common import pyplot, write_json
+from ddnn.edge.events import EdgeEvents
+from ddnn.result import Result
+
+SCENE = {"views": 3, "classes": 3, "size": 16, "body_blobs": 3, "parts": 3,
+         "absent_prob": 0.05, "occlusion_prob": 0.1, "noise": 0.03}  # as the drift benchmark
+PHASES = ("fast", "slow", "recovered")
+FRAMES = 300  # frames per phase (half with --quick)
+FPS = 20.0  # the cameras' pace
+DELAY = 0.3  # seconds the relay holds the cloud's traffic in the slow phase
+SLO_MS, PERCENTILE = 100.0, 99.0
+WAIT_MS = 30.0  # the views' wait, both runs: well under the objective
+
+
+class DelayingRelay:
+    """A TCP relay to ``target`` that holds every byte :attr:`delay` seconds (half each way);
+    the delay may change while connections are open, bytes keep their order."""
+
+    def __init__(self, target: tuple[str, int], delay: float = 0.0):
+        self.target, self.delay = target, delay
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True, name="relay").start()
+
+    def _accept(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = self._server.accept()
+                upstream = socket.create_connection(self.target)
+                for src, dst in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
+        due: list[tuple[float, bytes]] = []
+        ready = threading.Condition()
+        threading.Thread(target=self._deliver, args=(due, ready, dst), daemon=True).start()
+        with contextlib.suppress(OSError):
+            while data := src.recv(65536):
+                with ready:
+                    due.append((time.monotonic() + self.delay / 2, data))
+                    ready.notify()
+        with ready:
+            due.append((0.0, b""))  # the end
+            ready.notify()
+
+    @staticmethod
+    def _deliver(due: list, ready: threading.Condition, dst: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                with ready:
+                    ready.wait_for(lambda: bool(due))
+                    at, data = due.pop(0)
+                if not data:
+                    break
+                time.sleep(max(at - time.monotonic(), 0.0))
+                dst.sendall(data)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_RDWR)
+
+    def stop(self) -> None:
+        self._server.close()
+
+
+class Answers(EdgeEvents):
+    """Each answer: frame, exit, class, capture time (wall clock) and latency (seconds); and
+    the planner's local threshold over time."""
+
+    def __init__(self) -> None:
+        self.rows: list[tuple[int, str, int | None, float, float]] = []
+        self.plans: list[tuple[float, float, float | None]] = []
+        self._lock = threading.Lock()
+
+    def on_answered(self, result: Result, step: str, latency: float) -> None:
+        with self._lock:
+            self.rows.append((result.frame, result.exit, result.cls, time.time() - latency,
+                              latency))
+
+    def on_latency_plan(self, point, objective, predicted, measured, met) -> None:
+        with self._lock:
+            self.plans.append((time.time(), point["local"], predicted))
+
+
+def _field(root: Path, quick: bool) -> tuple[Path, Path, np.ndarray]:
+    """The bundle (trained once, cached) and the replay; the replay's labels."""
+    from ddnn.models.build import build_bundle
+    from ddnn.models.config import DDNNConfig
+    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
+
+    root.mkdir(parents=True, exist_ok=True)
+    cfg = SceneConfig(**SCENE)
+    bundle, replay = root / "bundle", root / "replay.npz"
+    if not (bundle / "manifest.json").exists():
+        save_dataset(root / "train.npz", synthesize(800, cfg, seed=1))
+        build_bundle(root / "train.npz", bundle,
+                     DDNNConfig.from_flat(epochs=4 if quick else 8, batch_size=32, seed=0),
+                     name="slo", version="1", progress=False, log=lambda *_: None)
+    data = synthesize(len(PHASES) * (FRAMES // 2 if quick else FRAMES), cfg, seed=2)
+    save_dataset(replay, data)
+    return bundle, replay, data["label"]
+
+
+def _devices(bundle: Path, replay: Path, broker: str, views: int) -> None:
+    from ddnn.device.service import DeviceService
+    from ddnn.device.settings import DeviceSettings
+
+    with contextlib.ExitStack() as stack:
+        services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
+            bundle=bundle, view=v, broker=broker, deployment="slo", mode="pull", data=replay,
+            fps=FPS, grace=0.5, drain_timeout=30, peers=tuple(f"cam{i}" for i in range(views)),
+            wait_peers=20))) for v in range(views)]
+        threads = [threading.Thread(target=s.run) for s in services]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+
+def _replay(bundle: Path, replay: Path, broker: str, relay: DelayingRelay, frames: int,
+            planner: bool) -> tuple[Answers, list[float], dict | None]:
+    """One run: its answers, the wall times the phases began, the planner's last status."""
+    from ddnn.edge.service import EdgeService
+    from ddnn.edge.settings import EdgeSettings
+
+    relay.delay = 0.0
+    seen = Answers()
+    s = EdgeSettings(bundle=bundle, broker=broker, cloud=relay.url, deployment="slo",
+                     deadline_ms=WAIT_MS, max_wait_ms=WAIT_MS,
+                     latency_slo=SLO_MS if planner else None, latency_percentile=PERCENTILE)
+    starts: list[float] = []
+    with EdgeService.from_settings(s, observers=[seen]) as service:
+        agg = service.aggregator
+        service.mqtt.wait_subscribed(10)
+        done = threading.Event()
+
+        def phases() -> None:  # the phases by the cameras' clock, from the first answer
+            while not seen.rows and not done.wait(0.01):
+                pass
+            for delay in (0.0, DELAY, 0.0):
+                starts.append(time.time())
+                relay.delay = delay
+                if done.wait(frames / FPS):
+                    return
+
+        switcher = threading.Thread(target=phases)
+        switcher.start()
+        _devices(bundle, replay, broker, agg.manifest.views)
+        time.sleep(1.0)
+        done.set()
+        switcher.join()
+        status = agg.snapshot().latency
+    return seen, starts, status
+
+
+def _phase_stats(seen: Answers, starts: list[float], labels: np.ndarray) -> dict:
+    rows = sorted(seen.rows, key=lambda r: r[3])
+    edges = [*starts[1:], np.inf]
+    out = {}
+    for name, start, end in zip(PHASES, starts, edges, strict=True):
+        got = [r for r in rows if start <= r[3] < end]
+        if not got:
+            out[name] = {"frames": 0}
+            continue
+        lat = np.array([r[4] for r in got])
+        out[name] = {
+            "frames": len(got),
+            "p50_ms": round(1000 * float(np.percentile(lat, 50)), 1),
+            "p99_ms": round(1000 * float(np.percentile(lat, PERCENTILE)), 1),
+            "within_objective": round(float(np.mean(lat <= SLO_MS / 1000)), 3),
+            "accuracy": round(float(np.mean([labels[r[0]] == r[2] for r in got])), 3),
+            **{f"{e}_share": round(float(np.mean([r[1] == e for r in got])), 3)
+               for e in ("local", "edge", "cloud")}}
+    return out
+
+
+def _plot(out_dir: Path, runs: dict) -> None:
+    plt = pyplot()
+    fig, axes = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
+    for name, r in runs.items():
+        t0 = r["phase_starts"][0]
+        t = [row[0] - t0 for row in r["answers"]]
+        axes[0].scatter(t, [1000 * row[1] for row in r["answers"]], s=4, label=name, alpha=0.6)
+        if r["plans"]:
+            axes[1].step([p[0] - t0 for p in r["plans"]], [p[1] for p in r["plans"]],
+                         where="post", label=f"{name}: local threshold in force")
+    axes[0].axhline(SLO_MS, color="red", linestyle="--", label=f"objective (p{PERCENTILE:g})")
+    axes[0].set_yscale("log")
+    axes[0].set_ylabel("capture to answer (ms)")
+    axes[1].set_ylabel("planner's local threshold")
+    axes[1].set_xlabel("seconds (capture time)")
+    for ax in axes:
+        starts = next(iter(runs.values()))["phase_starts"]
+        for s, name in zip(starts, PHASES, strict=True):
+            ax.axvline(s - starts[0], color="grey", linestyle=":")
+            ax.text(s - starts[0], ax.get_ylim()[1], name, fontsize=7, va="top")
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out_dir / "latency_slo.png", dpi=120)
+    plt.close(fig)
+
+
+def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
+    from ddnn.cloud.server import run_server
+    from ddnn.cloud.settings import CloudSettings
+    from ddnn.tools.broker import start_broker
+
+    root = work / "latency_slo"
+    bundle, replay, labels = _field(root, quick)
+    frames = FRAMES // 2 if quick else FRAMES
+    runs: dict = {}
+    broker = start_broker(prefer="mosquitto")
+    try:
+        with run_server(CloudSettings(bundle=bundle, host="127.0.0.1", port=0,
+                                      max_queue_delay_ms=2.0)) as cloud:
+            host, port = cloud.url.removeprefix("http://").rsplit(":", 1)
+            relay = DelayingRelay((host, int(port)))
+            try:
+                for name in ("fixed", "planner"):
+                    seen, starts, status = _replay(bundle, replay, broker.url, relay, frames,
+                                                   planner=name == "planner")
+                    runs[name] = {
+                        "phases": _phase_stats(seen, starts, labels), "status": status,
+                        "phase_starts": starts,
+                        "answers": [(round(r[3], 3), round(r[4], 4))
+                                    for r in sorted(seen.rows, key=lambda r: r[3])],
+                        "plans": [(round(t, 3), local) for t, local, _ in seen.plans]}
+            finally:
+                relay.stop()
+    finally:
+        broker.stop()
+    summary = {k: v["phases"] for k, v in runs.items()}
+    result = {"frames_per_phase": frames, "fps": FPS, "delay_s": DELAY,
+              "objective_ms": SLO_MS, "percentile": PERCENTILE, "wait_ms": WAIT_MS,
+              "summary": summary, "runs": runs}
+    write_json(out_dir, "latency_slo", result)
+    _plot(out_dir, runs)
+    return result
