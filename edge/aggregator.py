@@ -127,28 +127,37 @@ class EdgeAggregator:
                                    self.cloud_stage, devices=self.devices)
         self.path = FramePath(self.assembler, pipeline, self.answers, self.details, events,
                               audit=self.audit, pulls=self.pulls)
-        self.planner = (LatencyPlanner(s.latency, self.costs, lambda: self.path.pipeline,
-                                       deadlines=self._pull_deadlines,
-                                       pull_deadline=s.feature_deadline,
-                                       drift=self.audit.status, events=events)
-                        if self.costs is not None else None)
-        self.path.planner = self.planner
+        self.path.planner = self.planner = self._planner()
         counts = MessageCounts(events)
         self.scheduler = FrameScheduler(self.assembler, self.path, events, counts=counts,
                                         connected=connected)
         self.ingest = Ingest(self.assembler, topics, self.devices, m, scheduler=self.scheduler,
                              events=events, counts=counts, pulls=self.pulls,
                              details=self.details)
-        # POST /v1/feedback: operators' labels, recorded with the frames' features.
-        self.feedback: FeedbackRoute | None = None
-        if memory is not None and recorder is not None and operator is not None:
-            desk = FeedbackDesk(memory, recorder, self.pulls, devices=self.devices,
-                                events=events, wait=s.feature_deadline)
-            self.ingest.feedback = desk
-            self.feedback = FeedbackRoute(desk, operator, events)
+        self.feedback = self._feedback(memory, recorder, operator)
         events.on_bundle(m.name, m.version, running=True)
         metrics.before_render.append(counts.flush)
         self.lifecycle = self._lifecycle(recorder, counts)
+
+    def _planner(self) -> LatencyPlanner | None:
+        """The latency planner of ``--latency-slo`` (None: no objective, thresholds stay)."""
+        s = self.settings
+        if self.costs is None:
+            return None
+        return LatencyPlanner(s.latency, self.costs, lambda: self.path.pipeline,
+                              deadlines=self._pull_deadlines, pull_deadline=s.feature_deadline,
+                              drift=self.audit.status, events=self.events)
+
+    def _feedback(self, memory: AnsweredMemory | None, recorder: ExperienceRecorder | None,
+                  operator: str | None) -> FeedbackRoute | None:
+        """POST /v1/feedback: operators' labels, recorded with the frames' features (None: no
+        operator token, or nowhere to record)."""
+        if memory is None or recorder is None or operator is None:
+            return None
+        desk = FeedbackDesk(memory, recorder, self.pulls, devices=self.devices,
+                            events=self.events, wait=self.settings.feature_deadline)
+        self.ingest.feedback = desk
+        return FeedbackRoute(desk, operator, self.events)
 
     def _pipeline(self, runtime: BundleRuntime) -> ExitPipeline:
         s = self.settings
