@@ -5,6 +5,11 @@ installed, else the embedded amqtt), the cloud service, the edge aggregator and 
 process per view, replays the test split, shows live progress, and ends with a summary of the
 live hierarchy beside the offline evaluation. Every role runs as its own ``ddnn`` process, as it
 would in a deployment; the demo only starts them, listens to the results topic and stops them.
+
+It proves itself: every frame answered, each frame's live answer (tier and class) the one
+``ddnn evaluate`` computes offline with the bundle's own thresholds, and every tier answering
+some frames; ``--json`` prints the summary with these checks for a machine, and the exit status
+is 1 when one fails.
 """
 
 from __future__ import annotations
@@ -66,6 +71,10 @@ def register(sub, data_sub, formatter) -> None:
     p.add_argument(
         "--retrain", action="store_true", help="train again even if the work dir has a bundle"
     )
+    p.add_argument("--seed", type=int, default=0, help="training seed (ddnn train --seed)")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary and its checks as JSON on stdout (the table goes to "
+                   "stderr)")
     p.set_defaults(func=run)
 
 
@@ -148,7 +157,8 @@ def _prepare(args, work: Path) -> tuple[Path, Path]:
         )
     _say("training the DDNN (all exits jointly), exporting to ONNX, calibrating thresholds")
     extra = ["--epochs", str(args.epochs)] if args.epochs else []
-    _ddnn("train", "--data", str(train), "--out", str(bundle), "--name", "demo", *extra)
+    _ddnn("train", "--data", str(train), "--out", str(bundle), "--name", "demo", "--seed",
+          str(args.seed), *extra)
     return bundle, data
 
 
@@ -297,7 +307,7 @@ def _run_hierarchy(args, work: Path, bundle_dir: Path, data_path: Path, m, n: in
 def run(args) -> int:
     from ddnn.bundle import load_bundle
     from ddnn.dataset import load_dataset
-    from ddnn.hierarchy import summarize
+    from ddnn.hierarchy import hierarchy_predictions, summarize
     from ddnn.runtime import BundleRuntime
 
     work = Path(args.work)
@@ -310,19 +320,41 @@ def run(args) -> int:
     n = min(args.frames, ds.num_samples)
     sub = ds.subset(np.arange(n))
     _say(f"offline evaluation of {bundle.ref} on {n} frames (ONNX Runtime)")
-    offline = summarize(
-        BundleRuntime(bundle).run_dataset(sub.X, sub.present), sub.label, sub.y, m, m.policy
-    )
+    exits = BundleRuntime(bundle).run_dataset(sub.X, sub.present)
+    offline = summarize(exits, sub.label, sub.y, m, m.policy)
+    classes, tiers = hierarchy_predictions(exits, m.policy, m.escalation_level)
+    expected = _offline_answers(classes, tiers, sub.y)
     results, payload = _run_hierarchy(args, work, bundle_dir, data_path, m, n)
-    summary = _summary(results, sub, offline, payload, m)
+    summary = _summary(results, sub, offline, payload, m, expected)
     _say("")
-    print(_table(summary))
+    table = _table(summary)
+    if args.json:
+        _say(table)
+        print(json.dumps(summary, indent=2))
+    else:
+        print(table)
     report = _write_report(work / "report", summary, results)
     _say(f"\nreport: {report}   logs: {logs}")
-    return 0 if summary["answered"] == n else 1
+    failed = [name for name, ok in summary["checks"].items() if not ok]
+    if failed:
+        _say(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0
 
 
-def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None, m) -> dict:
+def _offline_answers(classes: np.ndarray, tiers: np.ndarray, view_labels: np.ndarray
+                     ) -> dict[int, tuple[str, int | None]]:
+    """Each frame's answer as ``ddnn evaluate`` computes it: (exit, class); a frame no camera
+    saw is answered ("none", None), as the edge answers it."""
+    names = ("local", "edge", "cloud")
+    seen = (view_labels >= 0).any(axis=1)
+    return {f: (names[int(tiers[f])], int(classes[f])) if seen[f] else ("none", None)
+            for f in range(len(tiers))}
+
+
+def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None, m,
+             expected: dict[int, tuple[str, int | None]] | None = None) -> dict:
+    """The live run beside the offline one; with ``expected`` (each frame's offline answer)
+    the checks the demo proves itself by."""
     n = ds.num_samples
     tiers = ("local", "edge", "cloud")
     answered = [results[f] for f in sorted(results) if f < n]
@@ -333,11 +365,21 @@ def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None,
     correct = [right(r) for r in answered if r["exit"] != "none"]
     lat = {t: [r["latency_ms"] for r in answered if r["exit"] == t] for t in tiers}
     raw = offline["bytes_per_frame"]["raw_offload"]
+    exits = {t: sum(r["exit"] == t for r in answered) for t in tiers}
+    # Frames whose live answer is not the offline one (a degraded frame lost a view: counted).
+    differ = sorted(r["frame"] for r in answered if expected is not None
+                    and (r["exit"], r["class"]) != expected[r["frame"]])
+    checks = {"every_frame_answered": len(answered) == n,
+              "live_equals_offline": expected is not None and not differ,
+              "every_tier_answers": all(exits[t] > 0 for t in tiers)}
     return {
         "frames": n,
         "answered": len(answered),
         "degraded": sum(bool(r.get("degraded")) for r in answered),
-        "exits": {t: sum(r["exit"] == t for r in answered) for t in tiers},
+        "exits": exits,
+        "checks": checks,
+        "differ_from_offline": differ[:20],  # the first of them, to look up in results.jsonl
+        "differ_count": len(differ),
         "no_view": sum(r["exit"] == "none" for r in answered),
         "live_accuracy": float(np.mean(correct)) if correct else 0.0,
         # Each tier's accuracy on the frames it answered (None: it answered none).
@@ -399,6 +441,10 @@ def _table(s: dict) -> str:
         f"uplink bytes per frame: live {live_b}   offline {b['offline']:.1f}   raw offload "
         f"{b['raw_offload']:.1f}   ({b['raw_offload'] / max(b['offline'], 1e-9):.0f}x fewer)",
     ]
+    if checks := s.get("checks"):
+        lines.append("checks: " + ", ".join(
+            f"{name.replace('_', ' ')} {'ok' if ok else 'FAILED'}" for name, ok in checks.items())
+            + (f" ({s['differ_count']} frames differ from offline)" if s["differ_count"] else ""))
     from ddnn.stacking import summary_line
 
     if stacked := summary_line(off):  # why an upper tier answers as it does (or passes up)
