@@ -12,11 +12,14 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.processes import child_env
 
 FRAMES = 120
 
 
+@pytest.mark.timeout(900)  # training and replay: under 2 min idle, far more on a loaded machine
 def test_the_demo_proves_itself_on_a_small_scene(tmp_path, mosquitto):
     proc = subprocess.run(
         [sys.executable, "-m", "ddnn", "demo", "--json", "--work", str(tmp_path),
