@@ -21,6 +21,7 @@ BENCHMARKS = {
     "hierarchy_latency": "ddnn.benchmarks.hierarchy_latency",
     "alignment": "ddnn.benchmarks.alignment",  # skewed starts under load: fixed vs adaptive
     "edge_ingest": "ddnn.benchmarks.edge_ingest",
+    "livez_under_load": "ddnn.benchmarks.livez_under_load",  # /livez, 80 clients never reading
     "raw_vs_hierarchy": "ddnn.benchmarks.raw_vs_hierarchy",
     "bandwidth": "ddnn.benchmarks.bandwidth",
     "soak": "ddnn.benchmarks.soak",  # minutes of the full hierarchy: memory and every frame

@@ -328,6 +328,24 @@ LATENCY_SLO = Spec(
     "`runs/bench/latency_slo`",
 )
 
+LIVEZ_UNDER_LOAD = Spec(
+    question="Does the edge's `/livez` keep answering while 80 connections pipeline GETs and "
+    "never read (issue 40, round 3: 5 s timeouts)?",
+    baseline="the same rounds against the code of `before_revision` (exported with `git "
+    "archive`), same run.",
+    label="figure",
+    cols=(Col("after", "after/{0}"), Col("before", "before/{0}"),
+          Col("after vs before", "after/{0}", base="before/{0}", how="ratio")),
+    rows=tuple(Row(f"{what}, {target} pipelined", (f"{target}/{key}",))
+               for target in ("results_page", "metrics")
+               for what, key in (("worst /livez (s)", "worst_s"),
+                                 ("median /livez (s)", "median_s"),
+                                 ("rounds worse than 1 s", "rounds_over_1s"),
+                                 ("failed probes", "failed_probes"))),
+    setup=("connections", "pipelined", "rounds", "window_s", "before_revision"),
+    bundle="the default bundle (the edge only loads it: the attack never reaches a model)",
+)
+
 SPECS = {
     "training": TRAINING, "ablation": ABLATION, "tiers": TIERS, "stacking": STACKING,
     "paper_tables": PAPER_TABLES,
@@ -335,7 +353,7 @@ SPECS = {
     "edge_cloud_bytes": EDGE_CLOUD_BYTES, "hierarchy_latency": HIERARCHY_LATENCY,
     "alignment": ALIGNMENT, "edge_ingest": EDGE_INGEST, "raw_vs_hierarchy": RAW_VS_HIERARCHY,
     "bandwidth": BANDWIDTH, "soak": SOAK, "federated": FEDERATED, "drift": DRIFT,
-    "latency_slo": LATENCY_SLO,
+    "latency_slo": LATENCY_SLO, "livez_under_load": LIVEZ_UNDER_LOAD,
 }
 
 # The suite's time budget for benchmarks without a measured wall time in their JSON

@@ -213,8 +213,10 @@ class EdgeHandler(BoundedHandler):
         if self.results_rate.allow(self.client_address[0]):
             return True
         self.metrics.refused.inc(reason="rate")
+        # Closed after the refusal: a client pipelining requests gets one refusal, not one per
+        # request it queued (tens of thousands of cheap answers hold the interpreter's lock).
         self._json(429, {"error": f"over {RESULTS_RATE:g} requests a second"},
-                   {"Retry-After": "1"})
+                   {"Retry-After": "1", "Connection": "close"})
         return False
 
     def _results(self, query: str) -> None:

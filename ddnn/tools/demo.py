@@ -5,6 +5,11 @@ installed, else the embedded amqtt), the cloud service, the edge aggregator and 
 process per view, replays the test split, shows live progress, and ends with a summary of the
 live hierarchy beside the offline evaluation. Every role runs as its own ``ddnn`` process, as it
 would in a deployment; the demo only starts them, listens to the results topic and stops them.
+
+It proves itself: every frame answered, each frame's live answer (tier and class) the one
+``ddnn evaluate`` computes offline with the bundle's own thresholds, and every tier answering
+some frames; ``--json`` prints the summary with these checks for a machine, and the exit status
+is 1 when one fails.
 """
 
 from __future__ import annotations
@@ -24,6 +29,10 @@ from pathlib import Path
 import numpy as np
 
 from ddnn.errors import ConfigError
+from ddnn.tools.demo_report import offline_answers as _offline_answers
+from ddnn.tools.demo_report import summary as _summary
+from ddnn.tools.demo_report import table as _table
+from ddnn.tools.demo_report import write_report as _write_report
 
 DEPLOYMENT = "demo"
 # The generated scene: each camera sees part of the object (`ddnn data synth --zoom 2`), so
@@ -66,6 +75,10 @@ def register(sub, data_sub, formatter) -> None:
     p.add_argument(
         "--retrain", action="store_true", help="train again even if the work dir has a bundle"
     )
+    p.add_argument("--seed", type=int, default=0, help="training seed (ddnn train --seed)")
+    p.add_argument("--json", action="store_true",
+                   help="print the summary and its checks as JSON on stdout (the table goes to "
+                   "stderr)")
     p.set_defaults(func=run)
 
 
@@ -148,7 +161,8 @@ def _prepare(args, work: Path) -> tuple[Path, Path]:
         )
     _say("training the DDNN (all exits jointly), exporting to ONNX, calibrating thresholds")
     extra = ["--epochs", str(args.epochs)] if args.epochs else []
-    _ddnn("train", "--data", str(train), "--out", str(bundle), "--name", "demo", *extra)
+    _ddnn("train", "--data", str(train), "--out", str(bundle), "--name", "demo", "--seed",
+          str(args.seed), *extra)
     return bundle, data
 
 
@@ -297,7 +311,7 @@ def _run_hierarchy(args, work: Path, bundle_dir: Path, data_path: Path, m, n: in
 def run(args) -> int:
     from ddnn.bundle import load_bundle
     from ddnn.dataset import load_dataset
-    from ddnn.hierarchy import summarize
+    from ddnn.hierarchy import hierarchy_predictions, summarize
     from ddnn.runtime import BundleRuntime
 
     work = Path(args.work)
@@ -310,126 +324,22 @@ def run(args) -> int:
     n = min(args.frames, ds.num_samples)
     sub = ds.subset(np.arange(n))
     _say(f"offline evaluation of {bundle.ref} on {n} frames (ONNX Runtime)")
-    offline = summarize(
-        BundleRuntime(bundle).run_dataset(sub.X, sub.present), sub.label, sub.y, m, m.policy
-    )
+    exits = BundleRuntime(bundle).run_dataset(sub.X, sub.present)
+    offline = summarize(exits, sub.label, sub.y, m, m.policy)
+    classes, tiers = hierarchy_predictions(exits, m.policy, m.escalation_level)
+    expected = _offline_answers(classes, tiers, sub.y)
     results, payload = _run_hierarchy(args, work, bundle_dir, data_path, m, n)
-    summary = _summary(results, sub, offline, payload, m)
+    summary = _summary(results, sub, offline, payload, m, expected)
     _say("")
-    print(_table(summary))
+    table = _table(summary)
+    if args.json:
+        _say(table)
+        print(json.dumps(summary, indent=2))
+    else:
+        print(table)
     report = _write_report(work / "report", summary, results)
     _say(f"\nreport: {report}   logs: {logs}")
-    return 0 if summary["answered"] == n else 1
-
-
-def _summary(results: dict[int, dict], ds, offline: dict, payload: float | None, m) -> dict:
-    n = ds.num_samples
-    tiers = ("local", "edge", "cloud")
-    answered = [results[f] for f in sorted(results) if f < n]
-    # A frame no camera saw is answered with exit "none" and no class: not in the accuracy.
-    def right(r: dict) -> bool:
-        return r["class"] == int(ds.label[r["frame"]])
-
-    correct = [right(r) for r in answered if r["exit"] != "none"]
-    lat = {t: [r["latency_ms"] for r in answered if r["exit"] == t] for t in tiers}
-    raw = offline["bytes_per_frame"]["raw_offload"]
-    return {
-        "frames": n,
-        "answered": len(answered),
-        "degraded": sum(bool(r.get("degraded")) for r in answered),
-        "exits": {t: sum(r["exit"] == t for r in answered) for t in tiers},
-        "no_view": sum(r["exit"] == "none" for r in answered),
-        "live_accuracy": float(np.mean(correct)) if correct else 0.0,
-        # Each tier's accuracy on the frames it answered (None: it answered none).
-        "accuracy_by_exit": {t: _mean([right(r) for r in answered if r["exit"] == t])
-                             for t in tiers},
-        "offline": offline,
-        "bytes_per_frame": {
-            "live": payload / n if payload is not None else None,
-            "offline": offline["bytes_per_frame"]["ddnn"],
-            "raw_offload": raw,
-        },
-        "latency_ms": {
-            t: (
-                {
-                    "p50": float(np.percentile(v, 50)),
-                    "p99": float(np.percentile(v, 99)),
-                    "count": len(v),
-                }
-                if v
-                else None
-            )
-            for t, v in lat.items()
-        },
-        "model": f"{m.name}:{m.version}",
-    }
-
-
-def _mean(values: list[bool]) -> float | None:
-    return float(np.mean(values)) if values else None
-
-
-def _table(s: dict) -> str:
-    off = s["offline"]
-    lines = [
-        f"DDNN demo — {s['model']}, {s['frames']} frames, {s['answered']} answered, "
-        f"{s['degraded']} degraded",
-        "",
-        f"{'exit':<8}{'frames':>8}{'live share':>12}{'offline share':>15}{'accuracy':>10}"
-        f"{'p50 ms':>9}{'p99 ms':>9}",
-    ]
-    for t in ("local", "edge", "cloud"):
-        lat = s["latency_ms"][t]
-        p50, p99 = (f"{lat['p50']:.1f}", f"{lat['p99']:.1f}") if lat else ("-", "-")
-        share = s["exits"][t] / max(s["answered"], 1)
-        acc = s["accuracy_by_exit"][t]
-        lines.append(
-            f"{t:<8}{s['exits'][t]:>8}{share:>12.3f}{off['exit_fraction'][t]:>15.3f}"
-            f"{'-' if acc is None else f'{acc:.3f}':>10}{p50:>9}{p99:>9}"
-        )
-    if s.get("no_view"):
-        lines.append(f"{'none':<8}{s['no_view']:>8}   frames no camera saw (answered, "
-                     "unclassified)")
-    b = s["bytes_per_frame"]
-    live_b = f"{b['live']:.1f}" if b["live"] is not None else "n/a"
-    lines += [
-        "",
-        f"accuracy: live hierarchy {s['live_accuracy']:.3f}   offline evaluation "
-        f"{off['accuracy']['overall']:.3f}   (cloud exit alone {off['accuracy']['cloud']:.3f})",
-        f"uplink bytes per frame: live {live_b}   offline {b['offline']:.1f}   raw offload "
-        f"{b['raw_offload']:.1f}   ({b['raw_offload'] / max(b['offline'], 1e-9):.0f}x fewer)",
-    ]
-    from ddnn.stacking import summary_line
-
-    if stacked := summary_line(off):  # why an upper tier answers as it does (or passes up)
-        lines.append(stacked)
-    return "\n".join(lines)
-
-
-def _write_report(out: Path, s: dict, results: dict[int, dict]) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(s, indent=2) + "\n")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    tiers = ("local", "edge", "cloud")
-    colours = {"local": "tab:green", "edge": "tab:orange", "cloud": "tab:blue"}
-    axes[0].bar(tiers, [s["exits"][t] for t in tiers], color=[colours[t] for t in tiers])
-    axes[0].set(title="frames per exit tier", ylabel="frames")
-    for t in tiers:
-        v = [r["latency_ms"] for r in results.values() if r["exit"] == t]
-        if v:
-            axes[1].hist(v, bins=30, alpha=0.6, label=t, color=colours[t])
-    axes[1].set(title="end-to-end latency", xlabel="ms", ylabel="frames")
-    axes[1].legend()
-    fig.tight_layout()
-    fig.savefig(out / "demo.png", dpi=110)
-    plt.close(fig)
-    md = out / "report.md"
-    md.write_text(
-        f"# DDNN demo report\n\n```\n{_table(s)}\n```\n\n![exits and latency](demo.png)\n"
-    )
-    return md
+    failed = [name for name, ok in summary["checks"].items() if not ok]
+    if failed:
+        _say(f"failed: {', '.join(failed)}")
+    return 1 if failed else 0

@@ -12,6 +12,7 @@ loopback ports (issue 25 items 6, 7, 16):
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 
 import httpx
@@ -83,6 +84,55 @@ def test_livez_answers_while_clients_pipeline_gets_and_never_read(tiny_bundle, p
         finally:
             for s in clients:
                 s.close()
+
+
+def test_livez_answers_at_once_in_every_round_of_clients_that_pipeline_and_never_read(
+        tiny_bundle):
+    # Issue 40 (round 3): probed as the 80 connections arrive, not once they settle, /livez
+    # timed out in some runs (each non-reading connection let the kernel take hundreds of
+    # answers before its write blocked; each 429 answered every pipelined request). 5 s is the
+    # spec's bound, not a timing measurement: `ddnn bench --only livez_under_load` reports it.
+    from ddnn.plumbing.http_server import SEND_BUFFER
+
+    with edge(tiny_bundle, results=1000) as service:
+        http = service.http
+        for _ in range(3):
+            clients = pipelining_clients(http.port, 80, "/v1/results?after=-1", 400)
+            try:
+                for _ in range(3):
+                    r = httpx.get(f"{http.url}/livez", timeout=5)
+                    assert r.status_code == 200, r.text
+            finally:
+                for s in clients:
+                    s.close()
+        # What bounds the answers computed ahead of a client: the fixed send buffer.
+        with socket.create_connection(("127.0.0.1", http.port), timeout=5) as s:
+            s.sendall(b"GET /livez HTTP/1.1\r\nHost: edge\r\n\r\n")
+            assert s.recv(4096).startswith(b"HTTP/1.1 200")
+            def peer(c: socket.socket) -> int | None:
+                with contextlib.suppress(OSError):  # (an attacker's, shut down meanwhile)
+                    return c.getpeername()[1]
+                return None
+
+            served = [c for c in list(http.server._open) if peer(c) == s.getsockname()[1]]
+            assert len(served) == 1
+            # (Linux doubles what is asked, for its bookkeeping; autotuning would be MiBs)
+            assert served[0].getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF) <= 2 * SEND_BUFFER
+
+
+def test_a_client_over_its_rate_gets_one_refusal_and_its_connection_closed(tiny_bundle):
+    # A 429 closes the connection: 400 pipelined requests past the rate cost one refusal, not
+    # 400 cheap answers (together tens of thousands of them held the interpreter's lock).
+    with edge(tiny_bundle, results=10) as service:
+        with socket.create_connection(("127.0.0.1", service.http.port), timeout=10) as s:
+            s.sendall(b"GET /v1/results?after=-1 HTTP/1.1\r\nHost: edge\r\n\r\n" * 400)
+            answers = b""
+            while chunk := s.recv(65536):  # until the server closes
+                answers += chunk
+        statuses = [int(code) for code in re.findall(rb"HTTP/1\.1 (\d{3}) ", answers)]
+        assert statuses[-1] == 429 and statuses.count(429) == 1, statuses[-5:]
+        assert 0 < statuses.count(200) < 400 and b"Connection: close" in answers
+        assert service.http.metrics.refused.value(reason="rate") == 1
 
 
 # --- item 7: GET /v1/results?after=-1 in a loop ------------------------------------------------

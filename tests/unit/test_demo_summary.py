@@ -43,3 +43,27 @@ def test_a_frame_no_camera_saw_is_left_out_of_every_accuracy():
     s = _summary(results, ds, _offline(), 60.0, SimpleNamespace(name="demo", version="1"))
     assert s["no_view"] == 1 and s["live_accuracy"] == 0.5
     assert s["accuracy_by_exit"] == {"local": 1.0, "edge": None, "cloud": 0.0}
+
+
+def test_the_checks_the_demo_proves_itself_by():
+    labels = np.array([0, 1, 2, 0])
+    results = {0: {"frame": 0, "class": 0, "exit": "local", "latency_ms": 1.0},
+               1: {"frame": 1, "class": 1, "exit": "edge", "latency_ms": 1.0},
+               2: {"frame": 2, "class": 2, "exit": "cloud", "latency_ms": 1.0}}
+    ds = SimpleNamespace(num_samples=4, label=labels)
+    m = SimpleNamespace(name="demo", version="1")
+    offline = {0: ("local", 0), 1: ("edge", 1), 2: ("cloud", 2), 3: ("local", 0)}
+    s = _summary(results, ds, _offline(), 60.0, m, offline)
+    assert s["checks"] == {"every_frame_answered": False, "live_equals_offline": True,
+                           "every_tier_answers": True}
+    results[3] = {"frame": 3, "class": 1, "exit": "edge", "latency_ms": 1.0}  # offline: local
+    s = _summary(results, ds, _offline(), 60.0, m, offline)
+    assert s["checks"]["every_frame_answered"] and not s["checks"]["live_equals_offline"]
+    assert s["differ_from_offline"] == [3] and s["differ_count"] == 1
+    assert "live equals offline FAILED" in _table(s) and "(1 frames differ" in _table(s)
+    del results[2]  # the cloud answers nothing
+    s = _summary(results, SimpleNamespace(num_samples=2, label=labels[:2]), _offline(), 60.0,
+                 m, offline)
+    assert not s["checks"]["every_tier_answers"] and s["checks"]["live_equals_offline"]
+    # Without the offline answers nothing can be said to equal them.
+    assert not _summary(results, ds, _offline(), 60.0, m)["checks"]["live_equals_offline"]
