@@ -76,7 +76,7 @@ system:
 # (the old name of `system`)
 broker: system
 
-# The whole hierarchy on this machine, proving itself: exit status 1 when a check fails.
+# The whole hierarchy on this machine, proving itself: exit status 1 when an answer is wrong.
 demo: setup
 	$(BIN)/ddnn demo
 

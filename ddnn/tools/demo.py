@@ -8,8 +8,9 @@ would in a deployment; the demo only starts them, listens to the results topic a
 
 It proves itself: every frame answered, each frame's live answer (tier and class) the one
 ``ddnn evaluate`` computes offline with the bundle's own thresholds, and every tier answering
-some frames; ``--json`` prints the summary with these checks for a machine, and the exit status
-is 1 when one fails.
+some frames; ``--json`` prints the summary with these checks for a machine. The exit status is 1
+when the hierarchy is wrong (a frame unanswered, a live answer not the offline one); a tier that
+answers no frame is shown, not a failure: the bundle's own calibration decides it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ DEPLOYMENT = "demo"
 # cloud, which answers them from the cameras' detail (on the default seeds: 93% local, 2% edge,
 # 5% cloud, 0.98 accurate, 140x fewer uplink bytes than raw offload).
 SCENE = ("--zoom", "2")
+# The checks whose failure fails the demo: what the hierarchy answers must be right. Which tiers
+# answer is the calibration's choice (a deep device may take every frame itself).
+CORRECTNESS = ("every_frame_answered", "live_equals_offline")
 
 
 def register(sub, data_sub, formatter) -> None:
@@ -341,5 +345,5 @@ def run(args) -> int:
     _say(f"\nreport: {report}   logs: {logs}")
     failed = [name for name, ok in summary["checks"].items() if not ok]
     if failed:
-        _say(f"failed: {', '.join(failed)}")
-    return 1 if failed else 0
+        _say(f"not met: {', '.join(failed)}")
+    return 1 if set(failed) & set(CORRECTNESS) else 0

@@ -37,10 +37,11 @@ def test_the_demo_proves_itself_on_a_small_scene(tmp_path, mosquitto):
     offline = summary["offline"]["exit_fraction"]
     seen = FRAMES - summary["no_view"]
     assert all(abs(exits[t] / seen - offline[t]) < 1e-9 for t in ("local", "edge", "cloud"))
-    # The tier check says what the shares say, and the exit status what the checks say.
+    # The tier check says what the shares say.
     # (Every tier answering on this small scene is issue 41 item 4's open part: with this short
     # training the edge answered none, with the pi preset neither upper tier.)
     assert checks["every_tier_answers"] == (min(exits.values()) > 0)
-    assert proc.returncode == (0 if all(checks.values()) else 1), log
+    # The exit status fails only a wrong hierarchy; a silent tier is shown, not failed.
+    assert proc.returncode == 0, log
     report = tmp_path / "report"
     assert json.loads((report / "summary.json").read_text())["checks"] == checks
