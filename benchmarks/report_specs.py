@@ -315,8 +315,8 @@ DRIFT = Spec(
 LATENCY_SLO = Spec(
     question="When the cloud turns slow mid-run, does the latency planner (`--latency-slo`) keep "
     "the p99 within the objective, and at what accuracy, against fixed thresholds?",
-    baseline="the same replay with the bundle's fixed thresholds (`fixed`), same run; the "
-    "objective is 100 ms at p99.",
+    baseline="the same replay at fixed thresholds, the curve's most accurate point (`fixed`), "
+    "same run; the objective is 100 ms at p99.",
     label="thresholds",
     rows="summary/*",
     cols=tuple(c for phase in ("fast", "slow", "recovered") for c in (
