@@ -10,7 +10,7 @@ from ddnn.errors import ConfigError
 from ddnn.models.cli import _config
 from ddnn.models.config import FLAT, DDNNConfig, DeviceConfig, EscalationConfig
 from ddnn.models.config_file import read_config_file, to_toml
-from ddnn.models.presets import PRESETS, preset
+from ddnn.models.presets import DEFAULT_PRESET, PRESETS, preset
 
 PAPER = {"scheme": "MP-AP", "device_filters": 4, "device_stem": [], "device_binary": True,
          "device_codec": "binary", "device_exit_float": False, "device_exit_pool": 0,
@@ -19,7 +19,8 @@ PAPER = {"scheme": "MP-AP", "device_filters": 4, "device_stem": [], "device_bina
 PI = {"device_stem": [32, 64], "device_convs": 2, "device_filters": 64, "escalate": "none"}
 # Every configuration flag `ddnn train` had before presets and config files, with a value and
 # the fields the configuration then had besides the defaults (`--paper`, `--deep-device`: the
-# networks DDNNConfig.paper() and DDNNConfig.deep_device() gave).
+# networks DDNNConfig.paper() and DDNNConfig.deep_device() gave). The defaults are now the
+# default preset's (pi), so each flag changes those fields of it.
 CONFIG_FLAGS = {
     "--epochs": (["3"], {"epochs": 3}), "--batch-size": (["8"], {"batch_size": 8}),
     "--lr": (["0.01"], {"lr": 0.01}), "--tolerance": (["0.02"], {"tolerance": 0.02}),
@@ -93,7 +94,8 @@ def test_every_flag_of_before_is_still_there():
 @pytest.mark.parametrize("flag", sorted(CONFIG_FLAGS))
 def test_each_configuration_flag_asks_for_what_it_asked_for_before(flag):
     values, changed = CONFIG_FLAGS[flag]
-    assert _config(_args(flag, *values)).to_dict() == {**DDNNConfig().to_dict(), **changed}
+    default = preset(DEFAULT_PRESET).to_dict()
+    assert _config(_args(flag, *values)).to_dict() == {**default, **changed}
 
 
 @pytest.mark.parametrize("flag", sorted(RUN_FLAGS))
@@ -102,7 +104,7 @@ def test_each_other_flag_sets_its_argument_and_leaves_the_configuration(flag):
     args = _args(flag, *values)
     assert getattr(args, dest) == value
     if flag not in ("--teacher", "--baseline"):  # those two refuse each other, tested elsewhere
-        assert _config(args) == DDNNConfig()
+        assert _config(args) == preset(DEFAULT_PRESET)
 
 
 def test_the_manifest_keeps_its_flat_config_keys():
@@ -131,9 +133,10 @@ def test_each_group_validates_itself_and_the_config_what_spans_two():
     assert cfg.replace(max_bytes=None).calibration.max_bytes is None
 
 
-def test_the_presets_are_today_defaults_the_paper_and_the_deep_device():
+def test_the_presets_are_tiny_the_paper_and_the_deep_device_the_default():
     assert set(PRESETS) == {"tiny", "paper", "pi"}
-    assert preset("tiny") == DDNNConfig()
+    assert DEFAULT_PRESET == "pi" and _config(_args()) == preset("pi")  # no preset: pi
+    assert preset("tiny") == DDNNConfig()  # the default before pi, DDNNConfig's own fields
     assert preset("paper").to_dict() == {**DDNNConfig().to_dict(), **PAPER}
     assert preset("pi").to_dict() == {**DDNNConfig().to_dict(), **PI}
     assert _config(_args("--preset", "paper")) == _config(_args("--paper")) == preset("paper")
