@@ -153,6 +153,16 @@ def _aims(rows: dict[str, dict], reference: float) -> dict:
             "x_fewer_min": fewer, "at_least_20x_fewer_bytes": fewer >= 20}
 
 
+def _gate(rows: dict[int, dict], refs: dict[int, dict]) -> dict:
+    """Issue 41's accuracy gate for a variant: the mean over the seeds at least the reference's,
+    no seed more than 0.5 points under the reference of its seed, 50x fewer bytes than raw."""
+    behind = {s: r["overall"] - refs[s]["overall"] for s, r in rows.items()}
+    mean = sum(behind.values()) / len(behind)
+    fewer = min(r["x_fewer_than_raw"] or float("inf") for r in rows.values())
+    return {"mean_minus_reference": mean, "worst_seed_minus_reference": min(behind.values()),
+            "met": mean >= 0 and min(behind.values()) >= -0.005 and fewer >= 50}
+
+
 def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
     root = work / ("tiers-quick" if quick else "tiers")
     root.mkdir(parents=True, exist_ok=True)
@@ -172,8 +182,8 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         reference = sum(r["overall"] for r in refs.values()) / len(refs)
         table[name] = {
             "reference": {"seeds": refs, "overall_mean": reference},
-            "variants": {v: {"seeds": rows, "aims": _aims(rows, reference)}
-                         for v, rows in variants.items()},
+            "variants": {v: {"seeds": rows, "aims": _aims(rows, reference),
+                             "gate": _gate(rows, refs)} for v, rows in variants.items()},
         }
     result = {
         "machine": machine(),
@@ -185,6 +195,8 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         "aims": {f"{n}.{v}": all(t["variants"][v]["aims"][k] for k in
                                  ("cloud_ge_edge_ge_local", "within_0.3pt_of_reference",
                                   "at_least_20x_fewer_bytes"))
+                 for n, t in table.items() for v in VARIANTS},
+        "gate": {f"{n}.{v}": t["variants"][v]["gate"]["met"]
                  for n, t in table.items() for v in VARIANTS},
     }
     write_json(out_dir, "tiers", result)
