@@ -40,7 +40,7 @@ PRESETS = {p.name: p for p in (
            "double-conv stem blocks of 32 and 64 filters, 64 binary features a cell, no "
            "escalation (about 210 KB a device)", {
                "device_stem": (32, 64), "device_convs": 2, "device_filters": 64,
-               "escalate": "none"}),
+               "escalate": "none", "channels_last": True}),
 )}
 DEFAULT_PRESET = "pi"  # what `ddnn train` starts from without --preset
 

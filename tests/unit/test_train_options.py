@@ -15,8 +15,10 @@ from ddnn.models.presets import DEFAULT_PRESET, PRESETS, preset
 PAPER = {"scheme": "MP-AP", "device_filters": 4, "device_stem": [], "device_binary": True,
          "device_codec": "binary", "device_exit_float": False, "device_exit_pool": 0,
          "device_scores": "logits", "edge_filters": 16, "edge_per_view": False,
-         "edge_codec": "binary", "distill_device": True, "escalate": "none", "device_convs": 1}
-PI = {"device_stem": [32, 64], "device_convs": 2, "device_filters": 64, "escalate": "none"}
+         "edge_codec": "binary", "distill_device": True, "escalate": "none", "device_convs": 1,
+         "channels_last": False}
+PI = {"device_stem": [32, 64], "device_convs": 2, "device_filters": 64, "escalate": "none",
+      "channels_last": True}
 # Every configuration flag `ddnn train` had before presets and config files, with a value and
 # the fields the configuration then had besides the defaults (`--paper`, `--deep-device`: the
 # networks DDNNConfig.paper() and DDNNConfig.deep_device() gave). The defaults are now the
@@ -73,8 +75,8 @@ MANIFEST_KEYS = {*PAPER, "cloud_filters", "escalate_pool", "escalate_bits", "esc
                  "batch_size", "lr", "weight_decay", "exit_weights", "seed", "threads", "distill",
                  "teacher_weight", "distill_temperature", "lowres_epochs", "augment", "shift",
                  "brightness", "view_dropout", "schedule", "patience", "stop_fraction", "device",
-                 "amp", "cpu_amp", "comm_hook", "val_fraction", "tolerance", "agreement",
-                 "max_bytes", "threshold_grid", "stack_exits", "extra"}
+                 "amp", "cpu_amp", "comm_hook", "channels_last", "val_fraction", "tolerance",
+                 "agreement", "max_bytes", "threshold_grid", "stack_exits", "extra"}
 
 
 def _args(*flags: str):
