@@ -264,9 +264,9 @@ FLAT: dict[str, tuple[str, str]] = {
 class DDNNConfig:
     """Architecture, training and calibration settings, one frozen group per concern.
 
-    The defaults are the ``tiny`` preset's, measured in docs/training.md ("Closing the gap");
-    the other presets (:func:`ddnn.models.presets.preset`: ``paper``, ``pi``, which ``ddnn
-    train`` starts from) change a few fields of them.
+    The defaults are the ``tiny`` preset's (``ddnn train``'s), measured in docs/training.md
+    ("Closing the gap"); the other presets (:func:`ddnn.models.presets.preset`: ``paper``,
+    ``pi``) change a few fields of them.
     Build one from flat names with :meth:`from_flat`, change one with :meth:`replace`.
     """
 

@@ -22,7 +22,7 @@ PI = {"device_stem": [32, 64], "device_convs": 2, "device_filters": 64, "escalat
 # Every configuration flag `ddnn train` had before presets and config files, with a value and
 # the fields the configuration then had besides the defaults (`--paper`, `--deep-device`: the
 # networks DDNNConfig.paper() and DDNNConfig.deep_device() gave). The defaults are now the
-# default preset's (pi), so each flag changes those fields of it.
+# default preset's (tiny), so each flag changes those fields of it.
 CONFIG_FLAGS = {
     "--epochs": (["3"], {"epochs": 3}), "--batch-size": (["8"], {"batch_size": 8}),
     "--lr": (["0.01"], {"lr": 0.01}), "--tolerance": (["0.02"], {"tolerance": 0.02}),
@@ -135,10 +135,10 @@ def test_each_group_validates_itself_and_the_config_what_spans_two():
     assert cfg.replace(max_bytes=None).calibration.max_bytes is None
 
 
-def test_the_presets_are_tiny_the_paper_and_the_deep_device_the_default():
+def test_the_presets_are_tiny_the_default_the_paper_and_the_deep_device():
     assert set(PRESETS) == {"tiny", "paper", "pi"}
-    assert DEFAULT_PRESET == "pi" and _config(_args()) == preset("pi")  # no preset: pi
-    assert preset("tiny") == DDNNConfig()  # the default before pi, DDNNConfig's own fields
+    assert DEFAULT_PRESET == "tiny" and _config(_args()) == preset("tiny")  # no preset: tiny
+    assert preset("tiny") == DDNNConfig()  # DDNNConfig's own fields
     assert preset("paper").to_dict() == {**DDNNConfig().to_dict(), **PAPER}
     assert preset("pi").to_dict() == {**DDNNConfig().to_dict(), **PI}
     assert _config(_args("--preset", "paper")) == _config(_args("--paper")) == preset("paper")
