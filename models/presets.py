@@ -22,8 +22,9 @@ class Preset:
 
 
 PRESETS = {p.name: p for p in (
-    Preset("tiny", "the defaults: a 16 KB device with a float stem, escalation of views at "
-           "4 bits (docs/training.md, 'Closing the gap')", {}),
+    Preset("tiny", "the default, for the weakest boards too: a 16 KB device with a float "
+           "stem, escalation of views at 4 bits (docs/training.md, 'Closing the gap'); "
+           "DDNNConfig()'s own fields", {}),
     Preset("paper", "the paper's network, the defaults before docs/training.md's changes: one "
            "binarized ConvP block of 4 filters per device, linear device exit, MP-AP, binary "
            "edge features", {
@@ -32,15 +33,17 @@ PRESETS = {p.name: p for p in (
                "device_scores": "logits", "edge_filters": 16, "edge_per_view": False,
                "edge_codec": "binary", "distill_device": True, "escalate": "none",
                "device_convs": 1}),
-    # Its fused exit alone matched or beat the raw-offload reference on the generated sets at
-    # 29-101 B a frame (docs/training.md, "A deep device"); escalation then adds nothing.
+    # Its fused exit alone matched or beat the raw-offload reference on every generated set at
+    # 29-101 B a frame, stacked upper tiers ordered above it (docs/training.md, "A deep device",
+    # "A Pi-class default"); escalation then adds nothing. Not the default: it trains about
+    # 2-3x as long as tiny on 2 cores ("A Pi-class default", "Training time").
     Preset("pi", "a device as deep as a Raspberry Pi-class board affords: double-conv stem "
            "blocks of 32 and 64 filters, 64 binary features a cell, no escalation (about "
            "210 KB a device)", {
                "device_stem": (32, 64), "device_convs": 2, "device_filters": 64,
-               "escalate": "none"}),
+               "escalate": "none", "channels_last": True}),
 )}
-DEFAULT_PRESET = "tiny"
+DEFAULT_PRESET = "tiny"  # what `ddnn train` starts from without --preset
 
 
 def preset(name: str) -> DDNNConfig:

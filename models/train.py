@@ -246,6 +246,8 @@ def train(
         _, h, w = train_ds.image_shape
         model = DDNN(cfg, train_ds.num_views, len(train_ds.classes), h, w)
     model = model.to(dist.device)
+    if cfg.training.channels_last:  # oneDNN's faster conv kernels; undone before returning
+        model = model.to(memory_format=torch.channels_last)
     opt = torch.optim.Adam(model.parameters(), lr=cfg.training.lr,
                            weight_decay=cfg.training.weight_decay)
     sched = _schedule(opt, cfg, dist.steps_per_epoch(train_ds.num_samples, cfg.training.batch_size))
@@ -282,6 +284,7 @@ def train(
             break
     result = TrainResult(model, run.history, run.best_epoch,
                          stopped_early=run.epoch < cfg.training.epochs, teacher=taught_by)
+    model = model.to(memory_format=torch.contiguous_format)  # export and save as always
     if run.best_state is not None:
         model.load_state_dict(run.best_state)
     model.eval()

@@ -11,9 +11,9 @@ from typing import Any
 
 from ddnn.errors import ConfigError
 from ddnn.models.config import DEVICE_CODECS, EDGE_CODECS, ESCALATIONS, FLAT, DDNNConfig
-from ddnn.models.presets import DEFAULT_PRESET, PRESETS
+from ddnn.models.presets import DEFAULT_PRESET, PRESETS, preset
 
-_DEFAULTS = DDNNConfig().to_dict()
+_DEFAULTS = preset(DEFAULT_PRESET).to_dict()  # what each flag's help names as its default
 
 
 def int_list(text: str) -> tuple[int, ...]:

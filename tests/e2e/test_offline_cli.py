@@ -34,6 +34,8 @@ def test_synth_train_evaluate(tmp_path, views, classes, size):
         "--name",
         "cli-test",
         "--no-progress",
+        "--preset",  # the CLI's flow, not the default device: the small one keeps it fast
+        "tiny",
     )
     assert proc.returncode == 0, proc.stderr
     assert "thresholds: local" in proc.stderr

@@ -41,10 +41,12 @@ def _train(data, out, *extra, procs=1, env=None):
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
                f"--nproc_per_node={procs}", "-m", "ddnn"]
-    # Escalation on (the default, explicit here): the escalated exit teaches the others (without
-    # it, one 4-epoch run with the fp16 hook left the cloud exit 9 points under one process's).
+    # The tiny device with escalation on (its default, explicit here): the escalated exit teaches
+    # the others (without it, one 4-epoch run with the fp16 hook left the cloud exit 9 points
+    # under one process's).
     cmd += ["train", "--data", str(data), "--out", str(out), "--epochs", EPOCHS, "--threads", "1",
-            "--no-progress", "--json", "--device", "cpu", "--escalate", "view", *extra]
+            "--no-progress", "--json", "--device", "cpu", "--preset", "tiny", "--escalate", "view",
+            *extra]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=240,
                           env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
     assert proc.returncode == 0, proc.stderr[-3000:]

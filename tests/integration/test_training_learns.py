@@ -61,3 +61,18 @@ def test_the_cloud_beats_the_local_exit_where_views_must_be_fused(tmp_path):
     assert acc["local"] <= 0.85, acc  # the product of the views' posteriors: 3/4 at best
     assert acc["cloud"] >= acc["local"] + 0.1, acc
     assert acc["escalated"] >= acc["local"] + 0.1, acc
+
+
+def test_channels_last_training_is_the_same_arithmetic_and_saves_plain_weights(tmp_path):
+    scene = SceneConfig(views=2, classes=3, size=16, occlusion_prob=0.0, noise=0.03)
+    save_dataset(tmp_path / "train.npz", synthesize(120, scene, seed=1))
+    runs = {}
+    for layout in (False, True):
+        config = DDNNConfig.from_flat(batch_size=32, threads=1, epochs=2, device_stem=(8,),
+                                      device_convs=2, channels_last=layout)
+        _, train_ds, stop_ds, _ = split_data(tmp_path / "train.npz", None, config)
+        runs[layout] = train(train_ds, stop_ds, config, progress=False)
+    plain, cl = runs[False], runs[True]
+    assert all(p.is_contiguous() for p in cl.model.parameters())  # exported as before
+    for a, b in zip(plain.history, cl.history, strict=True):
+        assert b["loss"] == pytest.approx(a["loss"], rel=1e-3)

@@ -39,3 +39,21 @@ def test_every_training_variant_of_the_benchmarks_is_a_valid_ddnn_train_call():
                                             *tiers.VARIANTS["pi_device"]]))
     assert (pi.device.stem, pi.device.convs, pi.device.filters, pi.escalation.detail) == (
         (16, 32), 2, 32, "view")
+
+
+def test_the_tiers_gate_needs_the_mean_each_seed_and_fifty_times_fewer_bytes():
+    """Issue 41's gate: the mean at least the reference's, no seed 0.5 points under its own
+    reference, at least 50x fewer bytes than raw offload on every seed."""
+    from ddnn.benchmarks.tiers import _gate
+
+    refs = {0: {"overall": 0.921}, 1: {"overall": 0.897}}
+
+    def rows(s0, s1, fewer=64.0):
+        return {0: {"overall": s0, "x_fewer_than_raw": fewer},
+                1: {"overall": s1, "x_fewer_than_raw": 145.0}}
+
+    gate = _gate(rows(0.934, 0.932), refs)
+    assert gate["met"] and gate["worst_seed_minus_reference"] == pytest.approx(0.013)
+    assert not _gate(rows(0.915, 0.932), refs)["met"]  # seed 0 0.6 points under, mean above
+    assert not _gate(rows(0.934, 0.932, fewer=40.0), refs)["met"]  # too many bytes
+    assert not _gate(rows(0.918, 0.894), refs)["met"]  # each seed 0.3 under: the mean is

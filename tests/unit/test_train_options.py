@@ -10,16 +10,19 @@ from ddnn.errors import ConfigError
 from ddnn.models.cli import _config
 from ddnn.models.config import FLAT, DDNNConfig, DeviceConfig, EscalationConfig
 from ddnn.models.config_file import read_config_file, to_toml
-from ddnn.models.presets import PRESETS, preset
+from ddnn.models.presets import DEFAULT_PRESET, PRESETS, preset
 
 PAPER = {"scheme": "MP-AP", "device_filters": 4, "device_stem": [], "device_binary": True,
          "device_codec": "binary", "device_exit_float": False, "device_exit_pool": 0,
          "device_scores": "logits", "edge_filters": 16, "edge_per_view": False,
-         "edge_codec": "binary", "distill_device": True, "escalate": "none", "device_convs": 1}
-PI = {"device_stem": [32, 64], "device_convs": 2, "device_filters": 64, "escalate": "none"}
+         "edge_codec": "binary", "distill_device": True, "escalate": "none", "device_convs": 1,
+         "channels_last": False}
+PI = {"device_stem": [32, 64], "device_convs": 2, "device_filters": 64, "escalate": "none",
+      "channels_last": True}
 # Every configuration flag `ddnn train` had before presets and config files, with a value and
 # the fields the configuration then had besides the defaults (`--paper`, `--deep-device`: the
-# networks DDNNConfig.paper() and DDNNConfig.deep_device() gave).
+# networks DDNNConfig.paper() and DDNNConfig.deep_device() gave). The defaults are now the
+# default preset's (tiny), so each flag changes those fields of it.
 CONFIG_FLAGS = {
     "--epochs": (["3"], {"epochs": 3}), "--batch-size": (["8"], {"batch_size": 8}),
     "--lr": (["0.01"], {"lr": 0.01}), "--tolerance": (["0.02"], {"tolerance": 0.02}),
@@ -72,8 +75,8 @@ MANIFEST_KEYS = {*PAPER, "cloud_filters", "escalate_pool", "escalate_bits", "esc
                  "batch_size", "lr", "weight_decay", "exit_weights", "seed", "threads", "distill",
                  "teacher_weight", "distill_temperature", "lowres_epochs", "augment", "shift",
                  "brightness", "view_dropout", "schedule", "patience", "stop_fraction", "device",
-                 "amp", "cpu_amp", "comm_hook", "val_fraction", "tolerance", "agreement",
-                 "max_bytes", "threshold_grid", "stack_exits", "extra"}
+                 "amp", "cpu_amp", "comm_hook", "channels_last", "val_fraction", "tolerance",
+                 "agreement", "max_bytes", "threshold_grid", "stack_exits", "extra"}
 
 
 def _args(*flags: str):
@@ -93,7 +96,8 @@ def test_every_flag_of_before_is_still_there():
 @pytest.mark.parametrize("flag", sorted(CONFIG_FLAGS))
 def test_each_configuration_flag_asks_for_what_it_asked_for_before(flag):
     values, changed = CONFIG_FLAGS[flag]
-    assert _config(_args(flag, *values)).to_dict() == {**DDNNConfig().to_dict(), **changed}
+    default = preset(DEFAULT_PRESET).to_dict()
+    assert _config(_args(flag, *values)).to_dict() == {**default, **changed}
 
 
 @pytest.mark.parametrize("flag", sorted(RUN_FLAGS))
@@ -102,7 +106,7 @@ def test_each_other_flag_sets_its_argument_and_leaves_the_configuration(flag):
     args = _args(flag, *values)
     assert getattr(args, dest) == value
     if flag not in ("--teacher", "--baseline"):  # those two refuse each other, tested elsewhere
-        assert _config(args) == DDNNConfig()
+        assert _config(args) == preset(DEFAULT_PRESET)
 
 
 def test_the_manifest_keeps_its_flat_config_keys():
@@ -131,9 +135,10 @@ def test_each_group_validates_itself_and_the_config_what_spans_two():
     assert cfg.replace(max_bytes=None).calibration.max_bytes is None
 
 
-def test_the_presets_are_today_defaults_the_paper_and_the_deep_device():
+def test_the_presets_are_tiny_the_default_the_paper_and_the_deep_device():
     assert set(PRESETS) == {"tiny", "paper", "pi"}
-    assert preset("tiny") == DDNNConfig()
+    assert DEFAULT_PRESET == "tiny" and _config(_args()) == preset("tiny")  # no preset: tiny
+    assert preset("tiny") == DDNNConfig()  # DDNNConfig's own fields
     assert preset("paper").to_dict() == {**DDNNConfig().to_dict(), **PAPER}
     assert preset("pi").to_dict() == {**DDNNConfig().to_dict(), **PI}
     assert _config(_args("--preset", "paper")) == _config(_args("--paper")) == preset("paper")
