@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -73,6 +75,26 @@ def stop_process(proc: subprocess.Popen, timeout: float = 20.0) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def replay_devices(bundle: Path, replay: Path, broker: str, views: int, *, deployment: str,
+                   fps: float) -> None:
+    """One device agent per view, in threads of this process, replaying ``replay`` at ``fps``
+    in pull mode; returns once every one has sent its last frame."""
+    from ddnn.device.service import DeviceService
+    from ddnn.device.settings import DeviceSettings
+
+    with contextlib.ExitStack() as stack:
+        services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
+            bundle=bundle, view=v, broker=broker, deployment=deployment, mode="pull",
+            data=replay, fps=fps, grace=0.5, drain_timeout=30,
+            peers=tuple(f"cam{i}" for i in range(views)), wait_peers=20)))
+            for v in range(views)]
+        threads = [threading.Thread(target=s.run) for s in services]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
 
 
 def write_json(out_dir: Path, name: str, result: dict) -> Path:

@@ -14,7 +14,6 @@ what answering more frames at the cloud can win back. Results in ``drift.json``,
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddnn.benchmarks.common import pyplot, write_json
+from ddnn.benchmarks.common import pyplot, replay_devices, write_json
 
 SCENE = {"views": 3, "classes": 3, "size": 16, "body_blobs": 3, "parts": 3,
          "absent_prob": 0.05, "occlusion_prob": 0.1, "noise": 0.03}  # as tests/support/data.py
@@ -63,22 +62,6 @@ def _field(root: Path, quick: bool) -> tuple[Path, Path, np.ndarray]:
     return bundle, replay, data["label"]
 
 
-def _devices(bundle: Path, replay: Path, broker: str, views: int) -> None:
-    from ddnn.device.service import DeviceService
-    from ddnn.device.settings import DeviceSettings
-
-    with contextlib.ExitStack() as stack:
-        services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
-            bundle=bundle, view=v, broker=broker, deployment="drift", mode="pull", data=replay,
-            fps=FPS, grace=0.5, drain_timeout=30, peers=tuple(f"cam{i}" for i in range(views)),
-            wait_peers=20))) for v in range(views)]
-        threads = [threading.Thread(target=s.run) for s in services]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-
 def _replay(bundle: Path, replay: Path, broker: str, cloud: str, adapt: bool,
             work: Path) -> tuple[list[dict], list[dict], dict]:
     """One run: the results, the edge's drift status sampled over time, its counts."""
@@ -104,7 +87,7 @@ def _replay(bundle: Path, replay: Path, broker: str, cloud: str, adapt: bool,
 
         sampler = threading.Thread(target=sample)
         sampler.start()
-        _devices(bundle, replay, broker, agg.manifest.views)
+        replay_devices(bundle, replay, broker, agg.manifest.views, deployment="drift", fps=FPS)
         time.sleep(1.0)  # the last cloud answers of audits (no result waits on them)
         done.set()
         sampler.join()

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ddnn.benchmarks.common import pyplot, write_json
+from ddnn.benchmarks.common import pyplot, replay_devices, write_json
 from ddnn.edge.events import EdgeEvents
 from ddnn.result import Result
 
@@ -129,22 +129,6 @@ def _field(root: Path, quick: bool) -> tuple[Path, Path, np.ndarray]:
     return bundle, replay, data["label"]
 
 
-def _devices(bundle: Path, replay: Path, broker: str, views: int) -> None:
-    from ddnn.device.service import DeviceService
-    from ddnn.device.settings import DeviceSettings
-
-    with contextlib.ExitStack() as stack:
-        services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
-            bundle=bundle, view=v, broker=broker, deployment="slo", mode="pull", data=replay,
-            fps=FPS, grace=0.5, drain_timeout=30, peers=tuple(f"cam{i}" for i in range(views)),
-            wait_peers=20))) for v in range(views)]
-        threads = [threading.Thread(target=s.run) for s in services]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-
 def most_accurate(bundle: Path) -> dict[str, float]:
     """The thresholds of the bundle's most accurate curve point (ties: fewer bytes)."""
     from ddnn.bundle import load_bundle
@@ -183,7 +167,7 @@ def _replay(bundle: Path, replay: Path, broker: str, relay: DelayingRelay, frame
 
         switcher = threading.Thread(target=phases)
         switcher.start()
-        _devices(bundle, replay, broker, agg.manifest.views)
+        replay_devices(bundle, replay, broker, agg.manifest.views, deployment="slo", fps=FPS)
         time.sleep(1.0)
         done.set()
         switcher.join()
