@@ -76,6 +76,15 @@ class TcpRelay:
                 threading.Thread(target=self._pipe, args=(a, b), daemon=True,
                                  name="relay-pipe").start()
 
+    def _close_pair(self, src: socket.socket, dst: socket.socket) -> None:
+        """Forget and close both ends of a relayed connection (either side ended it)."""
+        with self._lock:
+            self._sockets -= {src, dst}
+        for s in (src, dst):
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
     def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
@@ -83,12 +92,7 @@ class TcpRelay:
         except OSError:
             pass
         finally:
-            with self._lock:
-                self._sockets -= {src, dst}
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-                s.close()
+            self._close_pair(src, dst)
 
 
 class DelayingRelay(TcpRelay):
@@ -123,9 +127,4 @@ class DelayingRelay(TcpRelay):
         except OSError:
             pass
         finally:
-            with self._lock:
-                self._sockets -= {src, dst}
-            for s in (src, dst):
-                with contextlib.suppress(OSError):
-                    s.shutdown(socket.SHUT_RDWR)
-                s.close()
+            self._close_pair(src, dst)
