@@ -18,8 +18,6 @@ planner's point. Results in ``latency_slo.json``,
 
 from __future__ import annotations
 
-import contextlib
-import socket
 import threading
 import time
 from pathlib import Path
@@ -29,6 +27,7 @@ import numpy as np
 from ddnn.benchmarks.common import pyplot, replay_devices, write_json
 from ddnn.edge.events import EdgeEvents
 from ddnn.result import Result
+from ddnn.tools.relay import DelayingRelay
 
 # The drift benchmark's scene, noisier and more occluded: a local exit that is often unsure, so
 # that the curve has points sending frames up that are more accurate than it.
@@ -40,55 +39,6 @@ FPS = 20.0  # the cameras' pace
 DELAY = 0.3  # seconds the relay holds the cloud's traffic in the slow phase
 SLO_MS, PERCENTILE = 100.0, 99.0
 WAIT_MS = 30.0  # the views' wait, both runs: well under the objective
-
-
-class DelayingRelay:
-    """A TCP relay to ``target`` that holds every byte :attr:`delay` seconds (half each way);
-    the delay may change while connections are open, bytes keep their order."""
-
-    def __init__(self, target: tuple[str, int], delay: float = 0.0):
-        self.target, self.delay = target, delay
-        self._server = socket.create_server(("127.0.0.1", 0))
-        self.url = f"http://127.0.0.1:{self._server.getsockname()[1]}"
-        threading.Thread(target=self._accept, daemon=True, name="relay").start()
-
-    def _accept(self) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                client, _ = self._server.accept()
-                upstream = socket.create_connection(self.target)
-                for src, dst in ((client, upstream), (upstream, client)):
-                    threading.Thread(target=self._pipe, args=(src, dst), daemon=True).start()
-
-    def _pipe(self, src: socket.socket, dst: socket.socket) -> None:
-        due: list[tuple[float, bytes]] = []
-        ready = threading.Condition()
-        threading.Thread(target=self._deliver, args=(due, ready, dst), daemon=True).start()
-        with contextlib.suppress(OSError):
-            while data := src.recv(65536):
-                with ready:
-                    due.append((time.monotonic() + self.delay / 2, data))
-                    ready.notify()
-        with ready:
-            due.append((0.0, b""))  # the end
-            ready.notify()
-
-    @staticmethod
-    def _deliver(due: list, ready: threading.Condition, dst: socket.socket) -> None:
-        with contextlib.suppress(OSError):
-            while True:
-                with ready:
-                    ready.wait_for(lambda: bool(due))
-                    at, data = due.pop(0)
-                if not data:
-                    break
-                time.sleep(max(at - time.monotonic(), 0.0))
-                dst.sendall(data)
-        with contextlib.suppress(OSError):
-            dst.shutdown(socket.SHUT_RDWR)
-
-    def stop(self) -> None:
-        self._server.close()
 
 
 class Answers(EdgeEvents):
@@ -147,7 +97,7 @@ def _replay(bundle: Path, replay: Path, broker: str, relay: DelayingRelay, frame
 
     relay.delay = 0.0
     seen = Answers()
-    s = EdgeSettings(bundle=bundle, broker=broker, cloud=relay.url, deployment="slo",
+    s = EdgeSettings(bundle=bundle, broker=broker, cloud=relay.http_url, deployment="slo",
                      deadline_ms=WAIT_MS, max_wait_ms=WAIT_MS, **most_accurate(bundle),
                      latency_slo=SLO_MS if planner else None, latency_percentile=PERCENTILE)
     starts: list[float] = []
