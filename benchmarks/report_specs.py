@@ -283,7 +283,8 @@ FEDERATED = Spec(
     baseline="central training on every site's data, same run; `before` is the bundle before "
     "federation.",
     label="training",
-    # One row per training and seed (the JSON keeps each seed's figure at its list index).
+    # One row per training and seed (the JSON keeps each seed's figure at its list index;
+    # benchmarks/federated.py runs SEEDS = (1, 2)).
     rows=tuple(Row(f"{k}, seed {i + 1}", (k, str(i))) for k in ("before", "central", "fedavg",
                                                               "dma") for i in range(2)),
     cols=(Col("overall accuracy (%)", "summary/accuracy_overall/{0}/{1}", scale=PCT),
