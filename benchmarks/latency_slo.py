@@ -12,8 +12,8 @@ both from the curve's most accurate point (what an edge without an objective wou
 ``fixed`` keeps it, ``planner`` runs ``--latency-slo`` :data:`SLO_MS`. Per phase (by capture
 time): the p99 of capture-to-answer latency against the objective, the accuracy of the answers
 (against the replay's labels) and the exit shares; over time, each answer's latency and the
-planner's point. Results in ``latency_slo.json``,
-``latency_slo.png``.
+planner's point. The first :data:`WARMUP` seconds of each run are not counted. Results in
+``latency_slo.json``, ``latency_slo.png``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,8 @@ SCENE = {"views": 3, "classes": 3, "size": 16, "body_blobs": 3, "parts": 3,
 PHASES = ("fast", "slow", "recovered")
 FRAMES = 300  # frames per phase (half with --quick)
 FPS = 20.0  # the cameras' pace
+WARMUP = 2.0  # seconds of frames before the first phase, not counted: the first calls open
+# connections and run cold ONNX sessions (a frame then may take a second)
 DELAY = 0.3  # seconds the relay holds the cloud's traffic in the slow phase
 SLO_MS, PERCENTILE = 100.0, 99.0
 WAIT_MS = 30.0  # the views' wait, both runs: well under the objective
@@ -74,7 +76,8 @@ def _field(root: Path, quick: bool) -> tuple[Path, Path, np.ndarray]:
         build_bundle(root / "train.npz", bundle,
                      DDNNConfig.from_flat(epochs=4 if quick else 8, batch_size=32, seed=0),
                      name="slo", version="1", progress=False, log=lambda *_: None)
-    data = synthesize(len(PHASES) * (FRAMES // 2 if quick else FRAMES), cfg, seed=2)
+    frames = len(PHASES) * (FRAMES // 2 if quick else FRAMES) + int(WARMUP * FPS)
+    data = synthesize(frames, cfg, seed=2)
     save_dataset(replay, data)
     return bundle, replay, data["label"]
 
@@ -106,9 +109,11 @@ def _replay(bundle: Path, replay: Path, broker: str, relay: DelayingRelay, frame
         service.mqtt.wait_subscribed(10)
         done = threading.Event()
 
-        def phases() -> None:  # the phases by the cameras' clock, from the first answer
+        def phases() -> None:  # the phases by the cameras' clock, after the warm-up
             while not seen.rows and not done.wait(0.01):
                 pass
+            if done.wait(WARMUP):
+                return
             for delay in (0.0, DELAY, 0.0):
                 starts.append(time.time())
                 relay.delay = delay
@@ -129,7 +134,7 @@ def _phase_stats(seen: Answers, starts: list[float], labels: np.ndarray) -> dict
     rows = sorted(seen.rows, key=lambda r: r[3])
     edges = [*starts[1:], np.inf]
     out = {}
-    for name, start, end in zip(PHASES, starts, edges, strict=True):
+    for name, start, end in zip(PHASES, starts, edges, strict=True):  # (the warm-up left out)
         got = [r for r in rows if start <= r[3] < end]
         if not got:
             out[name] = {"frames": 0}
@@ -151,7 +156,7 @@ def _plot(out_dir: Path, runs: dict) -> None:
     fig, axes = plt.subplots(2, 1, figsize=(11, 6), sharex=True)
     for name, r in runs.items():
         t0 = r["phase_starts"][0]
-        t = [row[0] - t0 for row in r["answers"]]
+        t = [row[0] - t0 for row in r["answers"]]  # (the warm-up before 0)
         axes[0].scatter(t, [1000 * row[1] for row in r["answers"]], s=4, label=name, alpha=0.6)
         if r["plans"]:
             axes[1].step([p[0] - t0 for p in r["plans"]], [p[1] for p in r["plans"]],
@@ -203,7 +208,7 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         broker.stop()
     summary = {k: v["phases"] for k, v in runs.items()}
     result = {"frames_per_phase": frames, "thresholds": most_accurate(bundle), "fps": FPS,
-              "delay_s": DELAY,
+              "delay_s": DELAY, "warmup_s": WARMUP,
               "objective_ms": SLO_MS, "percentile": PERCENTILE, "wait_ms": WAIT_MS,
               "summary": summary, "runs": runs}
     write_json(out_dir, "latency_slo", result)

@@ -57,9 +57,10 @@ class CloudStage:
         """Whether the cloud answered the last call (False without a cloud)."""
         return bool(self.cloud and self.cloud.up)
 
-    def put(self, f: Frame, sent: ToCloud) -> None:
-        """Hand a frame over (it runs from here on the stage's thread)."""
-        self._queue.put((f, sent, time.monotonic()))
+    def put(self, f: Frame, sent: ToCloud, since: float | None = None) -> None:
+        """Hand a frame over (it runs from here on the stage's thread); ``since``: when it
+        was handed over to go up, if earlier (monotonic: before its details were pulled)."""
+        self._queue.put((f, sent, time.monotonic() if since is None else since))
 
     def close(self) -> None:
         """After the thread stopped: the cloud client's connection."""

@@ -49,6 +49,7 @@ class Escalating:
     senders: tuple[int, ...]  # views whose details it brings, in slot order (surest first,
     # or view order)
     deadline: float  # monotonic
+    since: float  # monotonic: when it was handed over to go up (its cloud path's start)
     asked: tuple[int, ...] = ()  # of the senders, those pulled and waited for (not suspects)
     details: dict[int, np.ndarray] = field(default_factory=dict)  # view -> (1, c, r, r)
 
@@ -89,9 +90,11 @@ class DetailPulls:
 
     def send_up(self, f: Frame, sent: ToCloud) -> None:
         """A frame the edge exit left goes up: with its cameras' details where its bundle
-        version escalates (an audit only checks an early exit: the plain cloud does that)."""
+        version escalates (an audit only checks an early exit: the plain cloud does that; a
+        probe measures the way up, so it takes it)."""
         m = f.runs_on.manifest
-        if sent.audit or m.escalated is None or m.escalation_level < 1 or m.views < 2:
+        plain = m.escalated is None or m.escalation_level < 1 or m.views < 2
+        if plain or (sent.audit and not sent.probe):
             self.cloud.put(f, sent)
         else:
             self._escalate(f, sent, m)
@@ -104,8 +107,9 @@ class DetailPulls:
             if self._publish is None or not asked or len(self._waiting) >= MAX_WAITING:
                 asked = ()
             else:
-                self._waiting[f.id] = Escalating(f, sent, slots,
-                                                 time.monotonic() + self.deadline, asked)
+                now = time.monotonic()
+                self._waiting[f.id] = Escalating(f, sent, slots, now + self.deadline, now,
+                                                 asked)
         if not asked:
             self.cloud.put(f, self._with_details(sent, slots, {}, m))
             return
@@ -162,7 +166,9 @@ class DetailPulls:
 
     def _send(self, e: Escalating) -> None:
         m = e.frame.runs_on.manifest
-        self.cloud.put(e.frame, self._with_details(e.sent, e.senders, e.details, m))
+        # (the cloud path's cost counts the wait for the details: a slow pull slows it)
+        self.cloud.put(e.frame, self._with_details(e.sent, e.senders, e.details, m),
+                       since=e.since)
 
     @staticmethod
     def _with_details(sent: ToCloud, asked: tuple[int, ...],

@@ -124,7 +124,9 @@ class FramePath:
             self.events.on_stage("pull", f.ready_at - f.pulled_at)
         arrived = {v: f.features[v] for v in f.requested if v in f.features}
         # The local exit answered it: the audit's chance (or the probes' share).
-        early = self.audit.answered(f) or (self.planner.probed(f) if self.planner else 0.0)
+        audited = self.audit.answered(f)
+        probed = self.planner.probed(f) if self.planner else 0.0
+        early = audited or probed
         if not arrived:
             if early:
                 self.assembler.finish(f)  # answered already, and nothing came to check it with
@@ -139,7 +141,7 @@ class FramePath:
             self.answers.answer(f, edge, step="edge")
         elif early:  # answered at the local exit: the cloud's answer only checks it
             self.assembler.finish(f)
-            self.details.send_up(f, replace(edge, audit=early))
+            self.details.send_up(f, replace(edge, audit=early, probe=not audited))
         elif edge.audit:  # answered here, and sent up to be checked
             self.answers.answer(f, edge.fallback, step="edge")
             self.audit.sent(edge)

@@ -66,6 +66,9 @@ class ToCloud:
     # An audit (ddnn.edge.audit): the frame is answered by an early exit and sent up anyway,
     # with this chance, so that the cloud's answer checks the early one; 0: the cloud answers.
     audit: float = 0.0
+    # A probe of the latency planner (ddnn.edge.planner): answered already, it goes up the way
+    # a frame the edge exit leaves goes (escalated where the bundle escalates), to measure it.
+    probe: bool = False
     # An escalated frame (edge.escalation): the senders' details in the bundle's slots,
     # concatenated (1, S·c, r, r), for the cloud's escalated model; None: the plain cloud.
     detail: np.ndarray | None = None

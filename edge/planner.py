@@ -10,6 +10,11 @@ the costs measured now (:class:`~ddnn.edge.latency.PathCosts`) and picks:
   accurate one is predicted under :data:`MARGIN` of the objective and the point in force has
   been held :data:`HOLD` seconds (hysteresis: a point is not left for a better one on a
   prediction just under the line, nor a moment after it was taken);
+* a climb to a more accurate point that misses soon after (within :data:`HOLD_MAX` seconds)
+  doubles the hold, up to :data:`HOLD_MAX`; a climbed point held that long puts it back. The
+  costs measured while few frames go up are lone calls: they miss the queueing that a point
+  sending most frames up causes, so without this back-off the planner would try that point
+  again every few seconds;
 * once it is predicted to miss, the most accurate point predicted to meet it, at once; with
   none, the fastest, and health warns that the objective cannot be met.
 
@@ -50,6 +55,7 @@ log = logging.getLogger(__name__)
 
 REPLAN_EVERY = 0.5  # seconds between two plans
 HOLD = 2.0  # seconds a point is held before a more accurate one may replace it
+HOLD_MAX = 8.0  # the hold doubles after each climb that missed within this long, up to it
 MARGIN = 0.8  # a more accurate point must be predicted under this share of the objective
 PROBE_SHARE = 0.05  # of the frames the local exit answers, the share sent up as probes
 PROBE_EVERY = 0.5  # seconds: and at least one this often, however few frames come
@@ -113,6 +119,8 @@ class LatencyPlanner:
         self._probed: dict[int, float] = {}
         self._last_probe = -math.inf
         self.replans = 0
+        self.hold = HOLD  # seconds before a more accurate point may replace the one in force
+        self._climbed = -math.inf  # when the planner last moved to a more accurate point
         self.drift_overruled = False
         self.plan: Plan | None = None
         self._start(pipeline().manifest, time.monotonic())
@@ -154,8 +162,11 @@ class LatencyPlanner:
         current = self.costs.predict(shares(self.point), self.q, paths)
         point, met = self._choose(current, predicted, now)
         if point is not self.point:
+            self._back_off(point, now)
             self._switch(point, now, predicted.get(id(point)))
             current = predicted.get(id(point))
+        elif self.hold > HOLD and self.since == self._climbed and now - self.since >= HOLD_MAX:
+            self.hold = HOLD  # the point climbed to held: climbing is safe again
         local = paths["local"]
         local_q = float(np.quantile(local, self.q)) if local is not None else 0.0
         pull = min(max(self.slo * (1 - EDGE_SHARE) - local_q, MIN_PULL), self.configured_pull)
@@ -182,9 +193,19 @@ class LatencyPlanner:
             return fastest[0], False
         better = [(c, t) for c, t in meeting
                   if c.accuracy > self.point.accuracy and t <= MARGIN * self.slo]
-        if better and now - self.since >= HOLD:
+        if better and now - self.since >= self.hold:
             return max(better, key=lambda ct: (ct[0].accuracy, -ct[1]))[0], True
         return self.point, True
+
+    def _back_off(self, point: OperatingPoint, now: float) -> None:
+        """Before moving to ``point``: a climb is noted; a move down soon after one doubles the
+        hold (the climb missed)."""
+        if point.accuracy > self.point.accuracy:
+            self._climbed = now
+        elif now - self._climbed < HOLD_MAX:
+            self.hold = min(2 * self.hold, HOLD_MAX)
+            log.info("latency objective: the point climbed to missed; the next climb waits "
+                     "%.0f s", self.hold)
 
     def _switch(self, point: OperatingPoint, now: float, predicted: float | None) -> None:
         log.info("latency objective %.0f ms at p%g: operating point level %d, thresholds local "
@@ -267,6 +288,7 @@ class LatencyPlanner:
                 "predicted_ms": _rounded(plan.predicted if plan else None),
                 "measured_ms": _rounded(plan.measured if plan else None),
                 "met": plan.met if plan else True, "replans": self.replans,
+                "hold_s": self.hold,
                 "pull_deadline_ms": _rounded(plan.pull_deadline if plan else None),
                 "drift_overruled": self.drift_overruled}
 

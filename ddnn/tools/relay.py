@@ -67,6 +67,10 @@ class TcpRelay:
                 client.close()
                 continue
             server.settimeout(None)
+            # Each end forwards a chunk as it comes: Nagle's algorithm against a delayed ACK
+            # would add ~40 ms to a request written in two parts (headers, then body).
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             with self._lock:
                 if self._listener is not listener:  # cut meanwhile
                     client.close()

@@ -24,7 +24,7 @@ class Cloud:
     def __init__(self):
         self.sent = []
 
-    def put(self, frame, sent):
+    def put(self, frame, sent, since=None):
         self.sent.append((frame.id, sent))
 
 

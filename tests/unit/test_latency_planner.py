@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ddnn.edge.latency import MovingWindow, PathCosts, mixture_quantile
-from ddnn.edge.planner import HOLD, LatencyPlanner, curve_points
+from ddnn.edge.planner import HOLD, HOLD_MAX, LatencyPlanner, curve_points
 from ddnn.edge.settings import EdgeSettings, LatencyObjective
 from ddnn.errors import ConfigError
 from ddnn.exits import ExitPolicy
@@ -138,6 +138,36 @@ def test_the_cloud_recovers_and_the_point_goes_back_after_the_hold():
     assert p.tick(later).point.accuracy == 0.6  # held HOLD seconds first
     plan = p.tick(later + HOLD / 2)
     assert plan.point.accuracy == 0.7 and plan.met and p.replans == 2
+
+
+def calls(costs, t, cloud, n=100):
+    """Half a second of frames before ``t`` whose cloud calls took ``cloud`` seconds."""
+    for i in range(n):
+        at = t - 0.5 + i / (2 * n)
+        costs.cloud["cloud"].add(cloud, at)
+        for part, cost in (("arrival", 0.005), ("wait", 0.001), ("pull", 0.01)):
+            costs.parts[part].add(cost, at)
+
+
+def test_a_climb_that_misses_at_once_doubles_the_hold_and_one_that_holds_resets_it():
+    m, now = manifest(), 100.0
+    costs = costs_of(now)
+    p, _ = planner(costs, Pipeline(m))
+    assert p.tick(now).point.accuracy == 0.6 and p.hold == HOLD  # (from the start: no climb)
+    climbed = now + 3.0
+    calls(costs, climbed, 0.02)  # lone calls look fast
+    assert p.tick(climbed).point.accuracy == 0.7
+    missed = climbed + 1.0
+    calls(costs, missed, 0.3)  # the frames it sends up queue in front of the cloud
+    assert p.tick(missed).point.accuracy == 0.6 and p.hold == 2 * HOLD
+    calls(costs, missed + 3.0, 0.02)  # fast again: the slow calls are out of the window
+    assert p.tick(missed + 3.0).point.accuracy == 0.6  # held 3 s, not yet the doubled hold
+    assert p.tick(missed + 2 * HOLD).point.accuracy == 0.7
+    assert p.hold == 2 * HOLD
+    held = missed + 2 * HOLD + HOLD_MAX
+    calls(costs, held, 0.02)
+    assert p.tick(held).point.accuracy == 0.7 and p.hold == HOLD
+    assert p.status()["hold_s"] == HOLD and p.replans == 4
 
 
 def test_an_objective_nothing_meets_takes_the_fastest_point_and_says_so():
