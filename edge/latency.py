@@ -25,7 +25,7 @@ import numpy as np
 from ddnn.edge.events import EdgeEvents
 from ddnn.result import Result
 
-HORIZON = 4.0  # seconds of samples a window keeps: long enough for a percentile, short enough
+HORIZON = 2.0  # seconds of samples a window keeps: long enough for a percentile, short enough
 # that a change of the network shows within a few seconds
 KEEP = 16  # samples a window keeps past its horizon while none is newer: a path nobody walks
 # keeps its last costs

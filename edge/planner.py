@@ -11,10 +11,11 @@ the costs measured now (:class:`~ddnn.edge.latency.PathCosts`) and picks:
   been held :data:`HOLD` seconds (hysteresis: a point is not left for a better one on a
   prediction just under the line, nor a moment after it was taken);
 * a climb to a more accurate point that misses soon after (within :data:`HOLD_MAX` seconds)
-  doubles the hold, up to :data:`HOLD_MAX`; a climbed point held that long puts it back. The
-  costs measured while few frames go up are lone calls: they miss the queueing that a point
-  sending most frames up causes, so without this back-off the planner would try that point
-  again every few seconds;
+  bars that point, and any as accurate, for a back-off that doubles with each such miss, up
+  to :data:`BACKOFF_MAX`; a climbed point held :data:`HOLD_MAX` seconds puts the back-off
+  back to :data:`HOLD`. The costs measured while few frames go up are lone calls: they miss
+  the queueing that a point sending most frames up causes, so without this back-off the
+  planner would try that point again every few seconds;
 * once it is predicted to miss, the most accurate point predicted to meet it, at once; with
   none, the fastest, and health warns that the objective cannot be met.
 
@@ -55,10 +56,12 @@ log = logging.getLogger(__name__)
 
 REPLAN_EVERY = 0.5  # seconds between two plans
 HOLD = 2.0  # seconds a point is held before a more accurate one may replace it
-HOLD_MAX = 8.0  # the hold doubles after each climb that missed within this long, up to it
+HOLD_MAX = 8.0  # seconds: a climb that missed within this long backs off; one held this long
+# is safe
+BACKOFF_MAX = 16.0  # seconds a point that missed after a climb is barred, at most
 MARGIN = 0.8  # a more accurate point must be predicted under this share of the objective
 PROBE_SHARE = 0.05  # of the frames the local exit answers, the share sent up as probes
-PROBE_EVERY = 0.5  # seconds: and at least one this often, however few frames come
+PROBE_EVERY = 0.25  # seconds: and at least one this often, however few frames come
 EDGE_SHARE = 0.1  # of the objective, kept for the edge exit's compute after a pull
 MIN_PULL = 0.005  # seconds: the shortest pull deadline the planner sets
 HELD = 4096  # probed frames waiting for their features, at most
@@ -119,8 +122,9 @@ class LatencyPlanner:
         self._probed: dict[int, float] = {}
         self._last_probe = -math.inf
         self.replans = 0
-        self.hold = HOLD  # seconds before a more accurate point may replace the one in force
+        self.backoff = HOLD  # seconds the next point that misses after a climb is barred
         self._climbed = -math.inf  # when the planner last moved to a more accurate point
+        self._barred = (math.inf, -math.inf)  # points this accurate are barred until then
         self.drift_overruled = False
         self.plan: Plan | None = None
         self._start(pipeline().manifest, time.monotonic())
@@ -165,8 +169,8 @@ class LatencyPlanner:
             self._back_off(point, now)
             self._switch(point, now, predicted.get(id(point)))
             current = predicted.get(id(point))
-        elif self.hold > HOLD and self.since == self._climbed and now - self.since >= HOLD_MAX:
-            self.hold = HOLD  # the point climbed to held: climbing is safe again
+        elif self.since == self._climbed and now - self.since >= HOLD_MAX:
+            self.backoff = HOLD  # the point climbed to held: climbing is safe again
         local = paths["local"]
         local_q = float(np.quantile(local, self.q)) if local is not None else 0.0
         pull = min(max(self.slo * (1 - EDGE_SHARE) - local_q, MIN_PULL), self.configured_pull)
@@ -191,21 +195,24 @@ class LatencyPlanner:
             fastest = min(known.values(), key=lambda ct: (ct[1], -ct[0].accuracy),
                           default=(self.point, current))
             return fastest[0], False
+        barred, until = self._barred
         better = [(c, t) for c, t in meeting
-                  if c.accuracy > self.point.accuracy and t <= MARGIN * self.slo]
-        if better and now - self.since >= self.hold:
+                  if c.accuracy > self.point.accuracy and t <= MARGIN * self.slo
+                  and (c.accuracy < barred or now >= until)]
+        if better and now - self.since >= HOLD:
             return max(better, key=lambda ct: (ct[0].accuracy, -ct[1]))[0], True
         return self.point, True
 
     def _back_off(self, point: OperatingPoint, now: float) -> None:
-        """Before moving to ``point``: a climb is noted; a move down soon after one doubles the
-        hold (the climb missed)."""
+        """Before moving to ``point``: a climb is noted; a move down soon after one bars the
+        point climbed to (it missed) for the back-off, which doubles."""
         if point.accuracy > self.point.accuracy:
             self._climbed = now
         elif now - self._climbed < HOLD_MAX:
-            self.hold = min(2 * self.hold, HOLD_MAX)
-            log.info("latency objective: the point climbed to missed; the next climb waits "
-                     "%.0f s", self.hold)
+            self._barred = (self.point.accuracy, now + self.backoff)
+            log.info("latency objective: the point climbed to missed; points as accurate wait "
+                     "%.0f s", self.backoff)
+            self.backoff = min(2 * self.backoff, BACKOFF_MAX)
 
     def _switch(self, point: OperatingPoint, now: float, predicted: float | None) -> None:
         log.info("latency objective %.0f ms at p%g: operating point level %d, thresholds local "
@@ -288,7 +295,7 @@ class LatencyPlanner:
                 "predicted_ms": _rounded(plan.predicted if plan else None),
                 "measured_ms": _rounded(plan.measured if plan else None),
                 "met": plan.met if plan else True, "replans": self.replans,
-                "hold_s": self.hold,
+                "backoff_s": self.backoff,
                 "pull_deadline_ms": _rounded(plan.pull_deadline if plan else None),
                 "drift_overruled": self.drift_overruled}
 

@@ -149,25 +149,28 @@ def calls(costs, t, cloud, n=100):
             costs.parts[part].add(cost, at)
 
 
-def test_a_climb_that_misses_at_once_doubles_the_hold_and_one_that_holds_resets_it():
+def test_a_point_that_misses_after_a_climb_is_barred_for_a_back_off_that_doubles():
     m, now = manifest(), 100.0
     costs = costs_of(now)
     p, _ = planner(costs, Pipeline(m))
-    assert p.tick(now).point.accuracy == 0.6 and p.hold == HOLD  # (from the start: no climb)
-    climbed = now + 3.0
-    calls(costs, climbed, 0.02)  # lone calls look fast
-    assert p.tick(climbed).point.accuracy == 0.7
-    missed = climbed + 1.0
-    calls(costs, missed, 0.3)  # the frames it sends up queue in front of the cloud
-    assert p.tick(missed).point.accuracy == 0.6 and p.hold == 2 * HOLD
-    calls(costs, missed + 3.0, 0.02)  # fast again: the slow calls are out of the window
-    assert p.tick(missed + 3.0).point.accuracy == 0.6  # held 3 s, not yet the doubled hold
+    assert p.tick(now).point.accuracy == 0.6 and p.backoff == HOLD  # (from the start: no climb)
+
+    def at(t, cloud):
+        calls(costs, t, cloud)
+        return p.tick(t).point.accuracy
+
+    assert at(now + 3, 0.02) == 0.7  # lone calls look fast ...
+    missed = now + 4
+    assert at(missed, 0.3) == 0.6  # ... but the frames it sends up queue in front of the cloud
+    assert p.backoff == 2 * HOLD  # (this miss barred it HOLD seconds)
+    assert at(missed + 3, 0.02) == 0.7  # the bar is over
+    missed += 4
+    assert at(missed, 0.3) == 0.6 and p.backoff == 4 * HOLD
+    assert at(missed + 3, 0.02) == 0.6  # held 3 s, but barred 2 * HOLD
     assert p.tick(missed + 2 * HOLD).point.accuracy == 0.7
-    assert p.hold == 2 * HOLD
     held = missed + 2 * HOLD + HOLD_MAX
-    calls(costs, held, 0.02)
-    assert p.tick(held).point.accuracy == 0.7 and p.hold == HOLD
-    assert p.status()["hold_s"] == HOLD and p.replans == 4
+    assert at(held, 0.02) == 0.7 and p.backoff == HOLD  # it held: the back-off is reset
+    assert p.status()["backoff_s"] == HOLD and p.replans == 6
 
 
 def test_an_objective_nothing_meets_takes_the_fastest_point_and_says_so():
