@@ -166,16 +166,39 @@ def pick_max_bytes(s: Sweep, max_bytes: float) -> OperatingPoint:
     return _point(s, int(_order(s, keys)[0]))
 
 
-def frontier(s: Sweep) -> list[OperatingPoint]:
-    """The operating curve: the points no cheaper point matches in accuracy, cheapest first."""
-    keys = [s.payload, -s.correct, -s.local, -s.edge, _levels(s)]
-    points, best = [], -1
+def _climb(s: Sweep, keys) -> list[int]:
+    """Flat indices of the points no point before them in ``keys`` order matches in accuracy,
+    in that order."""
+    flats, best = [], -1
     for flat in _order(s, keys):
         c = int(s.correct.flat[flat])
         if c > best:
-            points.append(_point(s, int(flat)))
+            flats.append(int(flat))
             best = c
-    return points
+    return flats
+
+
+def frontier(s: Sweep) -> list[OperatingPoint]:
+    """The operating curve: the points no cheaper point matches in accuracy, cheapest first."""
+    return [_point(s, f) for f in _climb(s, [s.payload, -s.correct, -s.local, -s.edge,
+                                             _levels(s)])]
+
+
+def curve(s: Sweep) -> list[OperatingPoint]:
+    """What a bundle stores as its operating curve, cheapest first: the bytes frontier
+    (:func:`frontier`) and the points the latency planner (``ddnn edge --latency-slo``) needs
+    besides, those no point sending fewer frames to the cloud (then past the local exit)
+    matches in accuracy, and those no point pulling fewer features (then sending fewer to the
+    cloud) does. A slow cloud or a slow pull costs by frames, not bytes: the frontier alone
+    would leave out, say, the edge exit answering every frame the local exit leaves."""
+    up = s.seen - s.local  # frames past the local exit (pulled)
+    cloud = up - s.edge  # ... and on to the cloud
+    bytes_first = [s.payload, -s.correct, -s.local, -s.edge, _levels(s)]
+    flats = {*_climb(s, bytes_first),
+             *_climb(s, [cloud, up, -s.correct, s.payload, _levels(s)]),
+             *_climb(s, [up, cloud, -s.correct, s.payload, _levels(s)])}
+    order = {int(f): i for i, f in enumerate(_order(s, bytes_first))}
+    return [_point(s, f) for f in sorted(flats, key=order.__getitem__)]
 
 
 def curve_table(points: list[OperatingPoint], digits: int = 5) -> dict[str, list]:

@@ -24,8 +24,8 @@ from ddnn.hierarchy import UplinkCost, cloud_exit
 from ddnn.operating_curve import (
     AGREEMENT,
     OperatingPoint,
+    curve,
     curve_table,
-    frontier,
     pick_max_bytes,
     pick_tolerance,
 )
@@ -98,7 +98,7 @@ def calibrate(
     point = (pick_tolerance(s, tolerance, agreement) if max_bytes is None
              else pick_max_bytes(s, max_bytes))
     return Calibration(point, None if max_bytes is not None else tolerance, max_bytes,
-                       s.best_tier, len(labels), curve_table(frontier(s)), agreement)
+                       s.best_tier, len(labels), curve_table(curve(s)), agreement)
 
 
 def sweep(exits: dict[str, np.ndarray], labels: np.ndarray, grid: np.ndarray, edge_t: float,

@@ -120,6 +120,10 @@ def _operating_curve(plt, out: Path, curve: dict, calibration: dict, raw: float,
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     level = np.asarray(curve["level"])
     x, y = np.asarray(curve["bytes_per_frame"]), np.asarray(curve["accuracy"])
+    # The bytes frontier only (the curve also holds the latency planner's points, cheapest
+    # first): the points more accurate than every cheaper one.
+    keep = y > np.maximum.accumulate(np.concatenate([[-np.inf], y[:-1]]))
+    level, x, y = level[keep], x[keep], y[keep]
     names = {0: "edge features to the cloud", 1: "+ the devices' detail (escalation)"}
     for lv in sorted(set(level.tolist())):
         ax.plot(x[level == lv], y[level == lv], marker=".", linestyle="-", label=names[lv])

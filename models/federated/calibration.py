@@ -27,8 +27,8 @@ from ddnn.operating_curve import (
     AGREEMENT,
     Sweep,
     best_tier,
+    curve,
     curve_table,
-    frontier,
     pick_max_bytes,
     pick_tolerance,
 )
@@ -220,9 +220,9 @@ def calibrate_counts(counts: Mapping[str, np.ndarray], cost: UplinkCost,
               best_tier=float(max(right.values())) / max(seen, 1), agree=agree)
     if max_bytes is not None:
         return Calibration(pick_max_bytes(s, max_bytes), None, max_bytes, s.best_tier, frames,
-                           curve_table(frontier(s)), agreement)
+                           curve_table(curve(s)), agreement)
     point = pick_tolerance(s, tolerance, agreement)
-    return Calibration(point, tolerance, None, s.best_tier, frames, curve_table(frontier(s)),
+    return Calibration(point, tolerance, None, s.best_tier, frames, curve_table(curve(s)),
                        agreement)
 
 

@@ -10,6 +10,7 @@ from ddnn.errors import ConfigError
 from ddnn.exits import ExitPolicy
 from ddnn.hierarchy import UplinkCost, hierarchy_predictions
 from ddnn.operating_curve import (
+    curve,
     curve_table,
     frontier,
     pick_from_table,
@@ -150,3 +151,25 @@ def test_a_byte_budget_picks_the_most_accurate_point_within_it():
 def test_a_malformed_stored_curve_is_refused():
     with pytest.raises(ConfigError, match="malformed"):
         pick_from_table({"level": [0]}, 100)
+
+
+def test_the_stored_curve_adds_the_points_that_send_fewest_frames_up_for_their_accuracy():
+    exits, labels, present = _exits()
+    s = sweep(exits, labels, present, COST, grid=51)
+    stored, bytes_first = curve(s), frontier(s)
+    assert set(map(_key, bytes_first)) < set(map(_key, stored))
+    assert [p.bytes_per_frame for p in stored] == sorted(p.bytes_per_frame for p in stored)
+    everything = [s.point(*ix) for ix in np.ndindex(s.correct.shape)]
+    # The most accurate point sending no frame to the cloud (the edge exit answers what the
+    # local exit leaves), and the local exit alone, are among its points, whatever they cost.
+    for fewest in (lambda p: p.exit_fraction["cloud"] == 0,
+                   lambda p: p.exit_fraction["local"] == 1):
+        best = max(p.accuracy for p in everything if fewest(p))
+        assert any(fewest(p) and p.accuracy == best for p in stored)
+    no_cloud = max(p.accuracy for p in everything if p.exit_fraction["cloud"] == 0)
+    assert not any(p.exit_fraction["cloud"] == 0 and p.accuracy == no_cloud
+                   for p in bytes_first)  # (what the bytes frontier alone leaves out)
+
+
+def _key(p):
+    return (p.level, p.local, p.edge)
