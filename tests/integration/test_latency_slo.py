@@ -101,7 +101,9 @@ def test_a_slow_cloud_is_planned_around_and_returned_to(mosquitto, cloud_server,
         assert len(after) > SLOW / 2, "the re-plan came late in the phase"
         latencies = np.array([a[4] for a in after])
         assert np.percentile(latencies, PERCENTILE) <= SLO_MS / 1000, sorted(latencies)[-5:]
-        assert {a[1] for a in after} <= {"local", "edge"}  # (probes are answered locally)
+        # None answered by the cloud (probes are answered locally; under load a frame whose
+        # views all came late is answered as seen by nobody, exit "none")
+        assert "cloud" not in {a[1] for a in after}
         frames = [a[0] for a in after]
         labels = load_dataset(stream_data, num_classes=3).label
         accuracy = float(np.mean([labels[a[0]] == a[2] for a in after]))
