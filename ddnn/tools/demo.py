@@ -61,6 +61,10 @@ def register(sub, data_sub, formatter) -> None:
     p.add_argument("--data", default=None, help="replay this test .npz instead of a generated one")
     p.add_argument("--train-samples", type=int, default=2000, help="generated training samples")
     p.add_argument("--frames", type=int, default=300, help="frames to replay (from the test file)")
+    p.add_argument("--classes", type=int, default=3, help="object classes of the generated scene")
+    p.add_argument("--views", type=int, default=6,
+                   help="cameras of the generated scene (one device process each)")
+    p.add_argument("--size", type=int, default=32, help="image side of the generated scene")
     p.add_argument(
         "--epochs", type=int, default=None, help="training epochs (default: ddnn train's)"
     )
@@ -160,7 +164,7 @@ def _prepare(args, work: Path, stages: Stages) -> tuple[Path, Path]:
         _say("generating the test split")
         with stages.stage("data"):
             _ddnn("data", "synth", "--out", str(data), "--samples", str(max(args.frames, 1)),
-                  "--seed", "2", *SCENE)
+                  "--seed", "2", *_scene(args))
     if args.bundle:
         return Path(args.bundle), data
     bundle = work / "bundle"
@@ -172,13 +176,19 @@ def _prepare(args, work: Path, stages: Stages) -> tuple[Path, Path]:
         _say("generating the training split")
         with stages.stage("data"):
             _ddnn("data", "synth", "--out", str(train), "--samples", str(args.train_samples),
-                  "--seed", "1", *SCENE)
+                  "--seed", "1", *_scene(args))
     _say("training the DDNN (all exits jointly), exporting to ONNX, calibrating thresholds")
     extra = ["--epochs", str(args.epochs)] if args.epochs else []
     with stages.stage("train"):  # (ddnn train exports to ONNX and calibrates too)
         _ddnn("train", "--data", str(train), "--out", str(bundle), "--name", "demo", "--seed",
               str(args.seed), *extra)
     return bundle, data
+
+
+def _scene(args) -> tuple[str, ...]:
+    """``ddnn data synth``'s options for the demo's scene."""
+    return (*SCENE, "--classes", str(args.classes), "--views", str(args.views), "--size",
+            str(args.size))
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
