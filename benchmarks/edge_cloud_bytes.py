@@ -18,9 +18,12 @@ edge codec) in three ways, one after another on the same server:
 
 A bundle that escalates (and a test file to take frames from) adds the escalated requests: the
 edge features and every present view's detail of 64 test frames in turn (their bytes vary with
-the frame), to ``{name}-escalated``, plain
-(``escalated_plain``, the client before it deflated them) and deflated (``escalated``, today's
-client: ``Content-Encoding: deflate``), their scores checked to be bit-identical.
+the frame), in three ways: FP32 to ``{name}-escalated``, plain (``escalated_plain``, the client
+before it deflated them) and deflated (``escalated_fp32``, the client before it packed them:
+``Content-Encoding: deflate``), and packed and deflated to ``{name}-escalated-packed``
+(``escalated``, today's client: the features in the edge codec, the details one row per slot in
+the detail codec with which slots hold one), their scores checked to be bit-identical (packing
+is lossless, so the answers are those ``ddnn evaluate`` computes).
 
 Bytes per frame are a request's bytes divided by its frames; the scores of the packed and FP32
 paths are checked to be bit-identical. For a lone packed frame the exchange is also split into
@@ -200,23 +203,27 @@ def _escalated_ways(url: str, bundle, test: Path, requests: int, relay: Counting
     ds = load_dataset(test, num_classes=m.num_classes)
     seen = np.flatnonzero(ds.present.any(axis=1))[:ESCALATED_FRAMES]
     features, detail = BundleRuntime(bundle).escalation_request(ds.X[seen], ds.present[seen])
+    codec = m.codec["edge_features"]  # a client without it never packs: the FP32 ways
     clients = {way: CloudClient(url, f"{m.name}-cloud", timeout=10.0,
-                                escalated=f"{m.name}-escalated")
-               for way in ("escalated_plain", "escalated")}
+                                escalated=f"{m.name}-escalated",
+                                codec=codec if way == "escalated" else None)
+               for way in ("escalated_plain", "escalated_fp32", "escalated")}
     clients["escalated_plain"].deflate_escalated = False
     results: dict[str, dict] = {way: {} for way in clients}
     for b in BATCHES:
-        for way, client in clients.items():  # both ways send the same frames in the same order
+        for way, client in clients.items():  # every way sends the same frames in the same order
             infer = _in_turn(client, features, detail, m.version)
             results[way][str(b)] = _measure(relay, infer, np.arange(b), requests)
     scores = {(way, b): r.pop("scores").view(np.uint32)
               for way, by_batch in results.items() for b, r in by_batch.items()}
-    identical = all(np.array_equal(scores["escalated", str(b)], scores["escalated_plain", str(b)])
-                    for b in BATCHES)
+    identical = all(np.array_equal(scores["escalated", str(b)], scores[way, str(b)])
+                    for b in BATCHES for way in clients)
     deflated = clients["escalated"].deflate_escalated
+    packed = clients["escalated"].escalated_packed(m.version)
     for c in clients.values():
         c.close()
     return results, {"escalated_frames": len(seen), "escalated_went_deflated": deflated,
+                     "escalated_went_packed": packed,
                      "escalated_scores_bit_identical": identical,
                      "detail_shape": list(detail.shape[1:])}
 
@@ -279,8 +286,12 @@ def run(out_dir: Path, bundle: Path, test: Path | None = None, quick: bool = Fal
         "before_over_packed_requests_only": ratio("fp32_before", "packed",
                                                   "request_bytes_per_frame", b),
         "fp32_over_packed": ratio("fp32", "packed", "bytes_per_frame", b),
-        **({"escalated_plain_over_deflated": ratio("escalated_plain", "escalated",
-                                                   "bytes_per_frame", b)}
+        **({"escalated_plain_over_deflated": ratio("escalated_plain", "escalated_fp32",
+                                                   "bytes_per_frame", b),
+            "escalated_fp32_over_packed": ratio("escalated_fp32", "escalated",
+                                                "bytes_per_frame", b),
+            "escalated_over_fp32_before": ratio("escalated", "fp32_before",
+                                                "bytes_per_frame", b)}
            if "escalated" in results else {}),
     } for b in BATCHES}
     summary = {f"batch_{b}": {w: round(results[w][str(b)]["bytes_per_frame"], 1)

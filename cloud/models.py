@@ -12,6 +12,9 @@
 * ``{name}-escalated`` (where the bundle can escalate): edge features and the senders' details
   (``device_detail``, concatenated in the bundle's slot order, zeros in an empty slot) → the
   escalated exit, the answer to a frame that was still unsure after the edge exit;
+* ``{name}-escalated-packed``: the same on its inputs packed (the edge features in the edge
+  codec, the details one row per slot in the detail codec with which slots hold one), what
+  the edge sends: 4-bit details take an eighth of their FP32 bytes;
 * ``{name}-raw`` (a raw-offload reference bundle, ``"kind": "raw"``): every raw view, zeros for
   an absent one → the reference's scores, to compare the hierarchy with through the same service.
 
@@ -35,7 +38,9 @@ from ddnn.exits import entropy_of_logits
 from ddnn.hierarchy import cloud_exit
 from ddnn.oip import (
     DATATYPES,
+    DETAIL_PRESENT,
     DEVICE_DETAIL,
+    DEVICE_DETAIL_PACKED,
     EDGE_FEATURES,
     EDGE_FEATURES_PACKED,
     PACKING_CODECS,
@@ -43,6 +48,7 @@ from ddnn.oip import (
     OipError,
     json_array_limit,
 )
+from ddnn.packed_detail import DETAIL_PACKING_CODECS, DetailPacking
 from ddnn.raw_runtime import RawRuntime
 from ddnn.runtime import BundleRuntime
 
@@ -310,6 +316,55 @@ class EscalatedModel(ServedModel):
                                                 device_detail=inputs[DEVICE_DETAIL])["scores"]
 
 
+class EscalatedPackedModel(EscalatedModel):
+    """``{name}-escalated-packed``: ``{name}-escalated`` on its inputs packed, what the edge
+    sends where the cloud serves it: the edge features as ``{name}-cloud-packed`` takes them,
+    and the details one row per slot in the bundle's detail codec with ``detail_present``
+    (:class:`~ddnn.packed_detail.DetailPacking`; 4-bit details take an eighth of their FP32
+    bytes). Unpacked, exactly the FP32 inputs of ``{name}-escalated``; any bytes decode
+    (leniently, as for ``{name}-cloud-packed``)."""
+
+    kind = "escalated-packed"
+
+    @classmethod
+    def serves(cls, manifest: Manifest) -> bool:
+        return (super().serves(manifest) and manifest.codec["edge_features"] in PACKING_CODECS
+                and manifest.codec["device_detail"] in DETAIL_PACKING_CODECS)
+
+    def __init__(self, runtime: BundleRuntime):
+        m = runtime.manifest
+        seg = m.escalated
+        assert seg is not None  # serves() said so
+        self.codec = FeatureCodec(m.codec["edge_features"])
+        self.sample = tuple(seg.input(EDGE_FEATURES).sample_shape)
+        self.detail = DetailPacking.of(m.codec["device_detail"],
+                                       tuple(seg.input(DEVICE_DETAIL).sample_shape),
+                                       m.escalation_views or m.views)
+        super().__init__(runtime)
+
+    def _input_meta(self) -> tuple[TensorMeta, ...]:
+        d = self.detail
+        return (TensorMeta(EDGE_FEATURES_PACKED, "UINT8", (-1, self.codec.payload_size(
+                    self.sample)), {"codec": self.codec.kind, "unpacked_name": EDGE_FEATURES,
+                                    "unpacked_datatype": "FP32",
+                                    "unpacked_shape": [-1, *self.sample]}),
+                TensorMeta(DEVICE_DETAIL_PACKED, "UINT8", (-1, d.slots, d.row_bytes), {
+                    "codec": d.codec.kind, "unpacked_name": DEVICE_DETAIL,
+                    "unpacked_datatype": "FP32", "unpacked_shape": [-1, *d.sample_shape],
+                    "presence": DETAIL_PRESENT}),
+                TensorMeta(DETAIL_PRESENT, "BOOL", (-1, d.slots)))
+
+    def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        rows = arrays[EDGE_FEATURES_PACKED]
+        values = math.prod(self.sample) + math.prod(self.detail.sample_shape)
+        if len(rows) * values > MAX_ELEMENTS:  # up to 32× the bytes' worth of floats
+            raise OipError(f"model {self.name}: {len(rows)} samples unpack to more than "
+                           f"{MAX_ELEMENTS} values, the limit of one request")
+        return {EDGE_FEATURES: self.codec.decode_rows(rows, self.sample, lenient=True),
+                DEVICE_DETAIL: self.detail.unpack(arrays[DEVICE_DETAIL_PACKED],
+                                                  arrays[DETAIL_PRESENT])}
+
+
 class RawModel(ServedModel):
     """``{name}-raw``: a raw-offload reference bundle's one model on every raw view (zeros for
     an absent view, as in the dataset file): what the hierarchy is judged against."""
@@ -337,4 +392,4 @@ def _shape_hint(meta: TensorMeta) -> str:
 
 
 MODEL_KINDS: tuple[type[ServedModel], ...] = (CloudModel, CloudPackedModel, FullModel,
-                                               EscalatedModel, RawModel)
+                                               EscalatedModel, EscalatedPackedModel, RawModel)

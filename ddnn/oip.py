@@ -33,7 +33,9 @@ import numpy as np
 from ddnn.oip_body import (
     BINARY_TYPE,
     DATATYPES,
+    DETAIL_PRESENT,
     DEVICE_DETAIL,
+    DEVICE_DETAIL_PACKED,
     EDGE_FEATURES,
     EDGE_FEATURES_PACKED,
     HEADER_LENGTH,
@@ -66,7 +68,9 @@ from ddnn.oip_body import (
 __all__ = [
     "BINARY_TYPE",
     "DATATYPES",
+    "DETAIL_PRESENT",
     "DEVICE_DETAIL",
+    "DEVICE_DETAIL_PACKED",
     "EDGE_FEATURES",
     "EDGE_FEATURES_PACKED",
     "HEADER_LENGTH",

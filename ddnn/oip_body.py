@@ -44,8 +44,12 @@ _MIN_VALUE_BYTES = 2
 # (:meth:`ddnn.codec.FeatureCodec.encode_rows`), which the model's metadata advertises.
 EDGE_FEATURES = "edge_features"
 EDGE_FEATURES_PACKED = "edge_features_packed"
-# The second input of {name}-escalated: the senders' details, concatenated in slot order.
+# The second input of {name}-escalated: the senders' details, concatenated in slot order; its
+# packed twin {name}-escalated-packed takes them one row per slot with which slots hold one
+# (ddnn.packed_detail), beside the packed edge features.
 DEVICE_DETAIL = "device_detail"
+DEVICE_DETAIL_PACKED = "device_detail_packed"
+DETAIL_PRESENT = "detail_present"
 PACKING_CODECS = ("binary", "int8", "float16")
 
 # v2 datatype <-> numpy dtype (little-endian on the wire). BYTES is not supported.

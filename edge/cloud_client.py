@@ -16,10 +16,12 @@ failure the edge stops calling for a backoff that doubles up to ``retry.maximum`
 again by itself.
 
 A frame that escalates (a bundle with an escalated cloud, docs/training.md) goes instead to
-``{name}-escalated`` with two FP32 inputs, ``edge_features`` and ``device_detail`` (the
-senders' details): :meth:`CloudClient.infer_escalated`. That body is deflated
-(``Content-Encoding: deflate``, which the cloud inflates within its body limit): the details
-are few-bit levels written as FP32, so it shrinks 7–9× (docs/benchmarks, edge_cloud_bytes).
+``{name}-escalated-packed`` where the cloud serves it (negotiated as above): the edge features
+packed, the senders' details one row per slot in the bundle's detail codec with which slots hold
+one (:mod:`ddnn.packed_detail`), else to ``{name}-escalated`` with FP32 ``edge_features`` and
+``device_detail``: :meth:`CloudClient.infer_escalated`. Either body is deflated
+(``Content-Encoding: deflate``, which the cloud inflates within its body limit): packed 4-bit
+details and empty slots' zero rows shrink about 1.8x more (docs/benchmarks, edge_cloud_bytes).
 A server that refuses the encoding (415, or a 400 that names it) gets it plain from then on.
 """
 
@@ -39,6 +41,7 @@ from urllib3.util import SKIP_HEADER
 from ddnn import oip
 from ddnn.codec import FeatureCodec
 from ddnn.errors import CodecError, DdnnError
+from ddnn.packed_detail import DetailPacking
 from ddnn.plumbing.http import KeepAliveConnection
 from ddnn.plumbing.retry import RetryPolicy
 
@@ -112,6 +115,7 @@ class CloudClient:
         self.up = True
         self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
         self.escalated = escalated
+        self._escalated_packing: dict[str, _EscalatedPacking | None] = {}  # per version
         self.deflate_escalated = True  # until the cloud refuses a deflated body
 
     def path(self, version: str | None = None, route: str = "/infer", *, packed: bool = False
@@ -198,15 +202,11 @@ class CloudClient:
         that version (the caller falls back to the plain cloud)."""
         if self.escalated is None:
             raise UnknownVersion("this edge was not given the escalated model's name")
-        inputs = {oip.EDGE_FEATURES: np.ascontiguousarray(features, np.float32),
-                  oip.DEVICE_DETAIL: np.ascontiguousarray(detail, np.float32)}
-        body, headers = oip.encode_request(inputs, outputs=["scores"])
-        del headers["Content-Type"]  # the v2 header-length header says it all
-        path = (f"{self._cloud.path.rstrip('/')}/v2/models/{self.escalated}/versions/"
-                f"{urllib.parse.quote(version, safe='')}/infer")
+        x = np.ascontiguousarray(features, np.float32)
+        d = np.ascontiguousarray(detail, np.float32)
         with self._lock:
             try:
-                status, data, resp_headers = self._post_escalated(path, body, headers)
+                status, data, resp_headers = self._send_escalated(x, d, version)
                 if status == 404:
                     raise UnknownVersion(f"cloud does not serve {self.escalated} version "
                                          f"{version}: {data[:200]!r}")
@@ -223,9 +223,64 @@ class CloudClient:
             self._succeeded()
         return np.asarray(scores, np.float32)
 
-    def _post_escalated(self, path: str, body: bytes, headers: dict[str, str]
+    def escalated_packed(self, version: str) -> bool | None:
+        """Whether escalated frames of ``version`` go packed; None until negotiated."""
+        with self._lock:
+            if version not in self._escalated_packing:
+                return None
+            return self._escalated_packing[version] is not None
+
+    def _send_escalated(self, x: np.ndarray, d: np.ndarray, version: str
+                        ) -> tuple[int, bytes, dict[str, str]]:
+        """Post an escalated request packed where negotiated (FP32 again after a 400 or 404),
+        else as FP32; deflated either way unless the cloud refused that."""
+        packing = self._negotiate_escalated(version)
+        inputs = packing.pack(x, d) if isinstance(packing, _EscalatedPacking) else None
+        if inputs is not None:
+            answer = self._post_escalated(self._escalated_path(version, packed=True), inputs)
+            if answer[0] not in (400, 404):
+                return answer
+            log.warning("cloud refused packed escalated frames for %s version %s (%s, %s); "
+                        "sending FP32 to this version from now on", self.escalated, version,
+                        answer[0], answer[1][:200])
+            self._escalated_packing[version] = None
+        answer = self._post_escalated(self._escalated_path(version),
+                                      {oip.EDGE_FEATURES: x, oip.DEVICE_DETAIL: d})
+        if packing is _ABSENT and answer[0] == 200:  # the version is served, unpacked
+            self._escalated_packing[version] = None
+        return answer
+
+    def _escalated_path(self, version: str, *, packed: bool = False) -> str:
+        return (f"{self._cloud.path.rstrip('/')}/v2/models/{self.escalated}"
+                f"{'-packed' if packed else ''}/versions/{urllib.parse.quote(version, safe='')}")
+
+    def _negotiate_escalated(self, version: str) -> _EscalatedPacking | object | None:
+        """How ``version`` takes packed escalated frames, from the metadata of
+        ``{escalated}-packed`` (as :meth:`_negotiate` does for the plain model)."""
+        if self.codec is None:
+            return None
+        if version in self._escalated_packing:
+            return self._escalated_packing[version]
+        status, data, _ = self._request("GET", self._escalated_path(version, packed=True),
+                                        None, {})
+        if status == 404:
+            return _ABSENT
+        if status != 200:
+            return None
+        if len(self._escalated_packing) >= _MAX_VERSIONS:
+            self._escalated_packing.clear()
+        packing = self._escalated_packing[version] = _advertised_escalated(data, self.codec)
+        log.info("cloud %s version %s: escalated frames go %s", self.escalated, version,
+                 f"packed ({packing.detail.codec.kind} details, deflated)" if packing
+                 else "as FP32 (the cloud serves no packed model for this codec)")
+        return packing
+
+    def _post_escalated(self, path: str, inputs: dict[str, np.ndarray]
                         ) -> tuple[int, bytes, dict[str, str]]:
         """Post an escalated request deflated, or plain to a server that refused that."""
+        body, headers = oip.encode_request(inputs, outputs=["scores"])
+        del headers["Content-Type"]  # the v2 header-length header says it all
+        path += "/infer"
         if self.deflate_escalated:
             coded = zlib.compress(body, ESCALATED_DEFLATE)
             answer = self._request("POST", path, coded,
@@ -325,14 +380,62 @@ def _advertised(metadata: bytes, codec: FeatureCodec) -> _Packing | None:
         first = (doc.get("outputs") or [{}])[0]
         lean = ((doc.get("parameters") or {}).get("lean") is True
                 and first.get("name") == "scores" and first.get("datatype") == "FP32")
+    except (ValueError, KeyError, TypeError, AttributeError):
+        return None  # metadata this client cannot read: FP32 is always understood
+    packing = _packed_input(meta, codec)
+    return None if packing is None else _Packing(codec, packing.sample_shape,
+                                                 packing.row_bytes, lean)
+
+
+def _packed_input(meta: dict, codec: FeatureCodec) -> _Packing | None:
+    """The packed edge features an input's metadata describes, if it takes ``codec``."""
+    try:
         params = meta.get("parameters") or {}
         batch, *dims = params["unpacked_shape"]
         sample = tuple(int(d) for d in dims)
         row_bytes = codec.payload_size(sample)
     except (ValueError, KeyError, TypeError, AttributeError, CodecError):
-        return None  # metadata this client cannot read: FP32 is always understood
+        return None
     if (meta.get("name") != oip.EDGE_FEATURES_PACKED or meta.get("datatype") != "UINT8"
             or params.get("codec") != codec.kind or batch != -1
             or meta.get("shape") != [-1, row_bytes]):
         return None
-    return _Packing(codec, sample, row_bytes, lean)
+    return _Packing(codec, sample, row_bytes)
+
+
+@dataclass(frozen=True)
+class _EscalatedPacking:
+    """What the cloud's metadata said a version takes packed for escalated frames: the edge
+    features as the plain packed model takes them, the details one row per slot."""
+
+    features: _Packing
+    detail: DetailPacking
+
+    def pack(self, x: np.ndarray, d: np.ndarray) -> dict[str, np.ndarray] | None:
+        """The packed inputs, or None when either would not unpack to the bits given."""
+        rows, details = self.features.pack(x), self.detail.pack(d)
+        if rows is None or details is None:
+            return None
+        return {oip.EDGE_FEATURES_PACKED: rows, oip.DEVICE_DETAIL_PACKED: details[0],
+                oip.DETAIL_PRESENT: details[1]}
+
+
+def _advertised_escalated(metadata: bytes, codec: FeatureCodec) -> _EscalatedPacking | None:
+    """The packed escalated model's inputs, from its metadata, if its features take
+    ``codec``."""
+    try:
+        features, detail, present = json.loads(metadata)["inputs"]
+        params = detail.get("parameters") or {}
+        batch, *sample = params["unpacked_shape"]
+        slots = int(present["shape"][1])
+        packing = DetailPacking.of(params["codec"], tuple(int(d) for d in sample), slots)
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, CodecError):
+        return None  # metadata this client cannot read: FP32 is always understood
+    rows = _packed_input(features, codec)
+    if (rows is None or batch != -1 or detail.get("name") != oip.DEVICE_DETAIL_PACKED
+            or detail.get("datatype") != "UINT8"
+            or detail.get("shape") != [-1, slots, packing.row_bytes]
+            or present.get("name") != oip.DETAIL_PRESENT or present.get("datatype") != "BOOL"
+            or present.get("shape") != [-1, slots]):
+        return None
+    return _EscalatedPacking(rows, packing)

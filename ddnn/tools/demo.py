@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import re
+import resource
 import signal
 import subprocess
 import sys
@@ -60,6 +61,10 @@ def register(sub, data_sub, formatter) -> None:
     p.add_argument("--data", default=None, help="replay this test .npz instead of a generated one")
     p.add_argument("--train-samples", type=int, default=2000, help="generated training samples")
     p.add_argument("--frames", type=int, default=300, help="frames to replay (from the test file)")
+    p.add_argument("--classes", type=int, default=3, help="object classes of the generated scene")
+    p.add_argument("--views", type=int, default=6,
+                   help="cameras of the generated scene (one device process each)")
+    p.add_argument("--size", type=int, default=32, help="image side of the generated scene")
     p.add_argument(
         "--epochs", type=int, default=None, help="training epochs (default: ddnn train's)"
     )
@@ -117,6 +122,31 @@ class Processes:
                 proc.wait()
 
 
+class Stages:
+    """CPU seconds (this process and its finished children: the machine may be shared, so not
+    wall time) and wall seconds of each stage of the demo, in order."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, dict[str, float]] = {}
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        cpu, wall = _cpu_seconds(), time.monotonic()
+        try:
+            yield
+        finally:
+            took = self.seconds.setdefault(name, {"cpu_s": 0.0, "wall_s": 0.0})
+            took["cpu_s"] = round(took["cpu_s"] + _cpu_seconds() - cpu, 2)
+            took["wall_s"] = round(took["wall_s"] + time.monotonic() - wall, 2)
+
+
+def _cpu_seconds() -> float:
+    """User and system CPU seconds of this process and of its children that have ended."""
+    own, children = (resource.getrusage(w) for w in (resource.RUSAGE_SELF,
+                                                     resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -127,22 +157,14 @@ def _ddnn(*args: str) -> None:
         raise ConfigError(f"`ddnn {' '.join(args[:2])}` failed with exit code {proc.returncode}")
 
 
-def _prepare(args, work: Path) -> tuple[Path, Path]:
+def _prepare(args, work: Path, stages: Stages) -> tuple[Path, Path]:
     """The bundle and test file to use, generating and training what is missing."""
     data = Path(args.data) if args.data else work / "test.npz"
     if not args.data and not data.exists():
         _say("generating the test split")
-        _ddnn(
-            "data",
-            "synth",
-            "--out",
-            str(data),
-            "--samples",
-            str(max(args.frames, 1)),
-            "--seed",
-            "2",
-            *SCENE,
-        )
+        with stages.stage("data"):
+            _ddnn("data", "synth", "--out", str(data), "--samples", str(max(args.frames, 1)),
+                  "--seed", "2", *_scene(args))
     if args.bundle:
         return Path(args.bundle), data
     bundle = work / "bundle"
@@ -152,22 +174,21 @@ def _prepare(args, work: Path) -> tuple[Path, Path]:
     train = work / "train.npz"
     if not train.exists():
         _say("generating the training split")
-        _ddnn(
-            "data",
-            "synth",
-            "--out",
-            str(train),
-            "--samples",
-            str(args.train_samples),
-            "--seed",
-            "1",
-            *SCENE,
-        )
+        with stages.stage("data"):
+            _ddnn("data", "synth", "--out", str(train), "--samples", str(args.train_samples),
+                  "--seed", "1", *_scene(args))
     _say("training the DDNN (all exits jointly), exporting to ONNX, calibrating thresholds")
     extra = ["--epochs", str(args.epochs)] if args.epochs else []
-    _ddnn("train", "--data", str(train), "--out", str(bundle), "--name", "demo", "--seed",
-          str(args.seed), *extra)
+    with stages.stage("train"):  # (ddnn train exports to ONNX and calibrates too)
+        _ddnn("train", "--data", str(train), "--out", str(bundle), "--name", "demo", "--seed",
+              str(args.seed), *extra)
     return bundle, data
+
+
+def _scene(args) -> tuple[str, ...]:
+    """``ddnn data synth``'s options for the demo's scene."""
+    return (*SCENE, "--classes", str(args.classes), "--views", str(args.views), "--size",
+            str(args.size))
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 60.0) -> None:
@@ -321,19 +342,23 @@ def run(args) -> int:
     work = Path(args.work)
     logs = work / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    bundle_dir, data_path = _prepare(args, work)
+    stages = Stages()
+    bundle_dir, data_path = _prepare(args, work, stages)
     bundle = load_bundle(bundle_dir)
     m = bundle.manifest
     ds = load_dataset(data_path, num_classes=m.num_classes)
     n = min(args.frames, ds.num_samples)
     sub = ds.subset(np.arange(n))
     _say(f"offline evaluation of {bundle.ref} on {n} frames (ONNX Runtime)")
-    exits = BundleRuntime(bundle).run_dataset(sub.X, sub.present)
-    offline = summarize(exits, sub.label, sub.y, m, m.policy)
-    classes, tiers = hierarchy_predictions(exits, m.policy, m.escalation_level)
-    expected = _offline_answers(classes, tiers, sub.y)
-    results, payload = _run_hierarchy(args, work, bundle_dir, data_path, m, n)
+    with stages.stage("offline"):
+        exits = BundleRuntime(bundle).run_dataset(sub.X, sub.present)
+        offline = summarize(exits, sub.label, sub.y, m, m.policy)
+        classes, tiers = hierarchy_predictions(exits, m.policy, m.escalation_level)
+        expected = _offline_answers(classes, tiers, sub.y)
+    with stages.stage("replay"):  # broker, cloud, edge and devices, until they are stopped
+        results, payload = _run_hierarchy(args, work, bundle_dir, data_path, m, n)
     summary = _summary(results, sub, offline, payload, m, expected)
+    summary["stages"] = stages.seconds
     _say("")
     table = _table(summary)
     if args.json:

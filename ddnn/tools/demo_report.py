@@ -113,6 +113,9 @@ def table(s: dict) -> str:
         lines.append("checks: " + ", ".join(
             f"{name.replace('_', ' ')} {'ok' if ok else 'FAILED'}" for name, ok in checks.items())
             + (f" ({s['differ_count']} frames differ from offline)" if s["differ_count"] else ""))
+    if stages := s.get("stages"):  # CPU seconds: the machine may be shared
+        lines.append("stages, CPU s (wall s): " + ", ".join(
+            f"{name} {t['cpu_s']:.1f} ({t['wall_s']:.1f})" for name, t in stages.items()))
     from ddnn.stacking import summary_line
 
     if stacked := summary_line(off):  # why an upper tier answers as it does (or passes up)

@@ -55,6 +55,9 @@ def test_the_repository_lists_every_kind(url):
     assert "tiny-escalated" not in index  # the paper's network cannot escalate
     meta = httpx.get(f"{url}/v2/models/esc-escalated").json()
     assert [t["name"] for t in meta["inputs"]] == ["edge_features", "device_detail"]
+    meta = httpx.get(f"{url}/v2/models/esc-escalated-packed").json()
+    assert [t["name"] for t in meta["inputs"]] == ["edge_features_packed",
+                                                   "device_detail_packed", "detail_present"]
 
 
 def _escalated_inputs(kinds_repository, tiny_data, frames: int = 4):
@@ -128,6 +131,29 @@ def test_the_edge_sends_escalated_frames_deflated(url, kinds_repository, tiny_da
         client.infer_escalated(edge_features, detail[:, 1:], version)
     assert client.deflate_escalated
     client.close()
+
+
+def test_the_edge_sends_escalated_frames_packed_and_the_answer_is_the_fp32_one(
+        url, kinds_repository, tiny_data):
+    edge_features, detail, want, version = _escalated_inputs(kinds_repository, tiny_data,
+                                                             frames=12)
+    fp32 = CloudClient(url, "esc-cloud", timeout=30, escalated="esc-escalated")
+    packed = CloudClient(url, "esc-cloud", timeout=30, escalated="esc-escalated",
+                         codec=load_bundle(kinds_repository / "esc").manifest.codec[
+                             "edge_features"])
+    try:
+        got = packed.infer_escalated(edge_features, detail, version)
+        assert packed.escalated_packed(version) and fp32.escalated_packed(version) is None
+        # Packing is lossless: the cloud's answer is the FP32 request's, bit for bit.
+        assert got.tobytes() == fp32.infer_escalated(edge_features, detail, version).tobytes()
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        # Details that did not come through the codec travel as FP32, answered all the same.
+        off = detail + np.float32(1e-3) * (detail != 0)
+        assert packed.infer_escalated(edge_features, off, version).shape == want.shape
+        assert packed.escalated_packed(version)
+    finally:
+        fp32.close()
+        packed.close()
 
 
 @pytest.mark.parametrize("refusal", [(415, b"unsupported media type"),

@@ -55,6 +55,7 @@ TIERS: dict[str, tuple[str, ...]] = {
     "test_oip": ("contract",), "test_ota_announcement": ("plumbing",),
     "test_ota_probation": ("plumbing", "device", "edge"),
     "test_packed_features": ("contract", "edge", "cloud"), "test_repeated_features": ("edge",),
+    "test_packed_detail": ("contract", "edge", "cloud"),
     "test_result": ("contract",), "test_retry": ("plumbing",), "test_signing": ("contract",),
     "test_synth": ("models",), "test_throttle": ("plumbing",), "test_topics": ("contract",),
     "test_versions": ("contract",),

@@ -67,3 +67,24 @@ def test_the_checks_the_demo_proves_itself_by():
     assert not s["checks"]["every_tier_answers"] and s["checks"]["live_equals_offline"]
     # Without the offline answers nothing can be said to equal them.
     assert not _summary(results, ds, _offline(), 60.0, m)["checks"]["live_equals_offline"]
+
+
+def test_the_stages_count_the_cpu_seconds_of_the_children_that_ran_them():
+    import subprocess
+    import sys
+
+    from ddnn.tools.demo import Stages
+
+    stages = Stages()
+    with stages.stage("data"):  # a child's CPU counts once it has ended
+        subprocess.run([sys.executable, "-c", "sum(range(10**7))"], check=True)
+    with stages.stage("train"):
+        pass
+    with stages.stage("data"):
+        pass
+    assert list(stages.seconds) == ["data", "train"]
+    assert stages.seconds["data"]["cpu_s"] > 0 and stages.seconds["train"]["cpu_s"] >= 0
+    s = _summary({}, SimpleNamespace(num_samples=0, label=np.array([])), _offline(), None,
+                 SimpleNamespace(name="demo", version="1"))
+    s["stages"] = {"data": {"cpu_s": 1.25, "wall_s": 2.0}, "train": {"cpu_s": 30, "wall_s": 20}}
+    assert "stages, CPU s (wall s): data 1.2 (2.0), train 30.0 (20.0)" in _table(s)
