@@ -167,7 +167,8 @@ def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, p
     from ddnn.models.federated.trainer import round_lr
 
     strategy = make_strategy(s.strategy, initial, s.aggregate, threshold=s.threshold,
-                             check_steps=s.check_steps, min_sites=s.min_sites)
+                             check_steps=s.check_steps, min_sites=s.min_sites,
+                             momentum=s.momentum)
     history = []
     for rnd in range(1, s.rounds + 1):
         start = time.perf_counter()
@@ -368,7 +369,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
                                                    start.manifest.calibration)
     refused = sum(len(h["refused"]) for h in history)
     summary = {"strategy": s.strategy, "aggregate": s.aggregate, "rounds": s.rounds,
-               "epochs": s.epochs, "lr": s.lr, "communicated_bytes": exchange.communicated,
+               "epochs": s.epochs, "lr": s.lr, "server_momentum": s.momentum,
+               "communicated_bytes": exchange.communicated,
                "bytes_down": exchange.bytes_down, "bytes_up": exchange.bytes_up,
                "refused_replies": refused, "evaluation": evaluation, "history": history}
     if s.strategy == "dma":
