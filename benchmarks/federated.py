@@ -13,6 +13,7 @@ accuracy plotted against rounds and against bytes, beside central.
 from __future__ import annotations
 
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -82,27 +83,35 @@ def federate(bundle: Path, sites: list[Path], out: Path, strategy: str, quick: b
             *(["--rounds", "3"] if quick else []), *options]
     for s in sites:
         args += ["--site", str(s)]
-    with _Clock() as clock:
+    with Clock() as clock:
         done = subprocess.run(args, check=True, stdout=subprocess.PIPE, text=True)
     return {**json.loads(done.stdout.strip().splitlines()[-1]), **clock.seconds}
 
 
 def _central(pooled: Path, out: Path, quick: bool) -> dict:
-    with _Clock() as clock:
+    with Clock() as clock:
         ddnn("train", "--data", str(pooled), "--out", str(out), "--name", "mvmc", "--preset",
              PRESET, "--no-progress", *(["--epochs", "5"] if quick else []))
     return clock.seconds
 
 
-class _Clock:
-    """Wall time and the CPU time of the child processes run meanwhile: on a shared machine
-    the CPU seconds (over the cores it has) say what the run takes on an idle one."""
+class Clock:
+    """Wall time and the CPU time of every process run meanwhile: on a shared machine the CPU
+    seconds (over the cores it has) say what the run takes on an idle one.
 
-    def __enter__(self) -> _Clock:
+    Flower's processes outlive their parents (the SuperNode's SuperExec, which reaps the
+    ClientApps, is stopped with it but never waited for), so this process becomes the child
+    subreaper (Linux): orphans are re-parented to it and reaped here, and their CPU time, the
+    sites' training included, is counted. Without that only the processes' own parents'
+    waits count, and the sites' work goes missing."""
+
+    def __enter__(self) -> Clock:
+        _subreaper()
         self._wall, self._cpu = time.perf_counter(), self._children()
         return self
 
     def __exit__(self, *exc) -> None:
+        _reap_orphans()
         self.seconds = {"wall_seconds": round(time.perf_counter() - self._wall, 1),
                         "cpu_seconds": round(self._children() - self._cpu, 1)}
 
@@ -110,6 +119,28 @@ class _Clock:
     def _children() -> float:
         use = resource.getrusage(resource.RUSAGE_CHILDREN)
         return use.ru_utime + use.ru_stime
+
+
+def _subreaper() -> None:
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+
+
+def _reap_orphans(grace: float = 30.0) -> None:
+    """Wait for the orphans re-parented here (stopped with their process group, they exit
+    within moments); after ``grace`` seconds one still running is left alone."""
+    deadline = time.monotonic() + grace
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return  # no child left
+        if pid == 0:
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.2)
 
 
 def run_seed(bundle: Path, root: Path, seed: int, quick: bool) -> dict:

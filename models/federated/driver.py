@@ -55,15 +55,18 @@ class ProgressReader:
 
 
 def follow(home: Path, run_id: int, work: Path, watched: list[flower.FlowerProcess],
-           on_round: Callable[[dict], None], timeout: float, check_every: float = 10.0) -> dict:
+           on_round: Callable[[dict], None], timeout: float, check_every: float = 60.0,
+           first_check: float = 5.0) -> dict:
     """Wait for the run to finish, reporting rounds; returns the ServerApp's result.
 
     The rounds come from the ServerApp's progress file; the run's status from ``flwr ls``
-    (a Flower process each time: every ``check_every`` seconds, and at once when the ServerApp
-    has written its result), so a run that fails before writing one is seen too."""
+    at once when the ServerApp has written its result (its error too), and otherwise after
+    ``first_check`` seconds, a pause that doubles up to ``check_every``: a run that fails
+    before writing anything (a ServerApp that does not start) is seen early, while a long run
+    is not charged a Flower process (about 2 CPU s) every few seconds."""
     reader = ProgressReader(work / PROGRESS, on_round)
     deadline = time.monotonic() + timeout
-    next_check = time.monotonic()
+    next_check, pause = time.monotonic(), first_check
     while True:
         reader.poll()
         for p in watched:
@@ -73,7 +76,8 @@ def follow(home: Path, run_id: int, work: Path, watched: list[flower.FlowerProce
             if status == "finished":
                 reader.poll()
                 break
-            next_check = time.monotonic() + check_every
+            next_check = time.monotonic() + pause
+            pause = min(2 * pause, check_every)
         if time.monotonic() > deadline:
             raise DdnnError(f"the federation did not finish within {timeout:.0f} s")
         time.sleep(0.5)
@@ -153,8 +157,7 @@ def serve(s: FederationSettings, host: str, port: int, home: Path, tls: flower.T
                  s.wait_sites, host, port)
         # Hours may pass waiting for the sites: Flower's status once a minute is enough (the
         # ServerApp's result, or its error, is seen at once).
-        result = follow(home / "superlink", run_id, work, [link], on_round, timeout,
-                        check_every=60.0)
+        result = follow(home / "superlink", run_id, work, [link], on_round, timeout)
     return _sign(result, key)
 
 

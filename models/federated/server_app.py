@@ -49,6 +49,29 @@ app = ServerApp()
 PROGRESS, RESULT = "progress.jsonl", "result.json"
 
 
+# How often the ServerApp asks the SuperLink for replies. Flower's ``Grid.send_and_receive``
+# waits 3 s between pulls, which a round pays on top of its slowest site; a pull is one small
+# request to the SuperLink, so half a second costs it little.
+REPLY_POLL = 0.5
+
+
+def send_and_receive(grid: Grid, messages: list[Message], timeout: float,
+                     poll: float = REPLY_POLL) -> list[Message]:
+    """``Grid.send_and_receive`` over the Grid's ``push_messages`` / ``pull_messages``, asking
+    for the replies every ``poll`` seconds: the replies that came within ``timeout``."""
+    waiting = set(grid.push_messages(messages))
+    deadline = time.monotonic() + timeout
+    replies: list[Message] = []
+    while waiting:
+        pulled = list(grid.pull_messages(waiting))
+        replies += pulled
+        waiting -= {m.metadata.reply_to_message_id for m in pulled}
+        if not waiting or time.monotonic() >= deadline:
+            break
+        time.sleep(min(poll, max(deadline - time.monotonic(), 0.0)))
+    return replies
+
+
 class Exchange:
     """Messages out and replies in over the Grid, counting every message's bytes both ways
     (:func:`~ddnn.models.federated.records.message_bytes`: arrays, tables, metrics, config)."""
@@ -69,7 +92,7 @@ class Exchange:
             self.bytes_down += message_bytes(message)
             messages.append(message)
         replies = {}
-        for reply in self.grid.send_and_receive(messages, timeout=self.settings.round_timeout):
+        for reply in send_and_receive(self.grid, messages, self.settings.round_timeout):
             node = reply.metadata.src_node_id
             self.bytes_up += message_bytes(reply)
             if reply.has_error():
@@ -144,7 +167,8 @@ def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, p
     from ddnn.models.federated.trainer import round_lr
 
     strategy = make_strategy(s.strategy, initial, s.aggregate, threshold=s.threshold,
-                             check_steps=s.check_steps, min_sites=s.min_sites)
+                             check_steps=s.check_steps, min_sites=s.min_sites,
+                             momentum=s.momentum)
     history = []
     for rnd in range(1, s.rounds + 1):
         start = time.perf_counter()
@@ -345,7 +369,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
                                                    start.manifest.calibration)
     refused = sum(len(h["refused"]) for h in history)
     summary = {"strategy": s.strategy, "aggregate": s.aggregate, "rounds": s.rounds,
-               "epochs": s.epochs, "lr": s.lr, "communicated_bytes": exchange.communicated,
+               "epochs": s.epochs, "lr": s.lr, "server_momentum": s.momentum,
+               "communicated_bytes": exchange.communicated,
                "bytes_down": exchange.bytes_down, "bytes_up": exchange.bytes_up,
                "refused_replies": refused, "evaluation": evaluation, "history": history}
     if s.strategy == "dma":

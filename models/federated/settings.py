@@ -30,6 +30,7 @@ class FederationSettings:
     lr: float = 2e-3  # Adam learning rate of the first round (cosine decay over the rounds)
     batch_size: int = 64  # samples per local step
     proximal: float = 0.0  # FedProx's mu: mu/2 ||w - w_round_start||^2 in each site's loss
+    momentum: float = 0.0  # fedavg: server momentum (FedAvgM; 0: plain FedAvg)
     holdout: float = 0.2  # share of each site's data held out for evaluation and calibration
     seed: int = 0  # seeds the sites' splits, batches and augmentation
     threshold: float = DMA_THRESHOLD  # dma: relative squared divergence that makes a site send
@@ -56,6 +57,11 @@ class FederationSettings:
             raise ConfigError("rounds, epochs, lr and batch size must be positive")
         if not 0.0 <= self.proximal < float("inf"):
             raise ConfigError(f"the proximal weight must be >= 0 (0: none), got {self.proximal}")
+        if not 0.0 <= self.momentum < 1.0:
+            raise ConfigError(f"server momentum must lie in [0, 1), got {self.momentum}")
+        if self.momentum and self.strategy != "fedavg":
+            raise ConfigError("server momentum is FedAvg's (FedAvgM): dma averages only the "
+                              "sites that diverged")
         if not 0.0 < self.holdout < 1.0:
             raise ConfigError("holdout must lie strictly between 0 and 1")
         if self.threshold <= 0 or self.check_steps < 1:

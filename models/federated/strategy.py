@@ -4,7 +4,8 @@ round driver (``server_app``) carries these decisions over Flower's transport, a
 tests drive them with plain arrays.
 
 - :class:`FedAvg` (McMahan et al., 2017): every site starts each round from the shared model;
-  the replies are averaged weighted by the sites' example counts.
+  the replies are averaged weighted by the sites' example counts. With server momentum
+  (FedAvgM, Hsu et al., 2019) the server's step keeps a share of its last one.
 - :class:`DynamicAveraging` (Kamp et al., 2018): each site keeps training its own model and
   checks, every few local steps, how far it has moved from the last shared *reference*; it
   sends its model only once the divergence passes a threshold. Violators whose average lies
@@ -237,16 +238,25 @@ class Combiner:
 
 class FedAvg:
     """Federated averaging: everyone starts from the shared model; the good replies are
-    combined (by default averaged, weighted by their capped example counts)."""
+    combined (by default averaged, weighted by their capped example counts).
+
+    ``momentum`` > 0 is FedAvgM: the server moves the model by ``v = momentum * v + step``,
+    ``step`` the combined model minus the shared one (what Flower's ``FedAvgM`` does with a
+    server learning rate of 1). Under label skew each round's step leans toward the classes
+    the sites happen to hold; the momentum keeps the direction they share."""
 
     name = "fedavg"
 
     def __init__(self, initial: Weights, min_sites: int = 1, guard: UpdateGuard | None = None,
-                 combiner: Combiner | None = None):
+                 combiner: Combiner | None = None, momentum: float = 0.0):
+        if not 0.0 <= momentum < 1.0:
+            raise ValueError(f"server momentum must lie in [0, 1), got {momentum}")
         self.model: Weights = {k: np.asarray(v) for k, v in initial.items()}
         self.min_sites = max(1, min_sites)
         self.guard = guard or UpdateGuard()
         self.combiner = combiner or Combiner()
+        self.momentum = float(momentum)
+        self.velocity: Weights | None = None  # the server's last step (FedAvgM)
 
     def configure(self, rnd: int, nodes: Iterable[int]) -> dict[int, Instruction]:
         return {n: Instruction(self.model) for n in nodes}
@@ -258,8 +268,16 @@ class FedAvg:
             log.warning("round %d: %d good update(s), fewer than the %d required; the model "
                         "stays as it was", rnd, len(good), self.min_sites)
             return Outcome(refused=refused)
-        self.model, capped = self.combiner(rnd, good)
+        combined, capped = self.combiner(rnd, good)
+        self.model = self._step(combined) if self.momentum else combined
         return Outcome(tuple(r.node for r in good), refused, "full", capped=capped)
+
+    def _step(self, combined: Weights) -> Weights:
+        step = {k: combined[k].astype(np.float64) - self.model[k] for k in self.model}
+        if self.velocity is not None:
+            step = {k: self.momentum * self.velocity[k] + step[k] for k in step}
+        self.velocity = step
+        return {k: (self.model[k] + step[k]).astype(self.model[k].dtype) for k in self.model}
 
     def complete(self, rnd: int, replies: list[Reply]) -> Outcome:  # never asks for more
         return Outcome()
@@ -352,5 +370,7 @@ def make_strategy(name: str, initial: Weights, aggregate: str = "mean",
         options.pop("check_steps", None)
         return FedAvg(initial, **options)
     if name == "dma":
+        if options.pop("momentum", 0.0):
+            raise ValueError("server momentum is FedAvg's (FedAvgM); dma averages violators")
         return DynamicAveraging(initial, **options)
     raise ValueError(f"unknown strategy {name!r}: fedavg or dma")

@@ -22,12 +22,16 @@ def test_settings_round_trip_through_the_run_config():
                            proximal=0.01)
     assert FederationSettings.from_run_config(s.run_config()) == s
     assert s.run_config()["check-steps"] == s.check_steps
+    m = FederationSettings(bundle="/b", out="/o", work="/w", momentum=0.5)
+    assert FederationSettings.from_run_config(m.run_config()).momentum == 0.5
 
 
 @pytest.mark.parametrize("bad", [{"strategy": "fedprox"}, {"rounds": 0}, {"holdout": 1.0},
                                  {"threshold": 0.0}, {"min_sites": 0}, {"grid": 1},
                                  {"agreement": 1.5}, {"proximal": -0.1},
-                                 {"proximal": float("nan")}])
+                                 {"proximal": float("nan")}, {"momentum": 1.0},
+                                 {"momentum": -0.1}, {"momentum": float("nan")},
+                                 {"strategy": "dma", "momentum": 0.5}])
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ConfigError):
         FederationSettings(bundle="b", out="o", work="w", **bad)

@@ -35,14 +35,27 @@ class FlakyGrid(Grid):
     """Site 1 trains well, site 2 sends NaN, site 3 never answers, site 4 fails."""
 
     def __init__(self):
-        self.timeouts: list[float | None] = []
         self.sent, self.returned = [], []  # every message each way, to count their bytes
+        self.pending: list[Message] = []  # the replies the next pull returns
 
     def get_node_ids(self):
         return [1, 2, 3, 4]
 
+    def push_messages(self, messages):
+        """The sites answer at once (``send_and_receive``: what they answer); the next pull
+        returns the replies. Message ids as Flower gives them: each message's object id."""
+        messages = list(messages)
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = msg.object_id
+        self.pending += self.send_and_receive(messages)
+        return [msg.metadata.message_id for msg in messages]
+
+    def pull_messages(self, message_ids):
+        replies = [r for r in self.pending if r.metadata.reply_to_message_id in message_ids]
+        self.pending = [r for r in self.pending if r not in replies]
+        return replies
+
     def send_and_receive(self, messages, *, timeout=None):
-        self.timeouts.append(timeout)
         self.sent += messages
         replies = self._replies(messages)
         self.returned += replies
@@ -80,16 +93,11 @@ class FlakyGrid(Grid):
     def get_nodes(self):
         raise NotImplementedError
 
-    def push_messages(self, messages):
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError
-
 
 def test_rounds_go_on_without_the_silent_the_failing_and_the_bad_site(caplog):
     caplog.set_level(logging.WARNING, "ddnn.federate")
-    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, round_timeout=7.0)
+    # Site 3 never answers: each round waits out its (short) timeout for it.
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, round_timeout=0.3)
     grid = FlakyGrid()
     exchange = Exchange(grid, s, {"arch": "{}"})
     seen = []
@@ -98,7 +106,6 @@ def test_rounds_go_on_without_the_silent_the_failing_and_the_bad_site(caplog):
     assert all(h["replied"] == 2 and h["accepted"] == 1 for h in history)
     assert all(2 in h["refused"] and "NaN" in h["refused"][2] for h in history)
     np.testing.assert_allclose(strategy.model["w"], 1.02, rtol=1e-6)  # site 1's two steps
-    assert grid.timeouts == [7.0, 7.0]
     # Every message counted whole, as Flower sends it: its objects, each once, serialized.
     assert exchange.bytes_down == sum(map(wire_bytes, grid.sent))
     assert exchange.bytes_up == sum(map(wire_bytes, grid.returned))  # the error reply too
@@ -192,6 +199,38 @@ def test_a_malformed_reply_is_refused_and_the_round_goes_on(kind, caplog):
     json.dumps(history)  # the round's record stays plain JSON
 
 
+class SlowGrid(FlakyGrid):
+    """Sites 1 and 2 train well; site 1's reply arrives only at the third pull, site 2's never."""
+
+    def __init__(self):
+        super().__init__()
+        self.pulls = 0
+
+    def get_node_ids(self):
+        return [1, 2]
+
+    def pull_messages(self, message_ids):
+        self.pulls += 1
+        if self.pulls < 3:
+            return []
+        return [r for r in super().pull_messages(message_ids) if r.metadata.src_node_id == 1]
+
+
+def test_replies_are_pulled_until_all_came_or_the_round_timeout_passed():
+    from ddnn.models.federated.server_app import send_and_receive
+
+    grid = SlowGrid()
+    messages = [Message(RecordDict({ARRAYS: to_record(START)}), dst_node_id=n,
+                        message_type="train") for n in (1, 2)]
+    replies = send_and_receive(grid, messages, timeout=0.5, poll=0.01)
+    assert [r.metadata.src_node_id for r in replies] == [1]  # site 1's late reply, once
+    assert grid.pulls > 3  # asked again for site 2's until the timeout
+    grid = SlowGrid()
+    grid.get_node_ids = lambda: [1]
+    replies = send_and_receive(grid, messages[:1], timeout=60.0, poll=0.01)
+    assert [r.metadata.src_node_id for r in replies] == [1] and grid.pulls == 3  # no more
+
+
 def test_fewer_good_replies_than_min_sites_leave_the_model_as_it_was():
     s = FederationSettings(bundle="b", out="o", work="w", rounds=2, min_sites=4)
     grid = HostileGrid(MALFORMED["list-in-metrics"][0])
@@ -271,7 +310,8 @@ def _evaluate(grid, arch, detail: int = 0):
     from ddnn.hierarchy import UplinkCost
     from ddnn.models.federated.server_app import evaluate_everywhere
 
-    s = FederationSettings(bundle="b", out="o", work="w", grid=11)
+    # A silent grid is waited for round_timeout (short: the fakes answer at once or never).
+    s = FederationSettings(bundle="b", out="o", work="w", grid=11, round_timeout=0.3)
     exchange = Exchange(grid, s, {"arch": json.dumps(arch)})
     cost = UplinkCost(scores=6, features=32, single_view=False, detail=detail)
     return (*evaluate_everywhere(START, exchange, grid, s, 3, cost, arch), cost)

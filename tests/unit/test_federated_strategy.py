@@ -129,3 +129,26 @@ def test_weighted_average_and_make_strategy():
     assert make_strategy("dma", model(), threshold=0.5).threshold == 0.5
     with pytest.raises(ValueError, match="unknown strategy"):
         make_strategy("fedprox", model())
+
+
+def test_server_momentum_keeps_a_share_of_the_last_step():
+    """FedAvgM: the first step is the plain average's; the next adds beta times the last one
+    (Flower's FedAvgM with a server learning rate of 1); a round without good replies leaves
+    the model and the velocity as they were."""
+    s = make_strategy("fedavg", model(1.0), momentum=0.5)
+    s.aggregate(1, [Reply(7, model(1.2), 10), Reply(8, model(1.4), 10)])
+    np.testing.assert_allclose(s.model["fc.bias"], 1.3, rtol=1e-6)  # step 0.3
+    s.aggregate(2, [Reply(7, model(1.4), 10), Reply(8, model(1.4), 10)])
+    np.testing.assert_allclose(s.model["fc.bias"], 1.3 + 0.1 + 0.5 * 0.3, rtol=1e-6)
+    before = {k: v.copy() for k, v in s.model.items()}
+    s.aggregate(3, [Reply(7, moved(s.model, np.nan), 10)])  # refused: no step at all
+    np.testing.assert_array_equal(s.model["fc.bias"], before["fc.bias"])
+    assert s.model["fc.bias"].dtype == np.float32
+    plain = make_strategy("fedavg", model(1.0))
+    plain.aggregate(1, [Reply(7, model(1.2), 10), Reply(8, model(1.4), 10)])
+    plain.aggregate(2, [Reply(7, model(1.4), 10), Reply(8, model(1.4), 10)])
+    np.testing.assert_allclose(plain.model["fc.bias"], 1.4, rtol=1e-6)  # no memory
+    with pytest.raises(ValueError, match="momentum"):
+        FedAvg(model(), momentum=1.0)
+    with pytest.raises(ValueError, match="FedAvg's"):
+        make_strategy("dma", model(), momentum=0.5)
