@@ -75,6 +75,8 @@ class Answers:
         """The cloud answered a frame (forwarded or audited; ``answer``: its own, not stacked
         on the edge's): it checks the early exits, and labels the experience recorded."""
         self.audit.observe(f, sent, answer)
+        if self.memory is not None:  # an audited frame's features, pulled after its answer
+            self.memory.add_features(f.id, f.features)
         if self.recorder is not None and f.pipeline is not None:
             self.recorder.put(f.pipeline.manifest,
                               {v: f.features[v] for v in answer.views if v in f.features},

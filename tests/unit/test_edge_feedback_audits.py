@@ -1,5 +1,6 @@
 """A frame the drift monitor audited (answered at the local exit, then sent up to the cloud to
-check) can be labelled like any answered frame: the edge remembers it once its answer is out."""
+check) can be labelled like any answered frame: the edge remembers it once its answer is out,
+and keeps the features pulled for the audit (a device ignores a second pull of a frame)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import numpy as np
 from ddnn import envelope as env
 from ddnn.bundle import load_bundle
 from ddnn.edge.aggregator import EdgeAggregator
+from ddnn.edge.feedback import AnsweredMemory
 from ddnn.edge.settings import EdgeSettings
 from ddnn.envelope import MessageType
 from ddnn.runtime import BundleRuntime
@@ -70,3 +72,18 @@ def test_audited_frames_are_remembered_for_the_operators_labels(tiny_bundle, tmp
             assert memory.get(r.frame).views == tuple(devices.index(v) for v in r.views)
     finally:
         agg.stop()
+
+
+def test_features_pulled_after_the_answer_are_kept_for_a_label(tiny_bundle):
+    m = load_bundle(tiny_bundle).manifest
+    shape = m.devices[0].output("features").sample_shape
+    memory = AnsweredMemory(kept=2)
+    memory.remember(1, m, (0, 2), {})  # answered at the local exit, before any pull
+    memory.add_features(1, {v: np.full(shape, v, np.float32) for v in (0, 1, 2)})
+    assert sorted(memory.get(1).features) == [0, 2]  # the answer's views only
+    memory.add_features(9, {0: np.zeros(shape, np.float32)})  # never answered: nothing kept
+    memory.remember(2, m, (0,), {0: np.zeros(shape, np.float32)})
+    memory.remember(3, m, (1,), {})
+    memory.add_features(3, {1: np.ones(shape, np.float32)})
+    assert memory.get(1).features == {}  # past `kept`: the oldest lose theirs
+    assert sorted(memory.get(3).features) == [1] and sorted(memory.get(2).features) == [0]
