@@ -202,8 +202,10 @@ def _wait(condition, timeout: float, what: str):
     return got
 
 
-def _label(url: str, frame: int, label: str) -> None:
-    """One operator label (again after a 429: the route allows 10 a second per address)."""
+def _label(url: str, frame: int, label: str) -> bool:
+    """One operator label (again after a 429: the route allows 10 a second per address);
+    False: the frame's features are gone (410: no device answered the pull in time), as an
+    operator would see it and label the next one."""
     import httpx
 
     while True:
@@ -212,8 +214,9 @@ def _label(url: str, frame: int, label: str) -> None:
         if r.status_code != 429:
             break
         time.sleep(float(r.headers.get("Retry-After", "0.1")))
-    if r.status_code != 201:
+    if r.status_code not in (201, 410):
         raise RuntimeError(f"feedback for frame {frame}: {r.status_code} {r.text}")
+    return r.status_code == 201
 
 
 def _loop(root: Path, field: dict, n: dict[str, int], broker: str, quick: bool) -> dict:
@@ -270,14 +273,12 @@ def _loop(root: Path, field: dict, n: dict[str, int], broker: str, quick: bool) 
         url = f"{edge.http.url}/v1/feedback"
         classes = agg.manifest.classes
         labelled = phases["drifted"][-n["labelled"]:]
-        for f in labelled:
-            _label(url, f, classes[cameras.labels[f]])
-        timeline.step("operator labels recorded", frames=len(labelled))
+        recorded = sum(_label(url, f, classes[cameras.labels[f]]) for f in labelled)
+        timeline.step("operator labels recorded", frames=recorded, gone=len(labelled) - recorded)
         # The labels are written at once; the cloud's answers in chunks (256 frames, or every
         # 30 s): the federation learns from those written by then, as an operator's would.
-        _wait(lambda: _labelled_on_disk(experience) == len(labelled), 60, "the labels written")
-        timeline.step("experience on disk", frames=_recorded(experience),
-                      labelled=len(labelled))
+        _wait(lambda: _labelled_on_disk(experience) == recorded, 60, "the labels written")
+        timeline.step("experience on disk", frames=_recorded(experience), labelled=recorded)
 
         out = work / "federated"
         federation = _federate(bundle, [("--site", experience), ("--site", root / "site.npz")],
