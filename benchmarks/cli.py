@@ -28,6 +28,7 @@ BENCHMARKS = {
     "federated": "ddnn.benchmarks.federated",  # drifted sites: before, FedAvg, DMA, central
     "drift": "ddnn.benchmarks.drift",  # live domain change: fixed vs adaptive exit thresholds
     "latency_slo": "ddnn.benchmarks.latency_slo",  # a cloud slowing mid-run: fixed vs planner
+    "closed_loop": "ddnn.benchmarks.closed_loop",  # drift, labels, federation, over the air
 }
 
 
@@ -59,7 +60,7 @@ def register(sub, data_sub, formatter) -> None:
 def _call(name: str, out: Path, work: Path, quick: bool) -> dict:
     module = importlib.import_module(BENCHMARKS[name])
     if name in ("training", "ablation", "paper_tables", "federated", "drift", "tiers",
-                "stacking", "latency_slo"):
+                "stacking", "latency_slo", "closed_loop"):
         return module.run(out, work, quick=quick)
     from ddnn.benchmarks.common import workspace
 

@@ -318,6 +318,29 @@ DRIFT = Spec(
     "training defaults, cached in `runs/bench/drift`",
 )
 
+CLOSED_LOOP = Spec(
+    question="When the scene drifts under a live hierarchy, does the loop (drift alarm, "
+    "operators' labels and a site's file, `ddnn federate`, the signed version over the air) "
+    "win the accuracy back, and what does the cloud teach alone, without labels?",
+    baseline="the same hierarchy on the same drifted scene before the update (`drifted`), same "
+    "run; for the cloud as teacher, the bundle before it (`ddnn evaluate`, held-out drifted "
+    "set).",
+    label="phase",
+    rows=tuple(Row(p, (p,)) for p in ("home", "drifted", "after")),
+    cols=(Col("accuracy, live (%)", "phases/{0}/accuracy", scale=PCT),
+          Col("vs drifted (points)", "phases/{0}/accuracy", base="phases/drifted/accuracy",
+              how="diff", scale=PCT),
+          Col("local exits (%)", "phases/{0}/local_share", scale=PCT),
+          Col("frames", "phases/{0}/frames")),
+    setup=("version", "alarm_after_drifted_frames", "seconds/labels_to_updated",
+           "seconds/federation", "offline_test/before/accuracy/overall",
+           "offline_test/after/accuracy/overall",
+           "teacher/sound/before/accuracy/overall", "teacher/sound/after/accuracy/overall",
+           "teacher/fooled/before/accuracy/overall", "teacher/fooled/after/accuracy/overall"),
+    bundle="a small bundle the benchmark trains itself (3 views of 16×16, the drift "
+    "benchmark's scene), cached in `runs/bench/closed_loop`",
+)
+
 LATENCY_SLO = Spec(
     question="When the cloud turns slow mid-run, does the latency planner (`--latency-slo`) keep "
     "the p99 within the objective, and at what accuracy, against fixed thresholds?",
@@ -364,6 +387,7 @@ SPECS = {
     "alignment": ALIGNMENT, "edge_ingest": EDGE_INGEST, "raw_vs_hierarchy": RAW_VS_HIERARCHY,
     "bandwidth": BANDWIDTH, "soak": SOAK, "federated": FEDERATED, "drift": DRIFT,
     "latency_slo": LATENCY_SLO, "livez_under_load": LIVEZ_UNDER_LOAD,
+    "closed_loop": CLOSED_LOOP,
 }
 
 # The suite's time budget for benchmarks without a measured wall time in their JSON

@@ -58,9 +58,11 @@ class Answers:
         # The bookkeeping after the result is out (a bad result leaves the frame unanswered).
         if finish:
             self.assembler.finish(f)
-            if self.memory is not None and f.pipeline is not None:
-                self.memory.remember(f.id, f.pipeline.manifest,
-                                     answer.views if answer else (), f.features)
+        # Remembered once its answer is out, audited frames too (they go on up to be checked,
+        # and the drift an audit finds is what an operator labels).
+        if self.memory is not None and f.pipeline is not None:
+            self.memory.remember(f.id, f.pipeline.manifest, answer.views if answer else (),
+                                 f.features)
         self.events.on_stage(step, handed - f.ready_at)
         self.events.on_answered(result, step, latency)
 
@@ -73,6 +75,8 @@ class Answers:
         """The cloud answered a frame (forwarded or audited; ``answer``: its own, not stacked
         on the edge's): it checks the early exits, and labels the experience recorded."""
         self.audit.observe(f, sent, answer)
+        if self.memory is not None:  # an audited frame's features, pulled after its answer
+            self.memory.add_features(f.id, f.features)
         if self.recorder is not None and f.pipeline is not None:
             self.recorder.put(f.pipeline.manifest,
                               {v: f.features[v] for v in answer.views if v in f.features},

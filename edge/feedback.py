@@ -169,16 +169,35 @@ class AnsweredMemory:
             self._frames[frame] = Remembered(manifest, tuple(views), kept)
             self._frames.move_to_end(frame)
             if kept:
-                self._with_features[frame] = None
-                self._with_features.move_to_end(frame)
-            while len(self._with_features) > self.kept:
-                old, _ = self._with_features.popitem(last=False)
-                if old in self._frames:
-                    self._frames[old].features = {}
+                self._kept_features(frame)
             while len(self._frames) > self.history:
                 old, _ = self._frames.popitem(last=False)
                 self._with_features.pop(old, None)
                 self.low_water = max(self.low_water, old)
+
+    def add_features(self, frame: int, features: Mapping[int, np.ndarray]) -> None:
+        """Features that came for a remembered frame after its answer (an audited frame's,
+        pulled to check it with the cloud): kept, so a label needs no second pull, which the
+        devices would take for a repeat and ignore."""
+        with self._lock:
+            r = self._frames.get(frame)
+            if r is None:
+                return
+            new = {v: features[v] for v in r.views if v in features and v not in r.features}
+            if not new:
+                return
+            r.features = {**r.features, **new}
+            self._kept_features(frame)
+
+    def _kept_features(self, frame: int) -> None:
+        """``frame`` holds features now: the newest; the oldest past :attr:`kept` lose theirs
+        (under the lock)."""
+        self._with_features[frame] = None
+        self._with_features.move_to_end(frame)
+        while len(self._with_features) > self.kept:
+            old, _ = self._with_features.popitem(last=False)
+            if old in self._frames:
+                self._frames[old].features = {}
 
     def get(self, frame: int) -> Remembered:
         """What is remembered of ``frame`` (a copy); a :class:`FeedbackError` 404 or 410."""
