@@ -90,7 +90,8 @@ class DetailPacking:
                              f" with a bool presence (B, {self.slots}); got {rows.dtype} "
                              f"{rows.shape} and {present.dtype} {present.shape}")
         b = len(rows)
-        out = np.zeros((b, self.slots, math.prod(self.view_shape)), np.float32)
+        values = math.prod(self.view_shape)
+        out = np.zeros((b, self.slots, values), np.float32)
         decoded = self.codec.decode_rows(rows[present], self.view_shape, lenient=lenient)
-        out[present] = decoded.reshape(len(decoded), -1)
+        out[present] = decoded.reshape(len(decoded), values)  # (no slot present: 0 rows)
         return out.reshape(b, *self.sample_shape)

@@ -43,5 +43,8 @@ def test_the_demo_proves_itself_on_a_small_scene(tmp_path, mosquitto):
     assert checks["every_tier_answers"] == (min(exits.values()) > 0)
     # The exit status fails only a wrong hierarchy; a silent tier is shown, not failed.
     assert proc.returncode == 0, log
+    # Each stage's CPU seconds are reported (what a shared machine measures fairly).
+    assert set(summary["stages"]) == {"data", "train", "offline", "replay"}
+    assert all(t["cpu_s"] > 0 for t in summary["stages"].values())
     report = tmp_path / "report"
     assert json.loads((report / "summary.json").read_text())["checks"] == checks

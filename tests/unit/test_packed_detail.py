@@ -62,6 +62,8 @@ def test_the_server_unpacks_any_bytes_and_refuses_a_wrong_layout():
     rows = np.full((2, SLOTS, packing.row_bytes), 255, np.uint8)  # NaN scales
     out = packing.unpack(rows, np.ones((2, SLOTS), bool))
     assert out.shape == (2, *packing.sample_shape) and np.isfinite(out).all()
+    empty = packing.unpack(rows, np.zeros((2, SLOTS), bool))  # no slot holds a detail
+    assert empty.shape == (2, *packing.sample_shape) and not empty.any()
     with pytest.raises(CodecError, match="packed details"):
         packing.unpack(rows[:, 1:], np.ones((2, SLOTS - 1), bool))
     with pytest.raises(CodecError, match="packed details"):
