@@ -27,6 +27,7 @@ import pytest
 pytest.importorskip("flwr")
 pytest.importorskip("PIL")
 
+from ddnn.benchmarks.closed_loop import CameraFolders
 from ddnn.bundle import load_bundle
 from ddnn.device.service import DeviceService
 from ddnn.device.settings import DeviceSettings
@@ -76,34 +77,6 @@ def field(tmp_path_factory):
     return bundle, private, public, frames, root
 
 
-class Cameras:
-    """One folder per camera, filled as a capture tool would: each scene's views written under
-    the same name and modification time (frame id ``f`` at ``fps`` 0: time ``f`` ms)."""
-
-    def __init__(self, root: Path, views: int):
-        self.dirs = [root / f"cam{v}" for v in range(views)]
-        for d in self.dirs:
-            d.mkdir(parents=True)
-        self.next = 1  # the next frame id
-        self.labels: dict[int, int] = {}
-
-    def show(self, scenes: dict[str, np.ndarray]) -> range:
-        """Write every scene of ``scenes`` (a dataset's arrays); returns their frame ids."""
-        from PIL import Image
-
-        ids = range(self.next, self.next + len(scenes["label"]))
-        for f, X, label in zip(ids, scenes["X"], scenes["label"], strict=True):
-            self.labels[f] = int(label)
-            for d, image in zip(self.dirs, X, strict=True):
-                rgb = np.rint(image.transpose(1, 2, 0) * 255).astype(np.uint8)  # absent: black
-                tmp = d / f".{f:09d}.png"  # hidden until renamed: never half-written
-                Image.fromarray(rgb).save(tmp)
-                os.utime(tmp, ((f + 0.5) / 1000, (f + 0.5) / 1000))
-                tmp.rename(d / f"{f:09d}.png")
-        self.next = ids.stop
-        return ids
-
-
 def _ddnn(*args: str, timeout: float) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "ddnn", *args], env=env, cwd=ROOT,
@@ -130,7 +103,7 @@ def test_the_loop_closes_drift_alarm_feedback_federation_update_recovery(
                 experience=experience, experience_max_mb=64.0, operator_token=OPERATOR,
                 bundle_key=public, ota_probation=PROBATION)
     views = edge.agg.manifest.views
-    cameras = Cameras(tmp_path / "cameras", views)
+    cameras = CameraFolders(tmp_path / "cameras", views)
     with contextlib.ExitStack() as stack:
         stack.callback(edge.stop)
         agg, series = edge.agg, edge.agg.metrics.learning
