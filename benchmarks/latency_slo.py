@@ -47,11 +47,11 @@ SETTLE = 3.0  # seconds into a phase after which the objective is to hold (the p
 
 class Answers(EdgeEvents):
     """Each answer: frame, exit, class, capture time (wall clock) and latency (seconds); and
-    the planner's local threshold over time."""
+    the planner's point over time (its thresholds and held-out accuracy)."""
 
     def __init__(self) -> None:
         self.rows: list[tuple[int, str, int | None, float, float]] = []
-        self.plans: list[tuple[float, float, float | None]] = []
+        self.plans: list[tuple[float, float, float, float]] = []
         self._lock = threading.Lock()
 
     def on_answered(self, result: Result, step: str, latency: float) -> None:
@@ -61,7 +61,7 @@ class Answers(EdgeEvents):
 
     def on_latency_plan(self, point, objective, predicted, measured, met) -> None:
         with self._lock:
-            self.plans.append((time.time(), point["local"], predicted))
+            self.plans.append((time.time(), point["local"], point["edge"], point["accuracy"]))
 
 
 def _field(root: Path, quick: bool) -> tuple[Path, Path, np.ndarray]:
@@ -195,12 +195,12 @@ def _plot(out_dir: Path, runs: dict) -> None:
         t = [row[0] - t0 for row in r["answers"]]  # (the warm-up before 0)
         axes[0].scatter(t, [1000 * row[1] for row in r["answers"]], s=4, label=name, alpha=0.6)
         if r["plans"]:
-            axes[1].step([p[0] - t0 for p in r["plans"]], [p[1] for p in r["plans"]],
-                         where="post", label=f"{name}: local threshold in force")
+            axes[1].step([p[0] - t0 for p in r["plans"]], [p[3] for p in r["plans"]],
+                         where="post", label=f"{name}: the point in force")
     axes[0].axhline(SLO_MS, color="red", linestyle="--", label=f"objective (p{PERCENTILE:g})")
     axes[0].set_yscale("log")
     axes[0].set_ylabel("capture to answer (ms)")
-    axes[1].set_ylabel("planner's local threshold")
+    axes[1].set_ylabel("held-out accuracy of the point")
     axes[1].set_xlabel("seconds (capture time)")
     for ax in axes:
         starts = next(iter(runs.values()))["phase_starts"]
@@ -238,7 +238,8 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
                         "phase_starts": starts,
                         "answers": [(round(r[3], 3), round(r[4], 4))
                                     for r in sorted(seen.rows, key=lambda r: r[3])],
-                        "plans": [(round(t, 3), local) for t, local, _ in seen.plans]}
+                        "plans": [(round(t, 3), local, edge, round(accuracy, 4))
+                                  for t, local, edge, accuracy in seen.plans]}
             finally:
                 relay.stop()
     finally:
