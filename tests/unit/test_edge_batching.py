@@ -4,18 +4,16 @@ same either way, and every message and stage of the latency breakdown is counted
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 import ddnn.edge.scheduler as scheduler
-from ddnn import envelope as env
 from ddnn.bundle import load_bundle
 from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.settings import EdgeSettings
-from ddnn.envelope import MessageType
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics
 from tests.support.polling import wait_for
+from tests.support.scores import messages
 
 FRAMES = 12
 
@@ -37,17 +35,6 @@ def edge(bundle, threshold: float = 1.0, plain: bool = True) -> tuple[EdgeAggreg
     assert agg.pipeline.plain_local, "the tiny bundle's local exit: max, no segment"
     agg.pipeline.plain_local = plain  # False: the numpy local exit (avg, concat, a segment)
     return agg, kept
-
-
-def messages(agg: EdgeAggregator, frames: int) -> list[tuple[str, bytes]]:
-    """Every view's scores for ``frames`` frames, as they come over MQTT."""
-    m, rng = agg.manifest, np.random.default_rng(3)
-    bound = m.calibration.get("scores", {}).get("max_abs", 3.0)  # (what the edge takes)
-    return [(Topics().device(d, "scores"), env.encode(env.pack(
-        MessageType.SCORES, version=m.version, frame=n, codec=m.codec["scores"],
-        tensor=np.clip(rng.normal(size=(1, m.num_classes)) * 3, -bound, bound
-                       ).astype(np.float32))))
-        for n in range(frames) for d in agg.devices]
 
 
 def answers(kept: Kept) -> list[tuple]:

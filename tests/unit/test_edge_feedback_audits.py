@@ -6,15 +6,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from ddnn import envelope as env
 from ddnn.bundle import load_bundle
 from ddnn.edge.aggregator import EdgeAggregator
 from ddnn.edge.feedback import AnsweredMemory
 from ddnn.edge.settings import EdgeSettings
-from ddnn.envelope import MessageType
 from ddnn.runtime import BundleRuntime
 from ddnn.topics import Topics
 from tests.support.polling import wait_for
+from tests.support.scores import messages
 
 TOKEN = "operator-token-0123456789"
 FRAMES = 6
@@ -34,17 +33,6 @@ class Kept:
 
     def close(self):
         pass
-
-
-def messages(agg: EdgeAggregator, frames: int) -> list[tuple[str, bytes]]:
-    """Every view's scores for ``frames`` frames, as they come over MQTT."""
-    m, rng = agg.manifest, np.random.default_rng(3)
-    bound = m.calibration.get("scores", {}).get("max_abs", 3.0)  # (what the edge takes)
-    return [(Topics().device(d, "scores"), env.encode(env.pack(
-        MessageType.SCORES, version=m.version, frame=n, codec=m.codec["scores"],
-        tensor=np.clip(rng.normal(size=(1, m.num_classes)) * 3, -bound, bound
-                       ).astype(np.float32))))
-        for n in range(frames) for d in agg.devices]
 
 
 def test_audited_frames_are_remembered_for_the_operators_labels(tiny_bundle, tmp_path):
