@@ -197,8 +197,9 @@ def curve(s: Sweep) -> list[OperatingPoint]:
     flats = {*_climb(s, bytes_first),
              *_climb(s, [cloud, up, -s.correct, s.payload, _levels(s)]),
              *_climb(s, [up, cloud, -s.correct, s.payload, _levels(s)])}
-    order = {int(f): i for i, f in enumerate(_order(s, bytes_first))}
-    return [_point(s, f) for f in sorted(flats, key=order.__getitem__)]
+    # (in the frontier's order, as :func:`_order` would sort them: no second sort of them all)
+    return [_point(s, f) for f in sorted(flats, key=lambda f: (*(k.flat[f] for k in bytes_first),
+                                                                f))]
 
 
 def curve_table(points: list[OperatingPoint], digits: int = 5) -> dict[str, list]:
