@@ -170,8 +170,39 @@ def _ddnn(*args: str) -> None:
         raise ConfigError(f"`ddnn {' '.join(args[:2])}` failed with exit code {proc.returncode}")
 
 
+def _recipe(args) -> dict:
+    """What the work dir's generated test split and its bundle are made from."""
+    return {"test": {"scene": list(_scene(args)), "frames": args.frames},
+            "bundle": {"scene": list(_scene(args)), "train_samples": args.train_samples,
+                       "preset": args.preset, "epochs": args.epochs, "seed": args.seed}}
+
+
+def _forget_stale(args, work: Path) -> bool:
+    """Remove what the work dir holds from other options (a demo of before, other flags), so
+    that it is made again; whether the bundle must be trained again."""
+    try:
+        before = json.loads((work / "recipe.json").read_text())
+    except (OSError, ValueError):
+        before = {}
+    now = _recipe(args)
+    if before.get("test") != now["test"] and (work / "test.npz").exists():
+        _say(f"{work}/test.npz was made with other options: generating it again")
+        (work / "test.npz").unlink()
+    if before.get("bundle") == now["bundle"] or not (work / "bundle" / "manifest.json").exists():
+        return False
+    _say(f"{work}/bundle was trained with other options: training it again")
+    (work / "train.npz").unlink(missing_ok=True)
+    return True
+
+
 def _prepare(args, work: Path, stages: Stages) -> tuple[Path, Path]:
     """The bundle and test file to use, generating and training what is missing."""
+    made = _make(args, work, stages, retrain=_forget_stale(args, work) or args.retrain)
+    (work / "recipe.json").write_text(json.dumps(_recipe(args)))  # once all of it is made
+    return made
+
+
+def _make(args, work: Path, stages: Stages, retrain: bool) -> tuple[Path, Path]:
     data = Path(args.data) if args.data else work / "test.npz"
     if not args.data and not data.exists():
         _say("generating the test split")
@@ -181,7 +212,7 @@ def _prepare(args, work: Path, stages: Stages) -> tuple[Path, Path]:
     if args.bundle:
         return Path(args.bundle), data
     bundle = work / "bundle"
-    if (bundle / "manifest.json").exists() and not args.retrain:
+    if (bundle / "manifest.json").exists() and not retrain:
         _say(f"reusing the bundle in {bundle} (--retrain to train again)")
         return bundle, data
     train = work / "train.npz"
