@@ -31,7 +31,6 @@ from pathlib import Path
 import numpy as np
 
 from ddnn.errors import ConfigError
-from ddnn.models.presets import PRESETS
 from ddnn.tools.demo_report import offline_answers as _offline_answers
 from ddnn.tools.demo_report import summary as _summary
 from ddnn.tools.demo_report import table as _table
@@ -77,10 +76,10 @@ def register(sub, data_sub, formatter) -> None:
     p.add_argument(
         "--epochs", type=int, default=DEMO_EPOCHS, help="training epochs"
     )
-    p.add_argument("--preset", default=DEMO_PRESET, choices=list(PRESETS),
-                   help="ddnn train's preset for the bundle it trains (tiny: its upper tiers "
-                   "answer the frames its device cannot settle; pi settles nearly every frame "
-                   "on the device and trains several times longer)")
+    p.add_argument("--preset", default=DEMO_PRESET,
+                   help="ddnn train's preset for the bundle it trains: tiny, pi or paper (tiny: "
+                   "its upper tiers answer the frames its device cannot settle; pi settles "
+                   "nearly every frame on the device and trains several times longer)")
     p.add_argument("--fps", type=float, default=25.0, help="replay rate of every device")
     p.add_argument("--mode", choices=["pull", "push"], default="pull", help="device feature mode")
     p.add_argument(
@@ -197,6 +196,10 @@ def _forget_stale(args, work: Path) -> bool:
 
 def _prepare(args, work: Path, stages: Stages) -> tuple[Path, Path]:
     """The bundle and test file to use, generating and training what is missing."""
+    if not args.bundle:  # an unknown preset fails now, not after the data is generated
+        from ddnn.models.presets import preset  # (boards install no ddnn.models: lazily)
+
+        preset(args.preset)
     made = _make(args, work, stages, retrain=_forget_stale(args, work) or args.retrain)
     (work / "recipe.json").write_text(json.dumps(_recipe(args)))  # once all of it is made
     return made
