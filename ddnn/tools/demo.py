@@ -171,26 +171,33 @@ def _ddnn(*args: str) -> None:
 
 def _recipe(args) -> dict:
     """What the work dir's generated test split and its bundle are made from."""
-    return {"test": {"scene": list(_scene(args)), "frames": args.frames},
-            "bundle": {"scene": list(_scene(args)), "train_samples": args.train_samples,
+    scene = list(_scene(args))
+    return {"test": {"scene": scene, "frames": args.frames},
+            "bundle": {"scene": scene, "train_samples": args.train_samples,
                        "preset": args.preset, "epochs": args.epochs, "seed": args.seed}}
 
 
-def _forget_stale(args, work: Path) -> bool:
-    """Remove what the work dir holds from other options (a demo of before, other flags), so
-    that it is made again; whether the bundle must be trained again."""
+def _recorded(work: Path) -> dict:
+    """The recipe the work dir's files were made from (empty: none recorded)."""
     try:
-        before = json.loads((work / "recipe.json").read_text())
+        recorded = json.loads((work / "recipe.json").read_text())
     except (OSError, ValueError):
-        before = {}
-    now = _recipe(args)
-    if before.get("test") != now["test"] and (work / "test.npz").exists():
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _forget_stale(work: Path, before: dict, now: dict, parts: set[str]) -> bool:
+    """Remove what the work dir holds of ``parts`` ("test", "bundle") from other options than
+    ``now`` (a demo of before, other flags), so that it is made again; whether the bundle must
+    be trained again."""
+    if "test" in parts and before.get("test") != now["test"] and (work / "test.npz").exists():
         _say(f"{work}/test.npz was made with other options: generating it again")
         (work / "test.npz").unlink()
-    if before.get("bundle") == now["bundle"] or not (work / "bundle" / "manifest.json").exists():
+    if "bundle" not in parts or before.get("bundle") == now["bundle"]:
         return False
-    _say(f"{work}/bundle was trained with other options: training it again")
-    (work / "train.npz").unlink(missing_ok=True)
+    (work / "train.npz").unlink(missing_ok=True)  # (a training of it may have stopped short)
+    if (work / "bundle" / "manifest.json").exists():
+        _say(f"{work}/bundle was trained with other options: training it again")
     return True
 
 
@@ -200,8 +207,14 @@ def _prepare(args, work: Path, stages: Stages) -> tuple[Path, Path]:
         from ddnn.models.presets import preset  # (boards install no ddnn.models: lazily)
 
         preset(args.preset)
-    made = _make(args, work, stages, retrain=_forget_stale(args, work) or args.retrain)
-    (work / "recipe.json").write_text(json.dumps(_recipe(args)))  # once all of it is made
+    before, now = _recorded(work), _recipe(args)
+    # Only what this run makes is checked and recorded: --data and --bundle leave the work
+    # dir's own test split and bundle as they were.
+    parts = {part for part, given in (("test", args.data), ("bundle", args.bundle)) if not given}
+    retrain = _forget_stale(work, before, now, parts) or args.retrain
+    made = _make(args, work, stages, retrain)
+    made_now = {part: now[part] for part in parts}
+    (work / "recipe.json").write_text(json.dumps({**before, **made_now}))  # once all is made
     return made
 
 

@@ -4,11 +4,18 @@ it, so a demo of before (or other flags) never replays one scene through another
 import json
 
 from ddnn.cli import build_parser
-from ddnn.tools.demo import _forget_stale, _recipe
+from ddnn.tools import demo
+from ddnn.tools.demo import _recipe
+
+BOTH = {"test", "bundle"}
 
 
 def _args(work, *flags):
     return build_parser().parse_args(["demo", "--work", str(work), *flags])
+
+
+def _forget_stale(args, work, parts=BOTH):
+    return demo._forget_stale(work, demo._recorded(work), _recipe(args), parts)
 
 
 def _work_dir(tmp_path, recipe):
@@ -49,3 +56,24 @@ def test_another_scene_or_training_retrains(tmp_path):
     _work_dir(tmp_path, _recipe(_args(tmp_path)))
     assert _forget_stale(_args(tmp_path, "--epochs", "60"), tmp_path)
     assert _left(tmp_path) == ["test.npz"]
+
+
+def test_a_stopped_training_leaves_no_stale_training_split(tmp_path):
+    _work_dir(tmp_path, _recipe(_args(tmp_path)))
+    (tmp_path / "bundle" / "manifest.json").unlink()  # the training never finished
+    assert _forget_stale(_args(tmp_path, "--classes", "3"), tmp_path)
+    assert _left(tmp_path) == []
+
+
+def test_a_given_bundle_leaves_the_work_dirs_own_and_its_record(tmp_path, monkeypatch):
+    """--bundle: the work dir's bundle is neither retrained nor recorded as made for the
+    options of this run (a later run without --bundle still sees it is stale)."""
+    old = _recipe(_args(tmp_path, "--classes", "3"))
+    _work_dir(tmp_path, old)
+    args = _args(tmp_path, "--bundle", "elsewhere")
+    monkeypatch.setattr(demo, "_make", lambda *a, **k: ("elsewhere", tmp_path / "test.npz"))
+    demo._prepare(args, tmp_path, demo.Stages())
+    assert _left(tmp_path) == ["train.npz"]  # the test split was made for other options
+    recorded = demo._recorded(tmp_path)
+    assert recorded == {"test": _recipe(args)["test"], "bundle": old["bundle"]}
+    assert recorded["bundle"] != _recipe(_args(tmp_path))["bundle"]
