@@ -9,9 +9,9 @@ from the federated benchmark's home bundle on one seed's sites and scores every 
 
     python -m ddnn.benchmarks.federated_sweep SEED_DIR HOME TUNING.npz NAME [rounds=30 ...]
 
-with the options ``rounds``, ``epochs``, ``lr``, ``proximal``, ``momentum``, ``seed``; one JSON
-line per run is printed and appended to ``SEED_DIR/../sweep.jsonl``. The figures are in
-docs/federated-learning.md ("Where the gap comes from").
+with the options ``rounds``, ``epochs``, ``lr``, ``proximal``, ``momentum``, ``seed``,
+``balance``; one JSON line per run is printed and appended to ``SEED_DIR/../sweep.jsonl``.
+The figures are in docs/federated-learning.md ("Where the gap comes from").
 """
 
 from __future__ import annotations
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-OPTIONS = {"rounds": 10, "epochs": 2.0, "lr": 2e-3, "proximal": 0.0, "momentum": 0.0, "seed": 0}
+OPTIONS = {"rounds": 10, "epochs": 2.0, "lr": 2e-3, "proximal": 0.0, "momentum": 0.0, "seed": 0,
+           "balance": 0.0}
 
 
 def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
@@ -55,7 +56,7 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
     start = time.process_time()
     for r in range(1, rounds + 1):
         local = LocalTraining(epochs=o["epochs"], lr=round_lr(o["lr"], r, rounds), seed=seed,
-                              proximal=o["proximal"])
+                              proximal=o["proximal"], balance=o["balance"])
         replies = [fit(arch, weights, site, local, r) for site in sites]
         average = weighted_average([x.weights for x in replies], [x.examples for x in replies])
         if o["momentum"]:  # FedAvgM: the server's step keeps a share of the last one

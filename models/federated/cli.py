@@ -81,6 +81,10 @@ def _federation_options(p) -> None:
     p.add_argument("--proximal", type=float, default=D.proximal, metavar="MU",
                    help="FedProx: add MU/2 ||w - w_start||^2 to each site's loss, holding a "
                    "site with a skewed class mix near the round's shared model (0: none)")
+    p.add_argument("--balance", type=float, default=D.balance, metavar="TAU",
+                   help="logit adjustment for label skew (balanced softmax): each site adds "
+                   "TAU * log(its class prior) to every exit's logits in its loss, so a site "
+                   "holding few classes does not push the others down (0: none)")
     p.add_argument("--server-momentum", type=float, default=D.momentum, metavar="BETA",
                    help="fedavg: the server's step keeps BETA of its last one (FedAvgM; 0: "
                    "plain FedAvg)")
@@ -126,7 +130,7 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         bundle=args.bundle, out=args.out, work=work, strategy=args.strategy,
         aggregate=args.aggregate,
         rounds=args.rounds, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
-        proximal=args.proximal, momentum=args.server_momentum,
+        proximal=args.proximal, balance=args.balance, momentum=args.server_momentum,
         holdout=args.holdout, seed=args.seed, threshold=args.dma_threshold,
         check_steps=args.dma_check_steps, min_sites=args.min_sites, wait_sites=wait_sites,
         join_timeout=args.join_timeout, round_timeout=args.round_timeout,

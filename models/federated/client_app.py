@@ -71,6 +71,7 @@ def train(msg: Message, context: Context) -> Message:
     settings = LocalTraining(epochs=float(config["epochs"]), lr=float(config["lr"]),
                              batch_size=int(config["batch-size"]), seed=int(config["seed"]),
                              proximal=float(config.get("proximal", 0.0)),
+                             balance=float(config.get("balance", 0.0)),
                              threads=int(config["threads"]))
     rnd = int(config["round"])
     if dma:

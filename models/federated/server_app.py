@@ -357,7 +357,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     initial = model_weights(model_from_bundle(s.bundle))
     version = s.version or next_version(start.manifest.version)
     base = {"arch": json.dumps(arch), "strategy": s.strategy, "epochs": s.epochs,
-            "batch-size": s.batch_size, "proximal": s.proximal, "holdout": s.holdout,
+            "batch-size": s.batch_size, "proximal": s.proximal,
+            "balance": s.balance, "holdout": s.holdout,
             "seed": s.seed, "threshold": s.threshold, "check-steps": s.check_steps,
             "threads": s.threads}
     exchange = Exchange(grid, s, base)

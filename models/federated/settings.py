@@ -30,6 +30,8 @@ class FederationSettings:
     lr: float = 2e-3  # Adam learning rate of the first round (cosine decay over the rounds)
     batch_size: int = 64  # samples per local step
     proximal: float = 0.0  # FedProx's mu: mu/2 ||w - w_round_start||^2 in each site's loss
+    # Logit adjustment: tau * log(the site's class prior) on each exit's logits in its loss
+    balance: float = 0.0
     momentum: float = 0.0  # fedavg: server momentum (FedAvgM; 0: plain FedAvg)
     holdout: float = 0.2  # share of each site's data held out for evaluation and calibration
     seed: int = 0  # seeds the sites' splits, batches and augmentation
@@ -57,6 +59,9 @@ class FederationSettings:
             raise ConfigError("rounds, epochs, lr and batch size must be positive")
         if not 0.0 <= self.proximal < float("inf"):
             raise ConfigError(f"the proximal weight must be >= 0 (0: none), got {self.proximal}")
+        if not 0.0 <= self.balance <= 4.0:
+            raise ConfigError(f"the logit adjustment tau must lie in [0, 4] (0: none), got "
+                              f"{self.balance}")
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"server momentum must lie in [0, 1), got {self.momentum}")
         if self.momentum and self.strategy != "fedavg":

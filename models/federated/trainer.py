@@ -52,6 +52,10 @@ class LocalTraining:
     # FedProx (Li et al., 2020): mu/2 * ||w - w_start||^2 added to the site's loss holds a
     # site whose classes are skewed near the shared model it started from (0: plain FedAvg).
     proximal: float = 0.0
+    # Logit adjustment for label skew (balanced softmax; FedLC, Zhang et al., 2022): each
+    # exit's logits get tau * log(the site's class prior) inside the site's loss, so a site
+    # holding few classes stops pushing the others' scores down (0: the plain loss).
+    balance: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -121,8 +125,18 @@ def experience_loss(model: DDNN, exp: Experience, idx: np.ndarray) -> torch.Tens
     return loss
 
 
+def class_prior_shift(ds: MultiViewDataset, tau: float) -> torch.Tensor:
+    """``tau * log`` of the site's class prior (add-one smoothed: a class the site lacks gets
+    a large negative shift, not minus infinity)."""
+    counts = np.bincount(ds.label, minlength=len(ds.classes)).astype(np.float64) + 1.0
+    return torch.from_numpy(tau * np.log(counts / counts.sum())).float()
+
+
+_EXITS = ("device", "local", "edge", "cloud", "escalated")
+
+
 def _labelled_loss(model: DDNN, ds: MultiViewDataset, idx: np.ndarray, s: LocalTraining,
-                   gen: torch.Generator) -> torch.Tensor:
+                   gen: torch.Generator, shift: torch.Tensor | None = None) -> torch.Tensor:
     t = model.cfg.training
     idx = np.sort(idx)
     x, present = torch.from_numpy(ds.images(idx)), torch.from_numpy(ds.present[idx])
@@ -130,6 +144,8 @@ def _labelled_loss(model: DDNN, ds: MultiViewDataset, idx: np.ndarray, s: LocalT
         x, present = augment(x, present, t.shift, t.brightness, t.view_dropout, gen)
     y = torch.from_numpy(ds.y[idx]).masked_fill(~present, -1)
     out = model(x, present)
+    if shift is not None:  # (broadcasts over the device exits' views too)
+        out = {k: v + shift if k in _EXITS else v for k, v in out.items()}
     return joint_loss(out, y, torch.from_numpy(ds.label[idx]), t.exit_weights, t.distill,
                       t.distill_temperature, t.distill_device)
 
@@ -154,11 +170,14 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     total = max(1, round(settings.epochs * per_epoch))
     lab_order = _cycle(rng, n_lab, settings.batch_size)
     exp_order = _cycle(rng, n_exp, settings.batch_size)
+    shift = (class_prior_shift(site.train, settings.balance)
+             if settings.balance > 0 and n_lab else None)
     losses, stopped, step = [], False, 0
     for step in range(1, total + 1):
         loss = torch.zeros(())
         if n_lab:
-            loss = loss + _labelled_loss(model, site.train, next(lab_order), settings, gen)
+            loss = loss + _labelled_loss(model, site.train, next(lab_order), settings, gen,
+                                        shift)
         if n_exp:
             loss = loss + settings.experience_weight * experience_loss(
                 model, site.experience, next(exp_order))

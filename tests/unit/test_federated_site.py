@@ -331,6 +331,52 @@ def test_the_proximal_term_holds_a_site_near_the_model_it_started_from(tiny_bund
     assert 0 < moved[100.0] < 0.5 * moved[0.0]
 
 
+def test_logit_adjustment_keeps_a_skewed_site_from_erasing_the_class_it_lacks(tiny_bundle,
+                                                                               tiny_data):
+    """A site without class 2 trains its exits to give class 2 no probability on anything;
+    with the balanced softmax (``balance`` tau) its loss already expects no 2s, so the shared
+    model keeps more of its belief in class 2."""
+    import torch
+
+    from ddnn.bundle import load_bundle
+    from ddnn.dataset import load_dataset
+    from ddnn.models.federated.trainer import (
+        LocalTraining,
+        SiteData,
+        class_prior_shift,
+        fit,
+    )
+    from ddnn.models.federated.weights import (
+        architecture,
+        build_model,
+        model_from_bundle,
+        model_weights,
+        set_weights,
+    )
+    from ddnn.models.train import predict
+
+    arch = architecture(load_bundle(tiny_bundle))
+    start = model_weights(model_from_bundle(tiny_bundle))
+    ds = load_dataset(tiny_data.train, num_classes=len(arch["classes"]))
+    lacking = ds.subset(np.flatnonzero(ds.label != 2))
+    counts = np.bincount(lacking.label, minlength=3) + 1.0
+    shift = class_prior_shift(lacking, 1.0).numpy()
+    assert shift == pytest.approx(np.log(counts / counts.sum()))
+    assert shift[2] < min(shift[:2]) - 4  # the class it lacks: large and finite
+    test = load_dataset(tiny_data.test, num_classes=len(arch["classes"]))
+
+    def belief_in_2(tau: float) -> float:
+        w = fit(arch, start, SiteData(lacking, None, None),
+                LocalTraining(epochs=3, balance=tau)).weights
+        model = build_model(arch)
+        set_weights(model, w)
+        out = predict(model, test)
+        return sum(float(torch.softmax(torch.from_numpy(out[k]), -1)[:, 2].mean())
+                   for k in ("local", "edge", "cloud"))
+
+    assert belief_in_2(1.0) > 1.3 * belief_in_2(0.0)
+
+
 def test_an_escalating_bundle_is_rebuilt_from_its_onnx_files(kinds_repository):
     """Its devices' weights are named under the detail wrapper, and its escalated cloud's view
     trunk had each batch norm folded into its convolution: both come back, and torch gives
