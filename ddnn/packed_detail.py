@@ -11,12 +11,13 @@ exactly what ``ddnn evaluate`` feeds it.
 
 :class:`EscalatedFrame` is the lean route's layout of a whole escalated frame in one row of
 bytes (docs/wire-protocol.md): the packed edge features, a byte per slot saying whether it holds
-a detail, then the slots' detail rows through the *up* filter (:meth:`DetailPacking.filter`),
-which deflate codes in about 14% fewer bytes, losslessly.
+a detail, then the slots' detail rows through the *average* filter (:meth:`DetailPacking.filter`),
+which deflate codes in about a quarter fewer bytes, losslessly.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -34,7 +35,7 @@ from ddnn.oip_body import (
 
 # Codecs whose details pack (every codec that codes in fewer bytes than FP32).
 DETAIL_PACKING_CODECS = (*PACKING_CODECS, *LEVEL_BITS)
-# Codecs whose rows are levels of a few bits (bits per value), which the up filter applies to.
+# Codecs whose rows are levels of a few bits (bits per value), which the average filter applies to.
 FILTER_BITS = {"binary": 1, **LEVEL_BITS}
 # The lean layout's name in the escalated frame's metadata (a change of layout changes it).
 FRAME_LAYOUT = "ddnn-escalated-frame-1"
@@ -113,17 +114,19 @@ class DetailPacking:
 
     def filter(self, rows: np.ndarray) -> np.ndarray:
         """Rows (..., row_bytes) with each level replaced by its difference (modulo the codec's
-        levels) from the level one image row above it in the same channel: a smooth detail's
-        differences are small, so deflate codes them in fewer bits (measured on 64 test frames of
-        4-bit details: 1,040 B against 1,212 B). Lossless (:meth:`unfilter`); rows of codecs
-        without levels (int8, float16) are returned as they are."""
-        return self._up(rows, inverse=False)
+        levels) from a prediction: the mean (rounded down) of the level to its left and the one
+        above it in the same channel; in the first image row the level to its left, in the first
+        column the one above, the first level itself. A smooth detail's differences are small,
+        so deflate codes them in fewer bits (measured on 64 test frames of 4-bit details: 899 B
+        deflated against 1,212 B). Lossless (:meth:`unfilter`); rows of codecs without levels
+        (int8, float16) are returned as they are."""
+        return self._filtered(rows, inverse=False)
 
     def unfilter(self, rows: np.ndarray) -> np.ndarray:
         """The inverse of :meth:`filter`; any bytes unfilter (padding bits come back zero)."""
-        return self._up(rows, inverse=True)
+        return self._filtered(rows, inverse=True)
 
-    def _up(self, rows: np.ndarray, *, inverse: bool) -> np.ndarray:
+    def _filtered(self, rows: np.ndarray, *, inverse: bool) -> np.ndarray:
         k = FILTER_BITS.get(self.codec.kind)
         rows = np.asarray(rows)
         if k is None or not rows.size:
@@ -131,17 +134,37 @@ class DetailPacking:
         n = math.prod(self.view_shape)
         h, w = self.view_shape[-2:] if len(self.view_shape) > 1 else (1, n)
         flat = rows.reshape(-1, self.row_bytes)
-        bits = np.unpackbits(flat, axis=1, count=n * k).reshape(len(flat), n, k)
-        levels = (bits @ (1 << np.arange(k - 1, -1, -1))).reshape(len(flat), -1, h, w)
+        shifts = np.arange(8 - k, -1, -k, dtype=np.uint8)  # a byte's levels, first one highest
         mask = (1 << k) - 1
-        if inverse:
-            out = np.cumsum(levels, axis=2) & mask
+        levels = ((flat[:, :, None] >> shifts) & mask).reshape(len(flat), -1)[:, :n]
+        levels = levels.reshape(-1, h * w).astype(np.int16)  # one image per channel
+        first, second, diagonals = _neighbours(h, w)
+        # Each image with a zero first, so a level with no neighbour is predicted 0.
+        out = np.zeros((len(levels), 1 + h * w), np.int16)
+        if inverse:  # a level's prediction needs the levels it is made of: one anti-diagonal
+            for at in diagonals:  # at a time (h + w - 1 steps of whole arrays, not h·w)
+                guess = (out[:, first[at]] + out[:, second[at]]) >> 1
+                out[:, 1 + at] = (levels[:, at] + guess) & mask
         else:
-            out = levels.copy()
-            out[:, :, 1:] = (levels[:, :, 1:] - levels[:, :, :-1]) & mask
-        out_bits = (out.reshape(len(flat), n, 1) >> np.arange(k - 1, -1, -1)) & 1
-        packed = np.packbits(out_bits.astype(np.uint8).reshape(len(flat), n * k), axis=1)
-        return packed.reshape(rows.shape)
+            out[:, 1:] = levels
+            out[:, 1:] = (levels - ((out[:, first] + out[:, second]) >> 1)) & mask
+        coded = np.zeros((len(flat), self.row_bytes * (8 // k)), np.uint8)
+        coded[:, :n] = out[:, 1:].reshape(len(flat), n)
+        packed = np.bitwise_or.reduce(coded.reshape(len(flat), -1, 8 // k) << shifts, axis=2)
+        return packed.astype(np.uint8).reshape(rows.shape)
+
+
+@functools.cache
+def _neighbours(h: int, w: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """For each level of an h × w image (row-major), the two levels whose mean (rounded down)
+    predicts it, as indices into the image behind one zero: left and above, or in the first
+    row the left one twice, in the first column the one above twice, 0 for the first level;
+    and the levels of each anti-diagonal, top left first."""
+    i, j = (a.ravel() for a in np.mgrid[0:h, 0:w])
+    left, above = 1 + i * w + j - 1, 1 + (i - 1) * w + j
+    first = np.where(j > 0, left, np.where(i > 0, above, 0))
+    second = np.where(i > 0, above, first)
+    return first, second, [np.flatnonzero(i + j == d) for d in range(h + w - 1)]
 
 
 def lossless_rows(codec: FeatureCodec, x: np.ndarray) -> np.ndarray | None:
@@ -249,7 +272,7 @@ class EscalatedFrame(EscalatedInputs):
         return {"layout": FRAME_LAYOUT, "features_codec": self.features.kind,
                 "features_shape": [-1, *self.features_shape], "detail_codec": d.codec.kind,
                 "detail_shape": [-1, *d.sample_shape], "slots": d.slots,
-                "detail_filter": "up" if d.codec.kind in FILTER_BITS else "none"}
+                "detail_filter": "average" if d.codec.kind in FILTER_BITS else "none"}
 
     @classmethod
     def from_metadata(cls, metadata: dict) -> EscalatedFrame:  # type: ignore[override]

@@ -19,7 +19,7 @@ A frame that escalates (a bundle with an escalated cloud, docs/training.md) goes
 the cloud serves it (negotiated as above, once per version), on the lean route to
 ``{name}-escalated-lean``: the whole frame in one row of bytes, no JSON either way (the edge
 features packed, a flag per slot, the senders' details one row per slot in the bundle's detail
-codec through the up filter: :class:`~ddnn.packed_detail.EscalatedFrame`); else to
+codec through the average filter: :class:`~ddnn.packed_detail.EscalatedFrame`); else to
 ``{name}-escalated-packed`` (the same three parts as v2 inputs, unfiltered), else to
 ``{name}-escalated`` with FP32 ``edge_features`` and ``device_detail``:
 :meth:`CloudClient.infer_escalated`. Every body is deflated (``Content-Encoding: deflate``, which
@@ -305,7 +305,7 @@ class CloudClient:
                         filtered: bool = False) -> tuple[int, bytes, dict[str, str]]:
         """Post an escalated request deflated, or plain to a server that refused that.
         ``filtered``: a lean frame, whose filtered detail rows deflate's filtered strategy
-        codes in 11% fewer bytes (docs/benchmarks, edge_cloud_bytes)."""
+        codes in 10% fewer bytes (1,095 against 1,215 B a frame, 64 test frames)."""
         path += "" if filtered else "/infer"
         if self.deflate_escalated:
             deflate = zlib.compressobj(ESCALATED_DEFLATE, zlib.DEFLATED, 15, 8,

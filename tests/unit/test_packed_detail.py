@@ -1,5 +1,5 @@
 """An escalated frame's details packed for the WAN: one row per slot in the detail codec with
-which slots hold one, unpacked bit for bit; the up filter; the lean frame's layout (round trip,
+which slots hold one, unpacked bit for bit; the average filter; the lean frame's layout (round trip,
 every malformed frame refused with a typed error); the packed escalated model's checks; the
 edge's reading of both models' metadata."""
 
@@ -130,7 +130,7 @@ def _features(frames: int = 3) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", DETAIL_PACKING_CODECS)
-def test_the_up_filter_is_lossless_on_any_bytes(kind):
+def test_the_filter_is_lossless_on_any_bytes(kind):
     packing = DetailPacking.of(kind, (SLOTS * VIEW[0], *VIEW[1:]), SLOTS)
     rows = np.random.default_rng(2).integers(0, 256, (4, SLOTS, packing.row_bytes), np.uint8)
     coded, _ = packing.pack(_details(kind, PRESENT))
@@ -142,12 +142,13 @@ def test_the_up_filter_is_lossless_on_any_bytes(kind):
         assert packing.filter(rows) is rows
 
 
-def test_the_up_filter_differences_each_level_from_the_one_above():
+def test_the_filter_differences_each_level_from_the_mean_of_its_left_and_upper_neighbours():
     packing = DetailPacking.of("bits4", (2, 2, 2), 1)
     # levels (channel, row, column), most significant nibble first:
     # [[1, 2], [4, 3]], [[15, 0], [1, 1]]
     rows = np.array([[[0x12, 0x43, 0xF0, 0x11]]], np.uint8)
-    want = np.array([[[0x12, 0x31, 0xF0, 0x21]]], np.uint8)  # 4-1, 3-2; 1-15, 1-0 (mod 16)
+    # 1 - 0, 2 - 1 (left), 4 - 1 (above), 3 - (4 + 2) // 2; 15, 0 - 15, 1 - 15, 1 - (1 + 0) // 2
+    want = np.array([[[0x11, 0x30, 0xF1, 0x21]]], np.uint8)  # (mod 16)
     np.testing.assert_array_equal(packing.filter(rows), want)
     np.testing.assert_array_equal(packing.unfilter(want), rows)
 
