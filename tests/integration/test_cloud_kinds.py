@@ -199,6 +199,68 @@ def test_the_lean_escalated_frame_refuses_malformed_bodies_with_a_400(url, kinds
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
+class _CloudOfBefore(ThreadingHTTPServer):
+    """A relay to the cloud that serves no ``{name}-escalated-lean`` (404), as a cloud of before;
+    it counts the requests each model's routes got."""
+
+    def __init__(self, upstream: str):
+        self.upstream, self.seen = upstream, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _relay(self, method: str):
+                self.server.seen.append(self.path)
+                if "escalated-lean" in self.path:
+                    status, headers, data = 404, {}, b'{"error": "no such model"}'
+                else:
+                    body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                    r = httpx.request(method, self.server.upstream + self.path, content=body,
+                                      timeout=30, headers={
+                                          k: v for k, v in self.headers.items()
+                                          if k.lower() not in ("host", "content-length")})
+                    status, headers, data = r.status_code, r.headers, r.content
+                self.send_response(status)
+                if oip.HEADER_LENGTH.lower() in headers:
+                    self.send_header(oip.HEADER_LENGTH, headers[oip.HEADER_LENGTH.lower()])
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._relay("GET")
+
+            def do_POST(self):
+                self._relay("POST")
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_a_cloud_without_the_lean_frame_gets_the_packed_inputs(url, kinds_repository,
+                                                               tiny_data):
+    edge_features, detail, want, version = _escalated_inputs(kinds_repository, tiny_data)
+    relay = _CloudOfBefore(url)
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
+    client = CloudClient(f"http://127.0.0.1:{relay.server_address[1]}", "esc-cloud",
+                         timeout=30, escalated="esc-escalated",
+                         codec=load_bundle(kinds_repository / "esc").manifest.codec[
+                             "edge_features"])
+    try:
+        for _ in range(2):
+            got = client.infer_escalated(edge_features, detail, version)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert client.escalated_way(version) == "packed"
+        # The lean model's metadata was asked once; both frames went to the packed model.
+        assert sum("escalated-lean" in path for path in relay.seen) == 1
+        assert sum(path.endswith(f"escalated-packed/versions/{version}/infer")
+                   for path in relay.seen) == 2
+    finally:
+        client.close()
+        relay.shutdown()
+        relay.server_close()
+
+
 @pytest.mark.parametrize("refusal", [(415, b"unsupported media type"),
                                      (400, b"unsupported Content-Encoding 'deflate'")])
 def test_a_server_refusing_the_encoding_gets_plain_escalated_frames(url, kinds_repository,
