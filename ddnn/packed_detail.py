@@ -137,10 +137,12 @@ class DetailPacking:
         shifts = np.arange(8 - k, -1, -k, dtype=np.uint8)  # a byte's levels, first one highest
         mask = (1 << k) - 1
         levels = ((flat[:, :, None] >> shifts) & mask).reshape(len(flat), -1)[:, :n]
-        levels = levels.reshape(-1, h * w).astype(np.int16)  # one image per channel
+        # One image per channel; uint8 throughout: a sum of two levels fits, and a difference
+        # wraps modulo 256, a multiple of the levels' count.
+        levels = levels.reshape(-1, h * w)
         first, second, diagonals = _neighbours(h, w)
         # Each image with a zero first, so a level with no neighbour is predicted 0.
-        out = np.zeros((len(levels), 1 + h * w), np.int16)
+        out = np.zeros((len(levels), 1 + h * w), np.uint8)
         if inverse:  # a level's prediction needs the levels it is made of: one anti-diagonal
             for at in diagonals:  # at a time (h + w - 1 steps of whole arrays, not h·w)
                 guess = (out[:, first[at]] + out[:, second[at]]) >> 1
