@@ -18,6 +18,7 @@ pytest.importorskip("torch")  # the repository's bundles are trained here
 from ddnn import oip
 from ddnn.aggregation import aggregate
 from ddnn.bundle import load_bundle
+from ddnn.codec import MAX_ELEMENTS
 from ddnn.dataset import load_dataset
 from ddnn.edge.cloud_client import CloudClient, CloudError
 from ddnn.packed_detail import EscalatedFrame
@@ -186,6 +187,12 @@ def test_the_lean_escalated_frame_refuses_malformed_bodies_with_a_400(url, kinds
     r = httpx.post(lean, content=zlib.compress(bytes(64 << 20)),
                    headers={"Content-Encoding": "deflate"}, timeout=30)  # a deflate bomb
     assert r.status_code == 413, r.text
+    # More frames than one request may unpack (each frame's values, not its bytes, count).
+    values = np.prod(frame.features_shape) + np.prod(frame.detail.sample_shape)
+    many = int(MAX_ELEMENTS // values + 1)
+    r = httpx.post(lean, content=zlib.compress(bytes(many * frame.frame_bytes)),
+                   headers={"Content-Encoding": "deflate"}, timeout=60)
+    assert r.status_code == 400 and "limit of one request" in r.json()["error"], r.text
     # Any bytes in whole frames decode (leniently): an answer, never a 5xx.
     noise = np.random.default_rng(0).integers(0, 256, frames.shape, dtype=np.uint8)
     r = httpx.post(lean, content=noise.tobytes(), timeout=30)
