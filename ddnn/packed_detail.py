@@ -10,9 +10,9 @@ one; an empty slot's row is zeros, which deflate makes almost free. Both sides u
 exactly what ``ddnn evaluate`` feeds it.
 
 :class:`EscalatedFrame` is the lean route's layout of a whole escalated frame in one row of
-bytes (docs/wire-protocol.md): the packed edge features, a byte per slot saying whether it holds
-a detail, then the slots' detail rows through the *average* filter (:meth:`DetailPacking.filter`),
-which deflate codes in about a quarter fewer bytes, losslessly.
+bytes (docs/cloud.md, "Escalated frames"): the packed edge features, a byte per slot saying
+whether it holds a detail, then the slots' detail rows through the *average* filter
+(:meth:`DetailPacking.filter`), which deflate codes in about a quarter fewer bytes, losslessly.
 """
 
 from __future__ import annotations
@@ -181,9 +181,9 @@ def lossless_rows(codec: FeatureCodec, x: np.ndarray) -> np.ndarray | None:
 
 
 @dataclass(frozen=True)
-class EscalatedInputs:
-    """The inputs of ``{name}-escalated-packed``: the edge features of ``features_shape`` coded
-    with ``features``, one row a frame, and the details packed by ``detail``."""
+class _EscalatedParts:
+    """An escalated frame's parts: the edge features of ``features_shape`` coded with
+    ``features``, one row a frame, and the details packed by ``detail``."""
 
     features: FeatureCodec
     features_shape: tuple[int, ...]
@@ -202,6 +202,10 @@ class EscalatedInputs:
             return None
         rows, details = lossless_rows(self.features, x), self.detail.pack(detail)
         return None if rows is None or details is None else (rows, *details)
+
+
+class EscalatedInputs(_EscalatedParts):
+    """The inputs of ``{name}-escalated-packed``: the parts as three v2 tensors."""
 
     def pack(self, features: np.ndarray, detail: np.ndarray) -> dict[str, np.ndarray] | None:
         """The model's inputs by name, or None (as :meth:`packed`)."""
@@ -232,8 +236,7 @@ class EscalatedInputs:
         return inputs
 
 
-@dataclass(frozen=True)
-class EscalatedFrame(EscalatedInputs):
+class EscalatedFrame(_EscalatedParts):
     """One escalated frame as one row of ``frame_bytes`` bytes, the lean route's layout: the edge
     features coded with ``features`` (``features_bytes``), one byte per slot (1: the slot holds a
     detail, 0: it does not), then every slot's detail row (:class:`DetailPacking`) through
@@ -243,7 +246,7 @@ class EscalatedFrame(EscalatedInputs):
     def frame_bytes(self) -> int:
         return self.features_bytes + self.detail.slots * (1 + self.detail.row_bytes)
 
-    def pack(self, features: np.ndarray, detail: np.ndarray) -> np.ndarray | None:  # type: ignore[override]
+    def pack(self, features: np.ndarray, detail: np.ndarray) -> np.ndarray | None:
         """FP32 edge features (B, ...) and details (B, S·c, r, r) → frames (B, frame_bytes), or
         None when either would not unpack to the bits given."""
         packed = self.packed(features, detail)
@@ -277,7 +280,7 @@ class EscalatedFrame(EscalatedInputs):
                 "detail_filter": "average" if d.codec.kind in FILTER_BITS else "none"}
 
     @classmethod
-    def from_metadata(cls, metadata: dict) -> EscalatedFrame:  # type: ignore[override]
+    def from_metadata(cls, metadata: dict) -> EscalatedFrame:
         """The layout of a ``{name}-escalated-lean`` model's metadata, which must take it in
         its one input and answer FP32 scores first on the lean route; :class:`CodecError`
         otherwise."""

@@ -61,6 +61,7 @@ _MAX_VERSIONS = 64  # negotiations remembered; a bound, versions come and go slo
 # A negotiation that found no packed model (404): remembered only once FP32 is answered, since
 # the version itself may be the one missing (an update under way).
 _ABSENT = object()
+_Escalated = EscalatedFrame | EscalatedInputs  # the packed ways escalated frames go, negotiated
 
 
 class CloudError(DdnnError):
@@ -117,7 +118,7 @@ class CloudClient:
         self.up = True
         self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
         self.escalated = escalated
-        self._escalated_packing: dict[str, EscalatedInputs | None] = {}  # per version
+        self._escalated_packing: dict[str, _Escalated | None] = {}  # per version
         self.deflate_escalated = True  # until the cloud refuses a deflated body
         self.lean_escalated = True  # False: the packed inputs even where the lean frame is served
 
@@ -272,8 +273,7 @@ class CloudClient:
         return (f"{root}{oip.LEAN_ROUTE}/{name}/{v}" if lean
                 else f"{root}/v2/models/{name}/versions/{v}")
 
-    def _negotiate_escalated(self, version: str
-                             ) -> EscalatedInputs | object | None:
+    def _negotiate_escalated(self, version: str) -> _Escalated | object | None:
         """How ``version`` takes escalated frames: the lean frame of ``{escalated}-lean``
         where its metadata says so (unless :attr:`lean_escalated` is off), else the packed
         inputs of ``{escalated}-packed`` (as :meth:`_negotiate` does for the plain model)."""
@@ -437,8 +437,7 @@ def _v2_body(inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
     return body, headers
 
 
-def _advertised_escalated(kind: str, metadata: bytes, codec: FeatureCodec
-                          ) -> EscalatedInputs | None:
+def _advertised_escalated(kind: str, metadata: bytes, codec: FeatureCodec) -> _Escalated | None:
     """What ``{escalated}-{kind}`` takes, from its metadata, if its features take ``codec``:
     the lean frame's layout, or the packed model's inputs."""
     try:
