@@ -154,7 +154,8 @@ CLOUD_THROUGHPUT = Spec(
 
 EDGE_CLOUD_BYTES = Spec(
     question="How many HTTP bytes does a frame the edge sends to the cloud cost, packed "
-    "against FP32 features, and an escalated frame packed against FP32?",
+    "against FP32 features, and an escalated frame as a lean frame against its packed inputs "
+    "and FP32?",
     baseline="FP32 features, and FP32 as the server sent them before (`fp32_before`), same "
     "run, counted through a loopback relay.",
     label="frames per request",
@@ -165,10 +166,13 @@ EDGE_CLOUD_BYTES = Spec(
           Col("packed vs FP32", "summary/{0}/packed", base="summary/{0}/fp32", how="fewer"),
           Col("packed vs before", "summary/{0}/packed", base="summary/{0}/fp32_before",
               how="fewer"),
-          Col("escalated, packed (B/frame)", "summary/{0}/escalated"),
+          Col("escalated, lean frame (B/frame)", "summary/{0}/escalated"),
+          Col("escalated, packed inputs (B/frame)", "summary/{0}/escalated_packed"),
           Col("escalated, FP32 deflated (B/frame)", "summary/{0}/escalated_fp32"),
           Col("escalated, FP32 plain (B/frame)", "summary/{0}/escalated_plain"),
-          Col("packed vs FP32 deflated", "summary/{0}/escalated",
+          Col("lean vs packed inputs", "summary/{0}/escalated",
+              base="summary/{0}/escalated_packed", how="fewer"),
+          Col("lean vs FP32 deflated", "summary/{0}/escalated",
               base="summary/{0}/escalated_fp32", how="fewer")),
     setup=("model", "codec", "features_shape", "detail_shape", "requests_per_point"),
 )

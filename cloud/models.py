@@ -15,6 +15,9 @@
 * ``{name}-escalated-packed``: the same on its inputs packed (the edge features in the edge
   codec, the details one row per slot in the detail codec with which slots hold one), what
   the edge sends: 4-bit details take an eighth of their FP32 bytes;
+* ``{name}-escalated-lean``: the same in one input, each frame one row of bytes
+  (:class:`~ddnn.packed_detail.EscalatedFrame`), so it answers the lean route: what the edge
+  sends where the cloud serves it (no JSON either way);
 * ``{name}-raw`` (a raw-offload reference bundle, ``"kind": "raw"``): every raw view, zeros for
   an absent one → the reference's scores, to compare the hierarchy with through the same service.
 
@@ -43,12 +46,13 @@ from ddnn.oip import (
     DEVICE_DETAIL_PACKED,
     EDGE_FEATURES,
     EDGE_FEATURES_PACKED,
+    ESCALATED_FRAME,
     PACKING_CODECS,
     InferRequest,
     OipError,
     json_array_limit,
 )
-from ddnn.packed_detail import DETAIL_PACKING_CODECS, DetailPacking
+from ddnn.packed_detail import DETAIL_PACKING_CODECS, DetailPacking, EscalatedFrame
 from ddnn.raw_runtime import RawRuntime
 from ddnn.runtime import BundleRuntime
 
@@ -365,6 +369,44 @@ class EscalatedPackedModel(EscalatedModel):
                                                   arrays[DETAIL_PRESENT])}
 
 
+class EscalatedLeanModel(EscalatedPackedModel):
+    """``{name}-escalated-lean``: ``{name}-escalated-packed`` in one input, ``escalated_frame``,
+    each frame one row of the fixed layout its metadata lists
+    (:class:`~ddnn.packed_detail.EscalatedFrame`: packed features, slot flags, filtered detail
+    rows), so a frame answers on the lean route with no JSON either way. A body that is not a
+    whole number of frames is a 400; any frame's bytes decode (leniently, as for
+    ``{name}-escalated-packed``)."""
+
+    kind = "escalated-lean"
+
+    def __init__(self, runtime: BundleRuntime):
+        m = runtime.manifest
+        seg = m.escalated
+        assert seg is not None  # serves() said so
+        self.frame = EscalatedFrame(FeatureCodec(m.codec["edge_features"]),
+                                    tuple(seg.input(EDGE_FEATURES).sample_shape),
+                                    DetailPacking.of(m.codec["device_detail"],
+                                                     tuple(seg.input(DEVICE_DETAIL).sample_shape),
+                                                     m.escalation_views or m.views))
+        super().__init__(runtime)
+
+    def _input_meta(self) -> tuple[TensorMeta, ...]:
+        return (TensorMeta(ESCALATED_FRAME, "UINT8", (-1, self.frame.frame_bytes),
+                           self.frame.parameters()),)
+
+    def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        frames = arrays[ESCALATED_FRAME]
+        values = math.prod(self.sample) + math.prod(self.detail.sample_shape)
+        if len(frames) * values > MAX_ELEMENTS:  # up to 32× the bytes' worth of floats
+            raise OipError(f"model {self.name}: {len(frames)} frames unpack to more than "
+                           f"{MAX_ELEMENTS} values, the limit of one request")
+        try:
+            features, detail = self.frame.unpack(frames)
+        except CodecError as e:
+            raise OipError(f"input {ESCALATED_FRAME!r}: {e}") from None
+        return {EDGE_FEATURES: features, DEVICE_DETAIL: detail}
+
+
 class RawModel(ServedModel):
     """``{name}-raw``: a raw-offload reference bundle's one model on every raw view (zeros for
     an absent view, as in the dataset file): what the hierarchy is judged against."""
@@ -392,4 +434,5 @@ def _shape_hint(meta: TensorMeta) -> str:
 
 
 MODEL_KINDS: tuple[type[ServedModel], ...] = (CloudModel, CloudPackedModel, FullModel,
-                                               EscalatedModel, EscalatedPackedModel, RawModel)
+                                               EscalatedModel, EscalatedPackedModel,
+                                               EscalatedLeanModel, RawModel)

@@ -50,6 +50,9 @@ EDGE_FEATURES_PACKED = "edge_features_packed"
 DEVICE_DETAIL = "device_detail"
 DEVICE_DETAIL_PACKED = "device_detail_packed"
 DETAIL_PRESENT = "detail_present"
+# The one input of {name}-escalated-lean: each escalated frame in one row of bytes
+# (ddnn.packed_detail.EscalatedFrame), what the lean route carries.
+ESCALATED_FRAME = "escalated_frame"
 PACKING_CODECS = ("binary", "int8", "float16")
 
 # v2 datatype <-> numpy dtype (little-endian on the wire). BYTES is not supported.

@@ -6,6 +6,7 @@ Answers over v2 equal the offline runtime's on the same inputs."""
 from __future__ import annotations
 
 import threading
+import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import httpx
@@ -17,8 +18,10 @@ pytest.importorskip("torch")  # the repository's bundles are trained here
 from ddnn import oip
 from ddnn.aggregation import aggregate
 from ddnn.bundle import load_bundle
+from ddnn.codec import MAX_ELEMENTS
 from ddnn.dataset import load_dataset
 from ddnn.edge.cloud_client import CloudClient, CloudError
+from ddnn.packed_detail import EscalatedFrame
 from ddnn.raw_runtime import RawRuntime
 from ddnn.runtime import BundleRuntime, transmit
 from tests.support.cloud import cloud_wait_ready
@@ -58,6 +61,9 @@ def test_the_repository_lists_every_kind(url):
     meta = httpx.get(f"{url}/v2/models/esc-escalated-packed").json()
     assert [t["name"] for t in meta["inputs"]] == ["edge_features_packed",
                                                    "device_detail_packed", "detail_present"]
+    meta = httpx.get(f"{url}/v2/models/esc-escalated-lean").json()
+    assert [t["name"] for t in meta["inputs"]] == ["escalated_frame"]
+    assert meta["parameters"]["lean"] is True  # one input: it answers the lean route
 
 
 def _escalated_inputs(kinds_repository, tiny_data, frames: int = 4):
@@ -133,27 +139,133 @@ def test_the_edge_sends_escalated_frames_deflated(url, kinds_repository, tiny_da
     client.close()
 
 
+@pytest.mark.parametrize("way", ["lean", "packed"])
 def test_the_edge_sends_escalated_frames_packed_and_the_answer_is_the_fp32_one(
-        url, kinds_repository, tiny_data):
+        url, kinds_repository, tiny_data, way):
     edge_features, detail, want, version = _escalated_inputs(kinds_repository, tiny_data,
                                                              frames=12)
     fp32 = CloudClient(url, "esc-cloud", timeout=30, escalated="esc-escalated")
     packed = CloudClient(url, "esc-cloud", timeout=30, escalated="esc-escalated",
                          codec=load_bundle(kinds_repository / "esc").manifest.codec[
                              "edge_features"])
+    packed.lean_escalated = way == "lean"  # off: the packed inputs, as an edge of before
     try:
         got = packed.infer_escalated(edge_features, detail, version)
-        assert packed.escalated_packed(version) and fp32.escalated_packed(version) is None
+        assert packed.escalated_way(version) == way and fp32.escalated_way(version) is None
         # Packing is lossless: the cloud's answer is the FP32 request's, bit for bit.
         assert got.tobytes() == fp32.infer_escalated(edge_features, detail, version).tobytes()
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        lone = packed.infer_escalated(edge_features[3:4], detail[3:4], version)
+        assert lone.tobytes() == got[3:4].tobytes()
         # Details that did not come through the codec travel as FP32, answered all the same.
         off = detail + np.float32(1e-3) * (detail != 0)
         assert packed.infer_escalated(edge_features, off, version).shape == want.shape
-        assert packed.escalated_packed(version)
+        assert packed.escalated_way(version) == way
     finally:
         fp32.close()
         packed.close()
+
+
+def test_the_lean_escalated_frame_refuses_malformed_bodies_with_a_400(url, kinds_repository,
+                                                                     tiny_data):
+    edge_features, detail, want, version = _escalated_inputs(kinds_repository, tiny_data)
+    doc = httpx.get(f"{url}/v2/models/esc-escalated-lean").json()
+    frame = EscalatedFrame.from_metadata(doc)
+    frames = frame.pack(edge_features, detail)
+    lean = f"{url}/lean/esc-escalated-lean/{version}"
+    r = httpx.post(lean, content=frames.tobytes(), timeout=30)
+    assert r.status_code == 200
+    assert r.content == np.ascontiguousarray(
+        _scores(_infer(url, "esc-escalated", edge_features=edge_features,
+                       device_detail=detail))).tobytes()
+    for body in (frames.tobytes()[:-1], frames.tobytes() + b"\0", b""):
+        r = httpx.post(lean, content=body, timeout=30)
+        assert r.status_code == 400 and "whole number of samples" in r.json()["error"], r.text
+    r = httpx.post(lean, content=b"not deflate", headers={"Content-Encoding": "deflate"},
+                   timeout=30)
+    assert r.status_code == 400 and "deflate" in r.json()["error"]
+    r = httpx.post(lean, content=zlib.compress(bytes(64 << 20)),
+                   headers={"Content-Encoding": "deflate"}, timeout=30)  # a deflate bomb
+    assert r.status_code == 413, r.text
+    # More frames than one request may unpack (each frame's values, not its bytes, count).
+    values = np.prod(frame.features_shape) + np.prod(frame.detail.sample_shape)
+    many = int(MAX_ELEMENTS // values + 1)
+    r = httpx.post(lean, content=zlib.compress(bytes(many * frame.frame_bytes)),
+                   headers={"Content-Encoding": "deflate"}, timeout=60)
+    assert r.status_code == 400 and "limit of one request" in r.json()["error"], r.text
+    # Any bytes in whole frames decode (leniently): an answer, never a 5xx.
+    noise = np.random.default_rng(0).integers(0, 256, frames.shape, dtype=np.uint8)
+    r = httpx.post(lean, content=noise.tobytes(), timeout=30)
+    assert r.status_code in (200, 400), r.text  # 400: scores too far out to be finite
+    # A standard v2 client sends the same frames as a binary tensor and gets the same scores.
+    body, headers = oip.encode_request({oip.ESCALATED_FRAME: frames}, outputs=["scores"])
+    r = httpx.post(f"{url}/v2/models/esc-escalated-lean/versions/{version}/infer",
+                   content=body, headers=headers, timeout=30)
+    assert r.status_code == 200
+    got = oip.decode_response(r.content, r.headers)["scores"]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+class _CloudOfBefore(ThreadingHTTPServer):
+    """A relay to the cloud that serves no ``{name}-escalated-lean`` (404), as a cloud of before;
+    it counts the requests each model's routes got."""
+
+    def __init__(self, upstream: str):
+        self.upstream, self.seen = upstream, []
+
+        class Handler(BaseHTTPRequestHandler):
+            def _relay(self, method: str):
+                self.server.seen.append(self.path)
+                if "escalated-lean" in self.path:
+                    status, headers, data = 404, {}, b'{"error": "no such model"}'
+                else:
+                    body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+                    r = httpx.request(method, self.server.upstream + self.path, content=body,
+                                      timeout=30, headers={
+                                          k: v for k, v in self.headers.items()
+                                          if k.lower() not in ("host", "content-length")})
+                    status, headers, data = r.status_code, r.headers, r.content
+                self.send_response(status)
+                if oip.HEADER_LENGTH.lower() in headers:
+                    self.send_header(oip.HEADER_LENGTH, headers[oip.HEADER_LENGTH.lower()])
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                self._relay("GET")
+
+            def do_POST(self):
+                self._relay("POST")
+
+            def log_message(self, *args):
+                pass
+
+        super().__init__(("127.0.0.1", 0), Handler)
+
+
+def test_a_cloud_without_the_lean_frame_gets_the_packed_inputs(url, kinds_repository,
+                                                               tiny_data):
+    edge_features, detail, want, version = _escalated_inputs(kinds_repository, tiny_data)
+    relay = _CloudOfBefore(url)
+    threading.Thread(target=relay.serve_forever, daemon=True).start()
+    client = CloudClient(f"http://127.0.0.1:{relay.server_address[1]}", "esc-cloud",
+                         timeout=30, escalated="esc-escalated",
+                         codec=load_bundle(kinds_repository / "esc").manifest.codec[
+                             "edge_features"])
+    try:
+        for _ in range(2):
+            got = client.infer_escalated(edge_features, detail, version)
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+        assert client.escalated_way(version) == "packed"
+        # The lean model's metadata was asked once; both frames went to the packed model.
+        assert sum("escalated-lean" in path for path in relay.seen) == 1
+        assert sum(path.endswith(f"escalated-packed/versions/{version}/infer")
+                   for path in relay.seen) == 2
+    finally:
+        client.close()
+        relay.shutdown()
+        relay.server_close()
 
 
 @pytest.mark.parametrize("refusal", [(415, b"unsupported media type"),

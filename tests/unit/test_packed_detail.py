@@ -1,17 +1,25 @@
 """An escalated frame's details packed for the WAN: one row per slot in the detail codec with
-which slots hold one, unpacked bit for bit; the packed escalated model's checks; the edge's
-reading of its metadata."""
+which slots hold one, unpacked bit for bit; the average filter; the lean frame's layout (round trip,
+every malformed frame refused with a typed error); the packed escalated model's checks; the
+edge's reading of both models' metadata."""
 
 import json
+import zlib
 
 import numpy as np
 import pytest
 
 from ddnn import oip
 from ddnn.codec import FeatureCodec
-from ddnn.edge.cloud_client import _advertised_escalated, _EscalatedPacking
+from ddnn.edge.cloud_client import _advertised_escalated
 from ddnn.errors import CodecError
-from ddnn.packed_detail import DETAIL_PACKING_CODECS, DetailPacking
+from ddnn.packed_detail import (
+    DETAIL_PACKING_CODECS,
+    FILTER_BITS,
+    DetailPacking,
+    EscalatedFrame,
+    EscalatedInputs,
+)
 
 SLOTS, VIEW = 3, (2, 4, 4)
 
@@ -89,12 +97,11 @@ def _metadata(detail_codec: str = "bits4", features_codec: str = "int8") -> dict
 
 
 def test_the_edge_reads_the_packed_escalated_models_metadata():
-    packing = _advertised_escalated(json.dumps(_metadata()).encode(), FeatureCodec("int8"))
-    assert isinstance(packing, _EscalatedPacking)
+    packing = _advertised_escalated("packed", json.dumps(_metadata()).encode(),
+                                    FeatureCodec("int8"))
+    assert type(packing) is EscalatedInputs
     assert packing.detail == DetailPacking.of("bits4", (SLOTS * VIEW[0], 4, 4), SLOTS)
-    features = FeatureCodec("int8")
-    x = np.stack([features.decode(features.encode(v), (8, 2, 2))
-                  for v in np.random.default_rng(1).normal(size=(3, 8, 2, 2))])
+    x = _features()
     inputs = packing.pack(x, _details("bits4", PRESENT))
     assert inputs is not None and set(inputs) == {oip.EDGE_FEATURES_PACKED,
                                                   oip.DEVICE_DETAIL_PACKED, oip.DETAIL_PRESENT}
@@ -107,8 +114,127 @@ def test_the_edge_reads_the_packed_escalated_models_metadata():
     lambda d: d["inputs"][1].update(shape=[-1, SLOTS, 1]),
     lambda d: d["inputs"][2].update(datatype="UINT8"),
     lambda d: d["inputs"][0]["parameters"].update(codec="binary"),  # not the edge's codec
+    lambda d: d["inputs"][0].update(name="features"),
 ])
 def test_metadata_the_edge_cannot_use_means_fp32(spoil):
     doc = _metadata()
     spoil(doc)
-    assert _advertised_escalated(json.dumps(doc).encode(), FeatureCodec("int8")) is None
+    assert _advertised_escalated("packed", json.dumps(doc).encode(), FeatureCodec("int8")) is None
+
+
+def _features(frames: int = 3) -> np.ndarray:
+    """Edge features (B, 8, 2, 2) as they leave the int8 codec."""
+    codec = FeatureCodec("int8")
+    return np.stack([codec.decode(codec.encode(v), (8, 2, 2))
+                     for v in np.random.default_rng(1).normal(size=(frames, 8, 2, 2))])
+
+
+@pytest.mark.parametrize("kind", DETAIL_PACKING_CODECS)
+def test_the_filter_is_lossless_on_any_bytes(kind):
+    packing = DetailPacking.of(kind, (SLOTS * VIEW[0], *VIEW[1:]), SLOTS)
+    rows = np.random.default_rng(2).integers(0, 256, (4, SLOTS, packing.row_bytes), np.uint8)
+    coded, _ = packing.pack(_details(kind, PRESENT))
+    np.testing.assert_array_equal(packing.unfilter(packing.filter(coded)), coded)
+    if kind in FILTER_BITS and packing.row_bytes * 8 == np.prod(VIEW) * FILTER_BITS[kind]:
+        # (no padding bits: those come back zero)
+        np.testing.assert_array_equal(packing.filter(packing.unfilter(rows)), rows)
+    if kind not in FILTER_BITS:  # int8, float16: no levels to difference
+        assert packing.filter(rows) is rows
+
+
+def test_the_filter_differences_each_level_from_the_mean_of_its_left_and_upper_neighbours():
+    packing = DetailPacking.of("bits4", (2, 2, 2), 1)
+    # levels (channel, row, column), most significant nibble first:
+    # [[1, 2], [4, 3]], [[15, 0], [1, 1]]
+    rows = np.array([[[0x12, 0x43, 0xF0, 0x11]]], np.uint8)
+    # 1 - 0, 2 - 1 (left), 4 - 1 (above), 3 - (4 + 2) // 2; 15, 0 - 15, 1 - 15, 1 - (1 + 0) // 2
+    want = np.array([[[0x11, 0x30, 0xF1, 0x21]]], np.uint8)  # (mod 16)
+    np.testing.assert_array_equal(packing.filter(rows), want)
+    np.testing.assert_array_equal(packing.unfilter(want), rows)
+
+
+def test_filtered_smooth_details_deflate_smaller():
+    view = (3, 16, 16)
+    packing = DetailPacking.of("bits4", view, 1)
+    y, x = np.mgrid[0:16, 0:16] / 15.0
+    smooth = np.stack([np.sin(3 * x + 2 * y + c) * 0.8 for c in range(3)])
+    codec = FeatureCodec("bits4")
+    detail = codec.decode(codec.encode(smooth), view)[None].astype(np.float32)
+    rows, _ = packing.pack(detail)
+    assert (len(zlib.compress(packing.filter(rows).tobytes()))
+            < len(zlib.compress(rows.tobytes())))
+
+
+def _frame() -> EscalatedFrame:
+    return EscalatedFrame(FeatureCodec("int8"), (8, 2, 2),
+                          DetailPacking.of("bits4", (SLOTS * VIEW[0], *VIEW[1:]), SLOTS))
+
+
+def test_an_escalated_frame_round_trips_bit_for_bit():
+    frame, x, detail = _frame(), _features(), _details("bits4", PRESENT)
+    frames = frame.pack(x, detail)
+    assert frames.dtype == np.uint8 and frames.shape == (3, frame.frame_bytes)
+    assert frame.frame_bytes == 4 + 32 + SLOTS * (1 + 16)  # features, flags, detail rows
+    f = frame.features_bytes
+    np.testing.assert_array_equal(frames[:, f:f + SLOTS], PRESENT.astype(np.uint8))
+    features, back = frame.unpack(frames)
+    assert features.tobytes() == x.tobytes() and back.tobytes() == detail.tobytes()
+    assert frame.pack(x + 1e-3, detail) is None  # features that did not come through the codec
+    assert frame.pack(x, detail + 1e-3) is None
+    assert frame.pack(x[:2], detail) is None  # frames disagree
+
+
+@pytest.mark.parametrize(("spoil", "why"), [
+    (lambda f: f[:, :-1], "must be uint8"),
+    (lambda f: np.concatenate([f, f[:, :1]], axis=1), "must be uint8"),
+    (lambda f: f.astype(np.int16), "must be uint8"),
+    (lambda f: f.reshape(-1), "must be uint8"),
+    (lambda f: f[:0].reshape(0, 0), "must be uint8"),
+])
+def test_a_malformed_escalated_frame_is_refused(spoil, why):
+    frames = _frame().pack(_features(), _details("bits4", PRESENT))
+    with pytest.raises(CodecError, match=why):
+        _frame().unpack(spoil(frames))
+
+
+def test_any_bytes_of_whole_frames_unpack():
+    # (a client that knows only the metadata, sending random bytes, gets an answer)
+    frame = _frame()
+    frames = np.random.default_rng(3).integers(0, 256, (5, frame.frame_bytes), np.uint8)
+    frames[:, 36] = 0  # the first slot of each frame is empty; any other byte flags a detail
+    features, detail = frame.unpack(frames)
+    assert np.isfinite(features).all() and np.isfinite(detail).all()
+    slots = detail.reshape(5, SLOTS, -1)
+    assert not slots[:, 0].any() and slots[:, 1:].all()  # 4-bit levels are never 0
+
+
+def _lean_metadata(frame: EscalatedFrame) -> dict:
+    return {"inputs": [{"name": oip.ESCALATED_FRAME, "datatype": "UINT8",
+                        "shape": [-1, frame.frame_bytes], "parameters": frame.parameters()}],
+            "outputs": [{"name": "scores", "datatype": "FP32", "shape": [-1, 3]}],
+            "parameters": {"lean": True}}
+
+
+def test_the_edge_reads_the_lean_escalated_models_metadata():
+    doc = json.dumps(_lean_metadata(_frame())).encode()
+    assert _advertised_escalated("lean", doc, FeatureCodec("int8")) == _frame()
+    assert _advertised_escalated("lean", doc, FeatureCodec("binary")) is None
+
+
+@pytest.mark.parametrize("spoil", [
+    lambda d: d["inputs"][0].update(shape=[-1, 7]),
+    lambda d: d["inputs"][0]["parameters"].update(layout="ddnn-escalated-frame-2"),
+    lambda d: d["inputs"][0]["parameters"].update(detail_filter="none"),
+    lambda d: d["inputs"][0]["parameters"].update(slots=2),
+    lambda d: d["inputs"][0]["parameters"].pop("features_codec"),
+    lambda d: d["inputs"][0].update(datatype="INT8"),
+    lambda d: d["parameters"].update(lean=False),
+    lambda d: d["outputs"].reverse() or d["outputs"][0].update(name="entropy"),
+    lambda d: d["inputs"].append(d["inputs"][0]),
+])
+def test_lean_metadata_the_edge_cannot_use_is_refused(spoil):
+    doc = _lean_metadata(_frame())
+    spoil(doc)
+    with pytest.raises(CodecError):
+        EscalatedFrame.from_metadata(doc)
+    assert _advertised_escalated("lean", json.dumps(doc).encode(), FeatureCodec("int8")) is None
