@@ -218,8 +218,8 @@ def _escalated_ways(url: str, bundle, test: Path, requests: int, relay: Counting
                                 escalated=f"{m.name}-escalated",
                                 codec=codec if way in ("escalated", "escalated_packed") else None)
                for way in ("escalated_plain", "escalated_fp32", "escalated_packed", "escalated")}
-    clients["escalated_plain"].deflate_escalated = False
-    clients["escalated_packed"].lean_escalated = False
+    clients["escalated_plain"].escalation.deflate = False
+    clients["escalated_packed"].escalation.lean = False
     results: dict[str, dict] = {way: {} for way in clients}
     for b in BATCHES:
         for way, client in clients.items():  # every way sends the same frames in the same order
@@ -232,7 +232,7 @@ def _escalated_ways(url: str, bundle, test: Path, requests: int, relay: Counting
     breakdown = {way: _breakdown(relay, _in_turn(clients[way], features, detail, m.version),
                                  np.arange(1)) for way in ("escalated_packed", "escalated")}
     about = {"escalated_frames": len(seen),
-             "escalated_went_deflated": clients["escalated"].deflate_escalated,
+             "escalated_went_deflated": clients["escalated"].escalation.deflate,
              "escalated_went": clients["escalated"].escalated_way(m.version),
              "escalated_packed_went": clients["escalated_packed"].escalated_way(m.version),
              "escalated_scores_bit_identical": identical,

@@ -15,16 +15,9 @@ keep-alive connection, a timeout, an optional bearer token, and a circuit breake
 failure the edge stops calling for a backoff that doubles up to ``retry.maximum``, then tries
 again by itself.
 
-A frame that escalates (a bundle with an escalated cloud, docs/training.md) goes instead, where
-the cloud serves it (negotiated as above, once per version), on the lean route to
-``{name}-escalated-lean``: the whole frame in one row of bytes, no JSON either way (the edge
-features packed, a flag per slot, the senders' details one row per slot in the bundle's detail
-codec through the average filter: :class:`~ddnn.packed_detail.EscalatedFrame`); else to
-``{name}-escalated-packed`` (the same three parts as v2 inputs, unfiltered), else to
-``{name}-escalated`` with FP32 ``edge_features`` and ``device_detail``:
-:meth:`CloudClient.infer_escalated`. Every body is deflated (``Content-Encoding: deflate``, which
-the cloud inflates within its body limit; the lean frame with deflate's filtered strategy).
-A server that refuses the encoding (415, or a 400 that names it) gets it plain from then on.
+A frame that escalates (a bundle with an escalated cloud, docs/training.md) goes to the
+escalated model by the way negotiated for it (:mod:`edge.cloud_escalated`), under the same
+connection, lock and circuit breaker: :meth:`CloudClient.infer_escalated`.
 """
 
 from __future__ import annotations
@@ -34,7 +27,6 @@ import json
 import logging
 import threading
 import urllib.parse
-import zlib
 from dataclasses import dataclass
 
 import numpy as np
@@ -42,8 +34,8 @@ from urllib3.util import SKIP_HEADER
 
 from ddnn import oip
 from ddnn.codec import FeatureCodec
+from ddnn.edge.cloud_escalated import MAX_VERSIONS, EscalatedRoute
 from ddnn.errors import CodecError, DdnnError
-from ddnn.packed_detail import EscalatedFrame, EscalatedInputs
 from ddnn.plumbing.http import KeepAliveConnection
 from ddnn.plumbing.retry import RetryPolicy
 
@@ -51,17 +43,12 @@ log = logging.getLogger(__name__)
 
 # The circuit breaker's open time: short, the cloud is usually back within seconds.
 CLOUD_RETRY = RetryPolicy(initial=0.25, maximum=5.0)
-# Deflate's level for escalated bodies: 6 codes a frame's 19 KB in about 0.4 ms on the 2-core
-# development machine, and level 9 would save under 1% more (measured over 200 test frames).
-ESCALATED_DEFLATE = 6
 # Every request pays for its headers on the WAN link: none the cloud does not read (urllib3
 # would add a User-Agent and Accept-Encoding: identity, which is the default anyway).
 _LEAN = {"User-Agent": SKIP_HEADER, "Accept-Encoding": SKIP_HEADER}
-_MAX_VERSIONS = 64  # negotiations remembered; a bound, versions come and go slowly
 # A negotiation that found no packed model (404): remembered only once FP32 is answered, since
 # the version itself may be the one missing (an update under way).
 _ABSENT = object()
-_Escalated = EscalatedFrame | EscalatedInputs  # the packed ways escalated frames go, negotiated
 
 
 class CloudError(DdnnError):
@@ -118,9 +105,8 @@ class CloudClient:
         self.up = True
         self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
         self.escalated = escalated
-        self._escalated_packing: dict[str, _Escalated | None] = {}  # per version
-        self.deflate_escalated = True  # until the cloud refuses a deflated body
-        self.lean_escalated = True  # False: the packed inputs even where the lean frame is served
+        self.escalation = (EscalatedRoute(escalated, self._cloud.path, self.codec, self._request)
+                           if escalated is not None else None)
 
     def path(self, version: str | None = None, route: str = "/infer", *, packed: bool = False
              ) -> str:
@@ -204,13 +190,13 @@ class CloudClient:
         """The escalated cloud's scores (B, C) for edge features and the senders' details
         (B, S·c, r, r); :class:`UnknownVersion` when the cloud does not serve the model at
         that version (the caller falls back to the plain cloud)."""
-        if self.escalated is None:
+        if self.escalation is None:
             raise UnknownVersion("this edge was not given the escalated model's name")
         x = np.ascontiguousarray(features, np.float32)
         d = np.ascontiguousarray(detail, np.float32)
         with self._lock:
             try:
-                status, data, resp_headers, lean = self._send_escalated(x, d, version)
+                status, data, resp_headers, lean = self.escalation.send(x, d, version)
                 if status == 404:
                     raise UnknownVersion(f"cloud does not serve {self.escalated} version "
                                          f"{version}: {data[:200]!r}")
@@ -232,94 +218,7 @@ class CloudClient:
         """How escalated frames of ``version`` go: ``"lean"``, ``"packed"`` or ``"fp32"``;
         None until negotiated."""
         with self._lock:
-            if version not in self._escalated_packing:
-                return None
-            way = self._escalated_packing[version]
-        return "fp32" if way is None else "lean" if isinstance(way, EscalatedFrame) else "packed"
-
-    def _send_escalated(self, x: np.ndarray, d: np.ndarray, version: str
-                        ) -> tuple[int, bytes, dict[str, str], bool]:
-        """Post an escalated request in the negotiated way (FP32 again after a 400 or 404),
-        else as FP32; deflated either way unless the cloud refused that. The answer, and
-        whether it came from the lean route (raw scores)."""
-        way = self._negotiate_escalated(version)
-        if isinstance(way, EscalatedFrame) and (frames := way.pack(x, d)) is not None:
-            answer = self._post_escalated(self._escalated_path(version, "lean", lean=True),
-                                          frames.tobytes(), {}, filtered=True)
-        elif isinstance(way, EscalatedInputs) and (inputs := way.pack(x, d)) is not None:
-            answer = self._post_escalated(self._escalated_path(version, "packed"),
-                                          *_v2_body(inputs))
-        else:
-            answer = None
-        if answer is not None:
-            if answer[0] not in (400, 404):
-                return (*answer, isinstance(way, EscalatedFrame))
-            log.warning("cloud refused packed escalated frames for %s version %s (%s, %s); "
-                        "sending FP32 to this version from now on", self.escalated, version,
-                        answer[0], answer[1][:200])
-            self._escalated_packing[version] = None
-        answer = self._post_escalated(self._escalated_path(version), *_v2_body(
-            {oip.EDGE_FEATURES: x, oip.DEVICE_DETAIL: d}))
-        if way is _ABSENT and answer[0] == 200:  # the version is served, unpacked
-            self._escalated_packing[version] = None
-        return (*answer, False)
-
-    def _escalated_path(self, version: str, kind: str = "", *, lean: bool = False) -> str:
-        """A route of ``{escalated}[-{kind}]`` at ``version``: its metadata, ``/infer`` on
-        it, or (``lean``) its lean route."""
-        name = f"{self.escalated}-{kind}" if kind else self.escalated
-        v = urllib.parse.quote(version, safe="")
-        root = self._cloud.path.rstrip("/")
-        return (f"{root}{oip.LEAN_ROUTE}/{name}/{v}" if lean
-                else f"{root}/v2/models/{name}/versions/{v}")
-
-    def _negotiate_escalated(self, version: str) -> _Escalated | object | None:
-        """How ``version`` takes escalated frames: the lean frame of ``{escalated}-lean``
-        where its metadata says so (unless :attr:`lean_escalated` is off), else the packed
-        inputs of ``{escalated}-packed`` (as :meth:`_negotiate` does for the plain model)."""
-        if self.codec is None:
-            return None
-        if version in self._escalated_packing:
-            return self._escalated_packing[version]
-        kinds = ("lean", "packed") if self.lean_escalated else ("packed",)
-        statuses, way = [], None
-        for kind in kinds:
-            status, data, _ = self._request("GET", self._escalated_path(version, kind), None, {})
-            statuses.append(status)
-            if status == 200 and (way := _advertised_escalated(kind, data, self.codec)):
-                break
-        if all(s == 404 for s in statuses):
-            return _ABSENT
-        if 200 not in statuses:
-            return None
-        if len(self._escalated_packing) >= _MAX_VERSIONS:
-            self._escalated_packing.clear()
-        self._escalated_packing[version] = way
-        log.info("cloud %s version %s: escalated frames go %s", self.escalated, version,
-                 "as FP32 (the cloud serves no packed model for this codec)" if way is None
-                 else f"{'on the lean route' if isinstance(way, EscalatedFrame) else 'packed'}"
-                 f" ({way.detail.codec.kind} details, deflated)")
-        return way
-
-    def _post_escalated(self, path: str, body: bytes, headers: dict[str, str], *,
-                        filtered: bool = False) -> tuple[int, bytes, dict[str, str]]:
-        """Post an escalated request deflated, or plain to a server that refused that.
-        ``filtered``: a lean frame, whose filtered detail rows deflate's filtered strategy
-        codes in 10% fewer bytes (1,095 against 1,215 B a frame, 64 test frames)."""
-        path += "" if filtered else "/infer"
-        if self.deflate_escalated:
-            deflate = zlib.compressobj(ESCALATED_DEFLATE, zlib.DEFLATED, 15, 8,
-                                       zlib.Z_FILTERED if filtered else zlib.Z_DEFAULT_STRATEGY)
-            answer = self._request("POST", path, deflate.compress(body) + deflate.flush(),
-                                   {**headers, "Content-Encoding": "deflate"})
-            # 415 is HTTP's answer to an unsupported encoding (RFC 9110); some servers say 400
-            refused = answer[0] == 415 or (answer[0] == 400 and b"encoding" in answer[1].lower())
-            if not refused:
-                return answer
-            log.warning("cloud refused a deflated escalated request (%s, %s); sending them "
-                        "plain from now on", answer[0], answer[1][:200])
-            self.deflate_escalated = False
-        return self._request("POST", path, body, headers)
+            return self.escalation.way(version) if self.escalation else None
 
     def _send(self, x: np.ndarray, version: str | None, outputs: list[str]
               ) -> tuple[int, bytes, dict[str, str], bool]:
@@ -361,7 +260,7 @@ class CloudClient:
         return packing
 
     def _remember(self, version: str | None, packing: _Packing | None) -> None:
-        if len(self._packing) >= _MAX_VERSIONS:
+        if len(self._packing) >= MAX_VERSIONS:
             self._packing.clear()
         self._packing[version] = packing
         log.info("cloud %s version %s: edge features go %s", self.model, version,
@@ -428,21 +327,3 @@ def _packed_input(meta: dict, codec: FeatureCodec) -> _Packing | None:
             or meta.get("shape") != [-1, row_bytes]):
         return None
     return _Packing(codec, sample, row_bytes)
-
-
-def _v2_body(inputs: dict[str, np.ndarray]) -> tuple[bytes, dict[str, str]]:
-    """A v2 binary request for ``scores``; the v2 header-length header says it all."""
-    body, headers = oip.encode_request(inputs, outputs=["scores"])
-    del headers["Content-Type"]
-    return body, headers
-
-
-def _advertised_escalated(kind: str, metadata: bytes, codec: FeatureCodec) -> _Escalated | None:
-    """What ``{escalated}-{kind}`` takes, from its metadata, if its features take ``codec``:
-    the lean frame's layout, or the packed model's inputs."""
-    try:
-        doc = json.loads(metadata)
-        way = (EscalatedFrame if kind == "lean" else EscalatedInputs).from_metadata(doc)
-    except (ValueError, CodecError):
-        return None  # metadata this client cannot read: FP32 is always understood
-    return way if way.features == codec else None

@@ -11,7 +11,7 @@ import pytest
 
 from ddnn import oip
 from ddnn.codec import FeatureCodec
-from ddnn.edge.cloud_client import _advertised_escalated
+from ddnn.edge.cloud_escalated import advertised_way
 from ddnn.errors import CodecError
 from ddnn.packed_detail import (
     DETAIL_PACKING_CODECS,
@@ -97,7 +97,7 @@ def _metadata(detail_codec: str = "bits4", features_codec: str = "int8") -> dict
 
 
 def test_the_edge_reads_the_packed_escalated_models_metadata():
-    packing = _advertised_escalated("packed", json.dumps(_metadata()).encode(),
+    packing = advertised_way("packed", json.dumps(_metadata()).encode(),
                                     FeatureCodec("int8"))
     assert type(packing) is EscalatedInputs
     assert packing.detail == DetailPacking.of("bits4", (SLOTS * VIEW[0], 4, 4), SLOTS)
@@ -119,7 +119,7 @@ def test_the_edge_reads_the_packed_escalated_models_metadata():
 def test_metadata_the_edge_cannot_use_means_fp32(spoil):
     doc = _metadata()
     spoil(doc)
-    assert _advertised_escalated("packed", json.dumps(doc).encode(), FeatureCodec("int8")) is None
+    assert advertised_way("packed", json.dumps(doc).encode(), FeatureCodec("int8")) is None
 
 
 def _features(frames: int = 3) -> np.ndarray:
@@ -217,8 +217,8 @@ def _lean_metadata(frame: EscalatedFrame) -> dict:
 
 def test_the_edge_reads_the_lean_escalated_models_metadata():
     doc = json.dumps(_lean_metadata(_frame())).encode()
-    assert _advertised_escalated("lean", doc, FeatureCodec("int8")) == _frame()
-    assert _advertised_escalated("lean", doc, FeatureCodec("binary")) is None
+    assert advertised_way("lean", doc, FeatureCodec("int8")) == _frame()
+    assert advertised_way("lean", doc, FeatureCodec("binary")) is None
 
 
 @pytest.mark.parametrize("spoil", [
@@ -237,4 +237,4 @@ def test_lean_metadata_the_edge_cannot_use_is_refused(spoil):
     spoil(doc)
     with pytest.raises(CodecError):
         EscalatedFrame.from_metadata(doc)
-    assert _advertised_escalated("lean", json.dumps(doc).encode(), FeatureCodec("int8")) is None
+    assert advertised_way("lean", json.dumps(doc).encode(), FeatureCodec("int8")) is None
