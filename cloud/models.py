@@ -28,6 +28,7 @@ errors raise :class:`~ddnn.oip.OipError`), ``predict`` runs a whole batch off th
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -379,16 +380,10 @@ class EscalatedLeanModel(EscalatedPackedModel):
 
     kind = "escalated-lean"
 
-    def __init__(self, runtime: BundleRuntime):
-        m = runtime.manifest
-        seg = m.escalated
-        assert seg is not None  # serves() said so
-        self.frame = EscalatedFrame(FeatureCodec(m.codec["edge_features"]),
-                                    tuple(seg.input(EDGE_FEATURES).sample_shape),
-                                    DetailPacking.of(m.codec["device_detail"],
-                                                     tuple(seg.input(DEVICE_DETAIL).sample_shape),
-                                                     m.escalation_views or m.views))
-        super().__init__(runtime)
+    @functools.cached_property
+    def frame(self) -> EscalatedFrame:
+        """The layout: the packed model's parts, one row of bytes a frame."""
+        return EscalatedFrame(self.codec, self.sample, self.detail)
 
     def _input_meta(self) -> tuple[TensorMeta, ...]:
         return (TensorMeta(ESCALATED_FRAME, "UINT8", (-1, self.frame.frame_bytes),

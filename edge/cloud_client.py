@@ -105,8 +105,8 @@ class CloudClient:
         self.up = True
         self._prefix = f"{self._cloud.path.rstrip('/')}/v2/models/{model}"
         self.escalated = escalated
-        self.escalation = (EscalatedRoute(escalated, self._cloud.path, self.codec, self._request)
-                           if escalated is not None else None)
+        self.escalated_route = (EscalatedRoute(escalated, self._cloud.path, self.codec,
+                                               self._request) if escalated is not None else None)
 
     def path(self, version: str | None = None, route: str = "/infer", *, packed: bool = False
              ) -> str:
@@ -190,13 +190,13 @@ class CloudClient:
         """The escalated cloud's scores (B, C) for edge features and the senders' details
         (B, S·c, r, r); :class:`UnknownVersion` when the cloud does not serve the model at
         that version (the caller falls back to the plain cloud)."""
-        if self.escalation is None:
+        if self.escalated_route is None:
             raise UnknownVersion("this edge was not given the escalated model's name")
         x = np.ascontiguousarray(features, np.float32)
         d = np.ascontiguousarray(detail, np.float32)
         with self._lock:
             try:
-                status, data, resp_headers, lean = self.escalation.send(x, d, version)
+                status, data, resp_headers, lean = self.escalated_route.send(x, d, version)
                 if status == 404:
                     raise UnknownVersion(f"cloud does not serve {self.escalated} version "
                                          f"{version}: {data[:200]!r}")
@@ -218,7 +218,7 @@ class CloudClient:
         """How escalated frames of ``version`` go: ``"lean"``, ``"packed"`` or ``"fp32"``;
         None until negotiated."""
         with self._lock:
-            return self.escalation.way(version) if self.escalation else None
+            return self.escalated_route.way(version) if self.escalated_route else None
 
     def _send(self, x: np.ndarray, version: str | None, outputs: list[str]
               ) -> tuple[int, bytes, dict[str, str], bool]:

@@ -84,7 +84,8 @@ def _federation_options(p) -> None:
     p.add_argument("--balance", type=float, default=D.balance, metavar="TAU",
                    help="logit adjustment for label skew (balanced softmax): each site adds "
                    "TAU * log(its class prior) to every exit's logits in its loss, so a site "
-                   "holding few classes does not push the others down (0: the plain loss)")
+                   "holding few classes does not push the others down (default %(default)s; 0: the "
+                   "plain loss; at most 4)")
     p.add_argument("--server-momentum", type=float, default=D.momentum, metavar="BETA",
                    help="fedavg: the server's step keeps BETA of its last one (FedAvgM; 0: "
                    "plain FedAvg)")

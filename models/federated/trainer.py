@@ -52,7 +52,8 @@ class LocalTraining:
     # FedProx (Li et al., 2020): mu/2 * ||w - w_start||^2 added to the site's loss holds a
     # site whose classes are skewed near the shared model it started from (0: plain FedAvg).
     proximal: float = 0.0
-    # Logit adjustment for label skew (balanced softmax; FedLC, Zhang et al., 2022): each
+    # Logit adjustment for label skew (balanced softmax, Ren et al., 2020;
+    # logit adjustment, Menon et al., 2021): each
     # exit's logits get tau * log(the site's class prior) inside the site's loss, so a site
     # holding few classes stops pushing the others' scores down (0: the plain loss).
     balance: float = 0.0

@@ -131,11 +131,11 @@ def test_the_edge_sends_escalated_frames_deflated(url, kinds_repository, tiny_da
     client = CloudClient(url, "esc-cloud", timeout=30, escalated="esc-escalated")
     got = client.infer_escalated(edge_features, detail, version)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    assert client.escalation.deflate  # the cloud took the deflated body
+    assert client.escalated_route.deflate  # the cloud took the deflated body
     # A bad request is answered 400 for what it is, not taken for a refused encoding.
     with pytest.raises(CloudError, match="400"):
         client.infer_escalated(edge_features, detail[:, 1:], version)
-    assert client.escalation.deflate
+    assert client.escalated_route.deflate
     client.close()
 
 
@@ -148,7 +148,7 @@ def test_the_edge_sends_escalated_frames_packed_and_the_answer_is_the_fp32_one(
     packed = CloudClient(url, "esc-cloud", timeout=30, escalated="esc-escalated",
                          codec=load_bundle(kinds_repository / "esc").manifest.codec[
                              "edge_features"])
-    packed.escalation.lean = way == "lean"  # off: the packed inputs, as an edge of before
+    packed.escalated_route.lean = way == "lean"  # off: the packed inputs, as an edge of before
     try:
         got = packed.infer_escalated(edge_features, detail, version)
         assert packed.escalated_way(version) == way and fp32.escalated_way(version) is None
@@ -281,7 +281,7 @@ def test_a_server_refusing_the_encoding_gets_plain_escalated_frames(url, kinds_r
         for _ in range(2):
             got = client.infer_escalated(edge_features, detail, version)
             np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-        assert not client.escalation.deflate and relay.refused == 1  # asked once, then plain
+        assert not client.escalated_route.deflate and relay.refused == 1  # asked once, then plain
         client.close()
     finally:
         relay.shutdown()

@@ -19,7 +19,7 @@ from ddnn.models.federated.settings import FederationSettings
 def test_settings_round_trip_through_the_run_config():
     s = FederationSettings(bundle="/b", out="/o", work="/w", strategy="dma", rounds=7,
                            epochs=0.5, threshold=0.02, agreement=0.9, version="3.1",
-                           proximal=0.01, balance=1.0)
+                           proximal=0.01, balance=0.5)
     assert FederationSettings.from_run_config(s.run_config()) == s
     assert s.run_config()["check-steps"] == s.check_steps
     m = FederationSettings(bundle="/b", out="/o", work="/w", momentum=0.5)

@@ -238,3 +238,31 @@ def test_lean_metadata_the_edge_cannot_use_is_refused(spoil):
     with pytest.raises(CodecError):
         EscalatedFrame.from_metadata(doc)
     assert advertised_way("lean", json.dumps(doc).encode(), FeatureCodec("int8")) is None
+
+
+def test_a_negotiation_interrupted_by_a_cloud_error_is_asked_again():
+    """The lean model's metadata answers 503 (a cloud restarting) and the packed model's 200:
+    that request goes packed, but the way is not remembered; once both answer, it is."""
+    from ddnn.edge.cloud_escalated import EscalatedRoute
+
+    lean_status = [503]
+    asked = []
+
+    def request(method, path, body, headers):
+        asked.append((method, path))
+        if method == "GET" and path.endswith("-lean/versions/1"):
+            return lean_status[0], b"no", {}
+        if method == "GET":
+            return 200, json.dumps(_metadata()).encode(), {}
+        return 200, b"scores", {}
+
+    route = EscalatedRoute("m-escalated", "/", FeatureCodec("int8"), request)
+    x, d = _features(), _details("bits4", PRESENT)
+    assert route.send(x, d, "1")[3] is False and route.way("1") is None
+    assert asked[-1] == ("POST", "/v2/models/m-escalated-packed/versions/1/infer")
+    lean_status[0] = 404  # the cloud is back: it serves no lean model
+    route.send(x, d, "1")
+    assert route.way("1") == "packed"
+    gets = sum(m == "GET" for m, _ in asked)
+    route.send(x, d, "1")
+    assert sum(m == "GET" for m, _ in asked) == gets  # remembered: no more questions
