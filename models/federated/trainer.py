@@ -52,10 +52,9 @@ class LocalTraining:
     # FedProx (Li et al., 2020): mu/2 * ||w - w_start||^2 added to the site's loss holds a
     # site whose classes are skewed near the shared model it started from (0: plain FedAvg).
     proximal: float = 0.0
-    # Logit adjustment for label skew (balanced softmax, Ren et al., 2020;
-    # logit adjustment, Menon et al., 2021): each
-    # exit's logits get tau * log(the site's class prior) inside the site's loss, so a site
-    # holding few classes stops pushing the others' scores down (0: the plain loss).
+    # Label skew (balanced softmax, Ren et al., 2020; logit adjustment, Menon et al., 2021):
+    # each exit's logits get tau * log(the site's class prior) inside the site's loss, so a
+    # site holding few classes stops pushing the others' scores down (0: the plain loss).
     balance: float = 0.0
 
 
@@ -133,7 +132,7 @@ def class_prior_shift(ds: MultiViewDataset, tau: float) -> torch.Tensor:
     return torch.from_numpy(tau * np.log(counts / counts.sum())).float()
 
 
-_EXITS = ("device", "local", "edge", "cloud", "escalated")
+_EXITS = ("device", "local", "edge", "cloud", "escalated")  # the outputs that are class scores
 
 
 def _labelled_loss(model: DDNN, ds: MultiViewDataset, idx: np.ndarray, s: LocalTraining,
