@@ -359,12 +359,17 @@ class EscalatedPackedModel(EscalatedModel):
                     "presence": DETAIL_PRESENT}),
                 TensorMeta(DETAIL_PRESENT, "BOOL", (-1, d.slots)))
 
+    def _bound(self, frames: int) -> None:
+        """Refuse a request whose frames unpack to more floats than one request may hold (up
+        to 32× the bytes' worth): before any is unpacked."""
+        values = math.prod(self.sample) + math.prod(self.detail.sample_shape)
+        if frames * values > MAX_ELEMENTS:
+            raise OipError(f"model {self.name}: {frames} frames unpack to more than "
+                           f"{MAX_ELEMENTS} values, the limit of one request")
+
     def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         rows = arrays[EDGE_FEATURES_PACKED]
-        values = math.prod(self.sample) + math.prod(self.detail.sample_shape)
-        if len(rows) * values > MAX_ELEMENTS:  # up to 32× the bytes' worth of floats
-            raise OipError(f"model {self.name}: {len(rows)} samples unpack to more than "
-                           f"{MAX_ELEMENTS} values, the limit of one request")
+        self._bound(len(rows))
         return {EDGE_FEATURES: self.codec.decode_rows(rows, self.sample, lenient=True),
                 DEVICE_DETAIL: self.detail.unpack(arrays[DEVICE_DETAIL_PACKED],
                                                   arrays[DETAIL_PRESENT])}
@@ -391,10 +396,7 @@ class EscalatedLeanModel(EscalatedPackedModel):
 
     def _unpack(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         frames = arrays[ESCALATED_FRAME]
-        values = math.prod(self.sample) + math.prod(self.detail.sample_shape)
-        if len(frames) * values > MAX_ELEMENTS:  # up to 32× the bytes' worth of floats
-            raise OipError(f"model {self.name}: {len(frames)} frames unpack to more than "
-                           f"{MAX_ELEMENTS} values, the limit of one request")
+        self._bound(len(frames))
         try:
             features, detail = self.frame.unpack(frames)
         except CodecError as e:
