@@ -182,6 +182,17 @@ class FeatureCodec:
             return np.packbits(x.reshape(b, math.prod(x.shape[1:])) > 0, axis=1)
         return np.frombuffer(b"".join(self.encode(s) for s in x), np.uint8).reshape(b, size)
 
+    def lossless_rows(self, x: np.ndarray) -> np.ndarray | None:
+        """:meth:`encode_rows` of ``x`` (B, ...), or None when decoding the rows would not give
+        back ``x`` bit for bit (values that did not come through this codec: a sender sends
+        those as FP32 instead)."""
+        try:
+            rows = self.encode_rows(x)
+            back = self.decode_rows(rows, x.shape[1:])
+        except CodecError:
+            return None
+        return rows if back.tobytes() == np.asarray(x, np.float32).tobytes() else None
+
     def decode_rows(self, rows: np.ndarray, shape: tuple[int, ...], *, lenient: bool = False
                     ) -> np.ndarray:
         """The inverse of :meth:`encode_rows`, vectorised: equal to :meth:`decode` of each row.

@@ -169,17 +169,6 @@ def _neighbours(h: int, w: int) -> tuple[np.ndarray, np.ndarray, list[np.ndarray
     return first, second, [np.flatnonzero(i + j == d) for d in range(h + w - 1)]
 
 
-def lossless_rows(codec: FeatureCodec, x: np.ndarray) -> np.ndarray | None:
-    """``x`` (B, ...) coded one row a sample, or None when decoding the rows would not give back
-    ``x`` bit for bit (values that did not come through ``codec``: those travel as FP32)."""
-    try:
-        rows = codec.encode_rows(x)
-        back = codec.decode_rows(rows, x.shape[1:])
-    except CodecError:
-        return None
-    return rows if back.tobytes() == np.asarray(x, np.float32).tobytes() else None
-
-
 @dataclass(frozen=True)
 class _EscalatedParts:
     """An escalated frame's parts: the edge features of ``features_shape`` coded with
@@ -200,7 +189,7 @@ class _EscalatedParts:
         x = np.asarray(features)
         if x.dtype != np.float32 or x.shape[1:] != self.features_shape or len(x) != len(detail):
             return None
-        rows, details = lossless_rows(self.features, x), self.detail.pack(detail)
+        rows, details = self.features.lossless_rows(x), self.detail.pack(detail)
         return None if rows is None or details is None else (rows, *details)
 
 
