@@ -66,13 +66,44 @@ def round_float16(module: nn.Module) -> None:
                 t.copy_(t.half().float())
 
 
+def fold_batch_norms(module: nn.Module) -> None:
+    """Fold each batch norm that directly follows a float convolution (a double-conv block's
+    first convolutions) into that convolution, in place, for evaluation.
+
+    The ONNX export folds them anyway; folded here first, the product is rounded to float16 by
+    :func:`round_float16` once, the same in torch and in the file. (Folded by the export after
+    rounding, it was rounded again by :func:`store_float16`: torch and the file then differed by
+    float16 rounding, enough to flip a few sign features of a deep device and fail the parity
+    check.) Each batch norm keeps its place with unit scale and variance, zero mean and no
+    epsilon, its shift the folded bias: exact in evaluation, and the export folds it exactly.
+    """
+    with torch.no_grad():
+        for block in module.modules():
+            if not isinstance(block, nn.Sequential):
+                continue
+            for conv, bn in zip(block, list(block)[1:]):
+                # A binarized convolution's ±1 weights are computed: the export folds nothing.
+                if type(conv) is not nn.Conv2d or not isinstance(bn, nn.BatchNorm2d):
+                    continue
+                scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+                shift = bn.bias.double() - bn.running_mean.double() * scale
+                if conv.bias is not None:
+                    shift = shift + conv.bias.double() * scale
+                    conv.bias.zero_()
+                conv.weight.copy_(conv.weight.double() * scale[:, None, None, None])
+                bn.weight.fill_(1.0)
+                bn.bias.copy_(shift)
+                bn.running_mean.zero_()
+                bn.running_var.fill_(1.0)
+                bn.eps = 0.0
+
+
 def store_float16(path: Path) -> None:
     """Rewrite an ONNX file with its float32 weights stored as float16, each read through a
     ``Cast`` back to float32: half the bytes on the board and over the air, the same float32
     arithmetic (ONNX Runtime folds the casts into float32 weights when it loads the file).
-    Exact for weights already rounded by :func:`round_float16`, except where the export folded a
-    batch norm into the convolution before it (a ``--device-convs 2`` stem): that weight is a
-    product, rounded again here, so torch and the file then agree within float16 rounding."""
+    Exact for weights already folded by :func:`fold_batch_norms` and rounded by
+    :func:`round_float16`."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
@@ -164,14 +195,16 @@ def export_segments(
 ) -> dict[str, SegmentSpec]:
     """Write every segment's ONNX file into ``out``; return their specs by role.
 
-    The device segments' weights are rounded to float16 in place first: their files store them
-    so (:func:`store_float16`), which keeps a deeper device under the 16 KB of a small board.
+    The device segments' batch norms are folded and their weights rounded to float16 in place
+    first: their files store them so (:func:`store_float16`), which keeps a deeper device under
+    the 16 KB of a small board.
     """
     model.eval()
     specs: dict[str, SegmentSpec] = {}
     x = torch.rand(2, *input_shape)
     with torch.no_grad():
         for i, dev in enumerate(model.devices):
+            fold_batch_norms(dev)
             round_float16(dev)
             device = dev if dev.escalate == "none" else _WithDetail(dev)
             outputs = dict(zip(DEVICE_OUTPUTS, device(x), strict=False))

@@ -89,11 +89,12 @@ def test_any_image_size_from_16(size):
     assert out["cloud"].shape == (6, 3) and torch.isfinite(out["cloud"]).all()
 
 
-def test_deep_device_preset_fits_a_small_board_and_sends_few_bytes(tmp_path):
-    cfg = preset("pi")
+@pytest.mark.parametrize("name, stem", [("pi", (16, 48)), ("deep", (32, 64))])
+def test_pi_class_presets_fit_a_small_board_and_send_few_bytes(tmp_path, name, stem):
+    cfg = preset(name)
     assert (cfg.device.stem, cfg.device.convs, cfg.device.filters, cfg.escalation.detail) == (
-        (32, 64), 2, 64, "none")
-    assert preset("pi").replace(escalate="view").escalation.detail == "view"  # overrides on top
+        stem, 2, 64, "none")
+    assert preset(name).replace(escalate="view").escalation.detail == "view"  # overrides on top
     torch.manual_seed(0)
     model = DDNN(cfg, 6, 10, 32, 32).eval()
     stem = model.devices[0].stem
@@ -204,6 +205,34 @@ def test_device_file_stores_float16_weights_and_computes_as_torch(tmp_path):
     # the 16 levels of its 4-bit codec.
     pooled = torch.nn.functional.avg_pool2d(x * 2 - 1, 2)
     np.testing.assert_allclose(detail, Quantize(4).eval()(pooled).numpy(), atol=1e-6)
+
+
+def test_a_double_conv_device_file_computes_as_torch_with_trained_batch_norms(tmp_path):
+    """The export folds a double-conv block's inner batch norms into their convolutions; folded
+    before the float16 rounding, torch and the file hold the same product (folded after it,
+    rounded twice, they differed by enough to flip sign features and fail the parity check)."""
+    ort = pytest.importorskip("onnxruntime")
+    torch.manual_seed(0)
+    model = DDNN(preset("pi"), 2, 10, 32, 32)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # statistics and scales far from a fresh batch norm's, as trained
+        for bn in (m for m in model.modules() if isinstance(m, torch.nn.BatchNorm2d)):
+            n = bn.num_features
+            bn.running_mean.copy_(torch.randn(n, generator=g) * 0.3)
+            bn.running_var.copy_(torch.rand(n, generator=g) * 2 + 0.05)
+            bn.weight.copy_(torch.rand(n, generator=g) + 0.5)
+            bn.bias.copy_(torch.randn(n, generator=g) * 0.2)
+    x = torch.rand(256, 3, 32, 32, generator=g)
+    with torch.no_grad():
+        unfolded = model.devices[0].eval()(x)[0]
+    export_segments(model, tmp_path, (3, 32, 32))
+    with torch.no_grad():
+        t_scores, t_features = model.devices[0](x)
+    np.testing.assert_allclose(t_scores, unfolded, atol=0.05)  # the same network, rounded
+    scores, features = ort.InferenceSession(str(tmp_path / "device-0.onnx")).run(
+        ["scores", "features"], {"image": x.numpy()})
+    np.testing.assert_allclose(scores, t_scores.numpy(), atol=1e-5)
+    np.testing.assert_array_equal(features, t_features.numpy())  # not one bit flipped
 
 
 def test_a_device_weight_beyond_float16_is_refused_by_name(tmp_path):
