@@ -6,7 +6,8 @@ Sets, made by ``ddnn data synth`` (1500 training and 1000 test samples, 6 views 
 3 classes, **B** 10 classes, **P** 10 classes with partial views (``--zoom 2``: each camera sees
 part of the object). For each set and seed: the reference (``ddnn train --baseline``) and each
 variant (the tiny device with escalation off and on, the tiny device taught by that
-reference: ``--teacher``, and the deep device of ``--deep-device``, ``ddnn train``'s default),
+reference: ``--teacher``, ``ddnn train``'s default device, the ``pi`` preset, and the deeper
+device of ``--deep-device``),
 all evaluated by ``ddnn evaluate --json`` on the test file. The aims, per set:
 the cloud exit at least the edge exit at least the local exit (each on every frame); the
 calibrated overall accuracy at least the reference's minus 0.3 points (mean of the seeds); at
@@ -38,13 +39,15 @@ SETS = {  # name → (`ddnn data synth` flags, train seed, test seed)
 }
 SEEDS = (0, 1)
 TINY = ["--preset", "tiny"]  # the microcontroller-sized device, the default before the pi preset
-VARIANTS = {  # name → `ddnn train` flags, each naming its preset (the default is pi);
+VARIANTS = {  # name → `ddnn train` flags, each naming its preset;
     # {reference}: the path of the same set and seed's reference bundle
     "no_escalation": [*TINY, "--escalate", "none"],
     "escalate_view": [*TINY, "--escalate", "view"],
     "teacher": [*TINY, "--escalate", "view", "--teacher", "{reference}"],
-    # a Pi-class device (the pi preset, `ddnn train`'s default), no escalation; one thread, as
-    # its rows in docs/benchmarks/tiers.json were trained (thread counts change the arithmetic)
+    # `ddnn train`'s default, the pi preset: stem blocks of 16 and 48 filters, no escalation
+    "pi": ["--preset", "pi", "--threads", "1"],
+    # the deep preset (the default before pi), no escalation; one thread, as its rows in
+    # docs/benchmarks/tiers.json were trained (thread counts change the arithmetic)
     "deep_device": ["--deep-device", "--threads", "1"],
     # between the two: double-conv stem blocks of 16 and 32 filters, 32 binary features a cell
     # (a 61 KB device of 27 k weights, 0.088 ms a frame), escalation on (docs/training.md,

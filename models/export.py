@@ -13,6 +13,7 @@ import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
+from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -81,7 +82,7 @@ def fold_batch_norms(module: nn.Module) -> None:
         for block in module.modules():
             if not isinstance(block, nn.Sequential):
                 continue
-            for conv, bn in zip(block, list(block)[1:]):
+            for conv, bn in pairwise(block):
                 # A binarized convolution's ±1 weights are computed: the export folds nothing.
                 if type(conv) is not nn.Conv2d or not isinstance(bn, nn.BatchNorm2d):
                     continue

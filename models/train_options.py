@@ -50,7 +50,7 @@ def add_common(t: ArgumentParser) -> None:
     t.add_argument("--print-config", action="store_true",
                    help="print the effective configuration as a config file and exit")
     t.add_argument("--paper", action="store_true", help="same as --preset paper")
-    t.add_argument("--deep-device", action="store_true", help="same as --preset pi")
+    t.add_argument("--deep-device", action="store_true", help="same as --preset deep")
     _option(t, "--epochs", "epochs", "training epochs", type=int)
     _option(t, "--seed", "seed", "seed of split, init and batches", type=int)
 
@@ -166,7 +166,7 @@ def _calibration(g) -> None:
 def preset_name(args: Namespace) -> str:
     """--preset, or the preset --paper / --deep-device stand for (one of them at most)."""
     given = vars(args).get("preset")
-    named = {n for n, on in ((given, given), ("paper", args.paper), ("pi", args.deep_device))
+    named = {n for n, on in ((given, given), ("paper", args.paper), ("deep", args.deep_device))
              if on}
     if len(named) > 1:
         raise ConfigError(f"--preset, --paper and --deep-device name two different networks "

@@ -43,9 +43,9 @@ DEPLOYMENT = "demo"
 # with three, the edge answered 2 frames in 300 (README.md, "Quick start").
 SCENE = ("--zoom", "2")
 # The preset the demo trains: tiny's device leaves the upper tiers the frames it cannot settle,
-# where the pi preset's settles nearly every frame of the generated scenes itself (its upper
-# tiers would show nothing) and trains several times longer (docs/training.md, "A Pi-class
-# default").
+# where the Pi-class presets' (pi, `ddnn train`'s default, and deep) settle most frames of the
+# generated scenes themselves (their cloud would show nothing) and train longer
+# (docs/training.md, "A Pi-class default").
 DEMO_PRESET = "tiny"
 # Half the preset's 60 epochs: training and replay within 300 s on 2 cores (on the default
 # seeds: 74% local, 8% edge, 18% cloud, 0.940 accurate, 58x fewer uplink bytes than raw).
@@ -77,9 +77,10 @@ def register(sub, data_sub, formatter) -> None:
         "--epochs", type=int, default=DEMO_EPOCHS, help="training epochs"
     )
     p.add_argument("--preset", default=DEMO_PRESET,
-                   help="ddnn train's preset for the bundle it trains: tiny, pi or paper (tiny: "
-                   "its upper tiers answer the frames its device cannot settle; pi settles "
-                   "nearly every frame on the device and trains several times longer)")
+                   help="ddnn train's preset for the bundle it trains: tiny, pi, deep or paper "
+                   "(tiny: its upper tiers answer the frames its device cannot settle; pi, "
+                   "ddnn train's default, and deep settle most frames on the device and train "
+                   "longer)")
     p.add_argument("--fps", type=float, default=25.0, help="replay rate of every device")
     p.add_argument("--mode", choices=["pull", "push"], default="pull", help="device feature mode")
     p.add_argument(

@@ -17,19 +17,20 @@ PAPER = {"scheme": "MP-AP", "device_filters": 4, "device_stem": [], "device_bina
          "device_scores": "logits", "edge_filters": 16, "edge_per_view": False,
          "edge_codec": "binary", "distill_device": True, "escalate": "none", "device_convs": 1,
          "channels_last": False}
-PI = {"device_stem": [32, 64], "device_convs": 2, "device_filters": 64, "escalate": "none",
+PI = {"device_stem": [16, 48], "device_convs": 2, "device_filters": 64, "escalate": "none",
       "channels_last": True}
+DEEP = {**PI, "device_stem": [32, 64]}
 # Every configuration flag `ddnn train` had before presets and config files, with a value and
 # the fields the configuration then had besides the defaults (`--paper`, `--deep-device`: the
 # networks DDNNConfig.paper() and DDNNConfig.deep_device() gave). The defaults are now the
-# default preset's (tiny), so each flag changes those fields of it.
+# default preset's (pi), so each flag changes those fields of it.
 CONFIG_FLAGS = {
     "--epochs": (["3"], {"epochs": 3}), "--batch-size": (["8"], {"batch_size": 8}),
     "--lr": (["0.01"], {"lr": 0.01}), "--tolerance": (["0.02"], {"tolerance": 0.02}),
     "--agreement": (["0.9"], {"agreement": 0.9}), "--max-bytes": (["40"], {"max_bytes": 40.0}),
     "--no-stacking": ([], {"stack_exits": False}),
     "--val-fraction": (["0.25"], {"val_fraction": 0.25}), "--seed": (["7"], {"seed": 7}),
-    "--threads": (["1"], {"threads": 1}), "--paper": ([], PAPER), "--deep-device": ([], PI),
+    "--threads": (["1"], {"threads": 1}), "--paper": ([], PAPER), "--deep-device": ([], DEEP),
     "--scheme": (["MP-CC"], {"scheme": "MP-CC"}),
     "--device-filters": (["8"], {"device_filters": 8}),
     "--device-stem": (["4,8"], {"device_stem": [4, 8]}),
@@ -135,25 +136,29 @@ def test_each_group_validates_itself_and_the_config_what_spans_two():
     assert cfg.replace(max_bytes=None).calibration.max_bytes is None
 
 
-def test_the_presets_are_tiny_the_default_the_paper_and_the_deep_device():
-    assert set(PRESETS) == {"tiny", "paper", "pi"}
-    assert DEFAULT_PRESET == "tiny" and _config(_args()) == preset("tiny")  # no preset: tiny
-    assert preset("tiny") == DDNNConfig()  # DDNNConfig's own fields
+def test_the_presets_are_tiny_the_paper_pi_the_default_and_the_deep_device():
+    assert set(PRESETS) == {"tiny", "paper", "pi", "deep"}
+    assert DEFAULT_PRESET == "pi" and _config(_args()) == preset("pi")  # no preset: pi
+    assert preset("tiny") == DDNNConfig()  # DDNNConfig's own fields: bundles of before
     assert preset("paper").to_dict() == {**DDNNConfig().to_dict(), **PAPER}
     assert preset("pi").to_dict() == {**DDNNConfig().to_dict(), **PI}
+    assert preset("deep").to_dict() == {**DDNNConfig().to_dict(), **DEEP}
     assert _config(_args("--preset", "paper")) == _config(_args("--paper")) == preset("paper")
     with pytest.raises(ConfigError, match="unknown preset 'big'"):
         preset("big")
     with pytest.raises(ConfigError, match="two different networks"):
         _config(_args("--preset", "pi", "--paper"))
-    assert _config(_args("--preset", "pi", "--deep-device")) == preset("pi")  # the same one
+    with pytest.raises(ConfigError, match="two different networks"):
+        _config(_args("--preset", "pi", "--deep-device"))
+    assert _config(_args("--preset", "deep", "--deep-device")) == preset("deep")  # the same one
+    assert _config(_args("--deep-device")) == preset("deep")
 
 
 @pytest.mark.parametrize("cfg", [
-    DDNNConfig(), preset("paper"), preset("pi"),
+    DDNNConfig(), preset("paper"), preset("pi"), preset("deep"),
     DDNNConfig.from_flat(max_bytes=24.5, lr=3e-5, exit_weights=(0.5, 1, 1, 2),
                          extra={"note": "a \"quoted\" run", "site": 3}),
-], ids=["tiny", "paper", "pi", "custom"])
+], ids=["tiny", "paper", "pi", "deep", "custom"])
 def test_a_config_file_reads_back_to_the_configuration_it_was_written_from(tmp_path, cfg):
     path = tmp_path / "c.toml"
     path.write_text(to_toml(cfg, "a comment\nof two lines"))
