@@ -36,7 +36,7 @@ PRESETS = {p.name: p for p in (
     # The default: the cheapest device measured that meets issue 41's accuracy gate on every
     # generated set (the raw-offload reference's accuracy on the mean of two seeds, no seed more
     # than 0.5 points under it, >= 50x fewer uplink bytes): docs/training.md, "A Pi-class
-    # default". About 0.45 of deep's training step on 2 x86 threads; escalation adds nothing.
+    # default". About half of deep's training step on 2 x86 threads; escalation adds nothing.
     Preset("pi", "the default, a Raspberry Pi-class device: double-conv stem blocks of 16 and 48 "
            "filters, 64 binary features a cell, stacked exits, no escalation (a 125 KB "
            "device)", {
@@ -47,7 +47,7 @@ PRESETS = {p.name: p for p in (
     # about 2.5x as long as tiny on 2 cores.
     Preset("deep", "the deepest device measured for a Pi-class board (--deep-device): "
            "double-conv stem blocks of 32 and 64 filters, 64 binary features a cell, no "
-           "escalation (about 210 KB a device, 2.2x pi's training step)", {
+           "escalation (about 210 KB a device, about twice pi's training step)", {
                "device_stem": (32, 64), "device_convs": 2, "device_filters": 64,
                "escalate": "none", "channels_last": True}),
 )}
