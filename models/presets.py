@@ -21,6 +21,11 @@ class Preset:
     fields: dict[str, Any]
 
 
+# The Pi-class devices (pi, deep): double-conv stem blocks, 64 binary features a cell, no
+# escalation, channels-last training; they differ in their stem's widths.
+_PI_CLASS = {"device_stem": (16, 48), "device_convs": 2, "device_filters": 64,
+             "escalate": "none", "channels_last": True}
+
 PRESETS = {p.name: p for p in (
     Preset("tiny", "the default before pi, for the weakest boards: a 16 KB device with a float "
            "stem, escalation of views at 4 bits (docs/training.md, 'Closing the gap'); "
@@ -39,17 +44,14 @@ PRESETS = {p.name: p for p in (
     # default". About half of deep's training step on 2 x86 threads; escalation adds nothing.
     Preset("pi", "the default, a Raspberry Pi-class device: double-conv stem blocks of 16 and 48 "
            "filters, 64 binary features a cell, stacked exits, no escalation (a 125 KB "
-           "device)", {
-               "device_stem": (16, 48), "device_convs": 2, "device_filters": 64,
-               "escalate": "none", "channels_last": True}),
-    # The default before pi: its fused exit alone matched or beat the raw-offload reference on
-    # every generated set at 29-101 B a frame (docs/training.md, "A deep device"), but it trains
-    # about 2.5x as long as tiny on 2 cores.
+           "device)", _PI_CLASS),
+    # The default for a while before pi: its fused exit alone matched or beat the raw-offload
+    # reference on every generated set at 29-101 B a frame (docs/training.md, "A deep device"),
+    # but it trains about 2.5x as long as tiny on 2 cores.
     Preset("deep", "the deepest device measured for a Pi-class board (--deep-device): "
            "double-conv stem blocks of 32 and 64 filters, 64 binary features a cell, no "
-           "escalation (about 210 KB a device, about twice pi's training step)", {
-               "device_stem": (32, 64), "device_convs": 2, "device_filters": 64,
-               "escalate": "none", "channels_last": True}),
+           "escalation (about 210 KB a device, about twice pi's training step)",
+           {**_PI_CLASS, "device_stem": (32, 64)}),
 )}
 DEFAULT_PRESET = "pi"  # what `ddnn train` starts from without --preset
 
