@@ -13,7 +13,6 @@ import shutil
 import tempfile
 import warnings
 from dataclasses import dataclass
-from itertools import pairwise
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,7 @@ from ddnn.bundle import Manifest, check_name, load_bundle
 from ddnn.bundle import write_manifest as _write_manifest
 from ddnn.dataset import MultiViewDataset
 from ddnn.errors import BundleError
-from ddnn.models.network import DDNN, aggregate
+from ddnn.models.network import DDNN, aggregate, folded_pairs
 from ddnn.runtime import BundleRuntime
 from ddnn.segment import BATCH, SegmentSpec, TensorSpec, sha256_file
 from ddnn.stacking import Stacking
@@ -79,24 +78,18 @@ def fold_batch_norms(module: nn.Module) -> None:
     epsilon, its shift the folded bias: exact in evaluation, and the export folds it exactly.
     """
     with torch.no_grad():
-        for block in module.modules():
-            if not isinstance(block, nn.Sequential):
-                continue
-            for conv, bn in pairwise(block):
-                # A binarized convolution's ±1 weights are computed: the export folds nothing.
-                if type(conv) is not nn.Conv2d or not isinstance(bn, nn.BatchNorm2d):
-                    continue
-                scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
-                shift = bn.bias.double() - bn.running_mean.double() * scale
-                if conv.bias is not None:
-                    shift = shift + conv.bias.double() * scale
-                    conv.bias.zero_()
-                conv.weight.copy_(conv.weight.double() * scale[:, None, None, None])
-                bn.weight.fill_(1.0)
-                bn.bias.copy_(shift)
-                bn.running_mean.zero_()
-                bn.running_var.fill_(1.0)
-                bn.eps = 0.0
+        for _, conv, _, bn in folded_pairs(module):
+            scale = bn.weight.double() / torch.sqrt(bn.running_var.double() + bn.eps)
+            shift = bn.bias.double() - bn.running_mean.double() * scale
+            if conv.bias is not None:
+                shift = shift + conv.bias.double() * scale
+                conv.bias.zero_()
+            conv.weight.copy_(conv.weight.double() * scale[:, None, None, None])
+            bn.weight.fill_(1.0)
+            bn.bias.copy_(shift)
+            bn.running_mean.zero_()
+            bn.running_var.fill_(1.0)
+            bn.eps = 0.0
 
 
 def store_float16(path: Path) -> None:

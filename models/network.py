@@ -68,6 +68,25 @@ class BinaryConv2d(nn.Conv2d):
         return self._conv_forward(x, wb, self.bias)
 
 
+def folded_pairs(module: nn.Module) -> list[tuple[str, nn.Conv2d, str, nn.BatchNorm2d]]:
+    """Each batch norm that directly follows a float convolution in ``module``'s layer order,
+    with that convolution, as (conv name, conv, batch-norm name, batch norm): the pairs the ONNX
+    export folds into one ``Conv`` (a double-conv block's inner layers, the escalated cloud's
+    view trunk). A binarized convolution's ±1 weights are computed, so its batch norm is kept;
+    a layer between them (a pool) keeps it too. The export (``models.export``) and the rebuild
+    of a network from its ONNX files (``models.federated.weights``) both read this one list."""
+    pairs, conv = [], None
+    for name, mod in module.named_modules():
+        if type(mod) is nn.Conv2d:
+            conv = (name, mod)
+        elif isinstance(mod, nn.BatchNorm2d) and conv is not None:
+            pairs.append((conv[0], conv[1], name, mod))
+            conv = None
+        elif not any(True for _ in mod.children()):
+            conv = None  # any other layer between them
+    return pairs
+
+
 class ConvP(nn.Module):
     """The paper's ConvP block: conv 3×3 → max-pool 3×3/2 → batch norm → activation.
 

@@ -20,7 +20,7 @@ import torch
 from ddnn.bundle import Bundle, load_bundle
 from ddnn.errors import BundleError
 from ddnn.models.config import DDNNConfig
-from ddnn.models.network import DDNN
+from ddnn.models.network import DDNN, folded_pairs
 from ddnn.stacking import Stacking
 
 Weights = dict[str, np.ndarray]
@@ -104,18 +104,10 @@ def _unfolded(module: torch.nn.Module, graph, inits: dict[str, np.ndarray], path
     first local steps of federated fine-tuning start from a slightly different network.)"""
     folded = [(inits[n.input[1]], inits[n.input[2]]) for n in graph.node
               if n.op_type == "Conv" and len(n.input) == 3 and n.input[1].startswith("onnx::")]
-    pairs, conv = [], None
-    for name, mod in module.named_modules():
-        if isinstance(mod, torch.nn.Conv2d):
-            conv = name
-        elif isinstance(mod, torch.nn.BatchNorm2d) and conv is not None:
-            # Folded only where the file lost its statistics (a binarized conv, whose ±1 weights
-            # are computed, is not folded: its batch norm keeps its name).
-            if prefix + name + ".running_mean" not in inits:
-                pairs.append((conv, name, mod.eps))
-            conv = None
-        elif not any(True for _ in mod.children()):
-            conv = None  # a layer between them (a pool): that batch norm was not folded
+    # The pairs the export folds (models.network.folded_pairs), where the file lost the batch
+    # norm's statistics.
+    pairs = [(conv, bn, mod.eps) for conv, _, bn, mod in folded_pairs(module)
+             if prefix + bn + ".running_mean" not in inits]
     if len(folded) != len(pairs):
         raise BundleError(f"{path.name}: {len(folded)} folded convolutions, the network has "
                           f"{len(pairs)}; this network cannot be rebuilt from its ONNX files")

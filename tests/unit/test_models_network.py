@@ -1,6 +1,8 @@
 """The DDNN network's parts: quantized device features, late fusion at the edge, the device's
 size, the paper preset and the training loss options."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -233,6 +235,20 @@ def test_a_double_conv_device_file_computes_as_torch_with_trained_batch_norms(tm
         ["scores", "features"], {"image": x.numpy()})
     np.testing.assert_allclose(scores, t_scores.numpy(), atol=1e-5)
     np.testing.assert_array_equal(features, t_features.numpy())  # not one bit flipped
+
+
+def test_the_folded_pairs_are_a_float_convolution_and_the_batch_norm_right_after_it():
+    """What the export folds and the federated rebuild unfolds: each double-conv block's inner
+    pair; never the block's own batch norm (a pool lies between), nor one after a binarized
+    convolution (its weights are computed)."""
+    from ddnn.models.network import folded_pairs
+
+    float_device = DDNN(preset("pi"), 2, 10, 32, 32).devices[0]
+    names = [(conv, bn) for conv, _, bn, _ in folded_pairs(float_device)]
+    assert names == [("stem.0.conv.0", "stem.0.conv.1"), ("stem.1.conv.0", "stem.1.conv.1")]
+    binary = dataclasses.replace(preset("pi"), device=dataclasses.replace(
+        preset("pi").device, binary=True))
+    assert folded_pairs(DDNN(binary, 2, 10, 32, 32).devices[0]) == []
 
 
 def test_a_device_weight_beyond_float16_is_refused_by_name(tmp_path):
