@@ -10,7 +10,7 @@ import json
 import sys
 from pathlib import Path
 
-from ddnn.models.federated.settings import FederationSettings
+from ddnn.models.federated.settings import SCHEDULES, FederationSettings
 from ddnn.models.federated.strategy import AGGREGATES
 
 D = FederationSettings(bundle="", out="", work="")
@@ -73,8 +73,11 @@ def _federation_options(p) -> None:
     p.add_argument("--aggregate", default=D.aggregate, choices=list(AGGREGATES),
                    help="how the good replies combine: mean (weighted by capped example "
                    "counts), or coordinate-wise trimmed-mean or median (robust to a hostile site)")
-    p.add_argument("--rounds", type=int, default=D.rounds, help="federated rounds")
-    p.add_argument("--epochs", type=float, default=D.epochs, help="local epochs per round")
+    schedules = ", ".join(f"{s} {r} x {e:g}" for s, (r, e) in SCHEDULES.items())
+    p.add_argument("--rounds", type=int, default=0,
+                   help=f"federated rounds (0: the strategy's own: {schedules})")
+    p.add_argument("--epochs", type=float, default=0.0,
+                   help="local epochs per round (0: the strategy's own)")
     p.add_argument("--lr", type=float, default=D.lr, help="learning rate of round 1 (cosine "
                    "decay over the rounds)")
     p.add_argument("--batch-size", type=int, default=D.batch_size, help="samples per step")
@@ -139,14 +142,14 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         threads=args.threads, version=args.model_version)
 
 
-def _progress(args):
+def _progress(args, rounds: int):
     def show(e: dict) -> None:
         if args.json:
             return
         acc = e.get("holdout_accuracy")
         acc_text = f"held-out accuracy {acc:.3f}" if acc is not None else "no held-out data"
         refused = f", refused {sorted(e['refused'])}" if e.get("refused") else ""
-        print(f"round {e['round']}/{args.rounds}: {acc_text} (model it started from), "
+        print(f"round {e['round']}/{rounds}: {acc_text} (model it started from), "
               f"{e['replied']}/{e['sites']} sites, {e['sent_models']} sent a model, "
               f"sync {e['sync']}{refused}, {e['communicated_bytes'] / 1e6:.2f} MB so far, "
               f"{e['seconds']:.1f} s", file=sys.stderr, flush=True)
@@ -187,7 +190,7 @@ def _one_machine(args) -> int:
             raise ConfigError(f"{path}: no such file or directory")
     s = _settings(args, work="")
     with stopped_by_sigterm():
-        result = run_on_one_machine(s, sites, args.key, _progress(args))
+        result = run_on_one_machine(s, sites, args.key, _progress(args, s.rounds))
     return _report(args, result)
 
 
@@ -217,7 +220,7 @@ def _server(args) -> int:
     s = _settings(args, work="", wait_sites=args.sites)
     with stopped_by_sigterm():
         result = serve(s, args.host, args.port, Path(args.home), tls,
-                       [Path(k) for k in args.authorized_key], args.key, _progress(args))
+                       [Path(k) for k in args.authorized_key], args.key, _progress(args, s.rounds))
     return _report(args, result)
 
 

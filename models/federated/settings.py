@@ -14,6 +14,11 @@ from ddnn.errors import ConfigError
 from ddnn.models.federated.strategy import AGGREGATES, DMA_CHECK_STEPS, DMA_THRESHOLD
 
 STRATEGIES = ("fedavg", "dma")
+# Each strategy's rounds and local epochs a round, where the user gives none (0). Measured on
+# the non-IID benchmark's two seeds (docs/federated-learning.md, "Twenty rounds of one epoch"):
+# FedAvg gained 2.9 and 0.8 points from 20 x 1 over 10 x 2 within the 15-minute budget; DMA
+# lost 15 points on seed 1 with it (its divergence checks see half the local steps a round).
+SCHEDULES = {"fedavg": (20, 1.0), "dma": (10, 2.0)}
 
 
 @dataclass(frozen=True)
@@ -25,11 +30,10 @@ class FederationSettings:
     work: str  # progress.jsonl and result.json, read by `ddnn federate`
     strategy: str = "fedavg"  # fedavg or dma
     aggregate: str = "mean"  # how good replies combine: mean, trimmed-mean or median
-    # Rounds of local training and averaging, local epochs per round. 20 x 1 paid FedAvg +2.9
-    # and +0.8 points on the non-IID benchmark's seeds but cost DMA 15 points on seed 1
-    # (docs/federated-learning.md, "Twenty rounds of one epoch"): both keep 10 x 2.
-    rounds: int = 10
-    epochs: float = 2.0
+    # Rounds of local training and averaging, local epochs per round (0: the strategy's own,
+    # SCHEDULES; filled in on construction).
+    rounds: int = 0
+    epochs: float = 0.0
     lr: float = 2e-3  # Adam learning rate of the first round (cosine decay over the rounds)
     batch_size: int = 64  # samples per local step
     proximal: float = 0.0  # FedProx's mu: mu/2 ||w - w_round_start||^2 in each site's loss
@@ -59,8 +63,13 @@ class FederationSettings:
             raise ConfigError(f"strategy must be one of {STRATEGIES}, got {self.strategy!r}")
         if self.aggregate not in AGGREGATES:
             raise ConfigError(f"aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
-        if self.rounds < 1 or self.epochs <= 0 or self.lr <= 0 or self.batch_size < 1:
-            raise ConfigError("rounds, epochs, lr and batch size must be positive")
+        if (self.rounds < 0 or not 0 <= self.epochs < float("inf") or self.lr <= 0
+                or self.batch_size < 1):
+            raise ConfigError("rounds, epochs, lr and batch size must be positive (rounds and "
+                              "epochs 0: the strategy's own)")
+        rounds, epochs = SCHEDULES[self.strategy]
+        object.__setattr__(self, "rounds", self.rounds or rounds)  # frozen: set once, here
+        object.__setattr__(self, "epochs", self.epochs or epochs)
         if not 0.0 <= self.proximal < float("inf"):
             raise ConfigError(f"the proximal weight must be >= 0 (0: none), got {self.proximal}")
         if not 0.0 <= self.balance <= 4.0:
@@ -111,5 +120,7 @@ class FederationSettings:
 
 
 def app_defaults() -> dict:
-    """The run config's keys with placeholder values, for the Flower App's pyproject."""
-    return FederationSettings(bundle="", out="", work="").run_config()
+    """The run config's keys with placeholder values, for the Flower App's pyproject (rounds
+    and epochs 0: the strategy's own, as for ``ddnn federate``)."""
+    return {**FederationSettings(bundle="", out="", work="").run_config(),
+            "rounds": 0, "epochs": 0.0}

@@ -26,7 +26,8 @@ def test_settings_round_trip_through_the_run_config():
     assert FederationSettings.from_run_config(m.run_config()).momentum == 0.5
 
 
-@pytest.mark.parametrize("bad", [{"strategy": "fedprox"}, {"rounds": 0}, {"holdout": 1.0},
+@pytest.mark.parametrize("bad", [{"strategy": "fedprox"}, {"rounds": -1}, {"epochs": -1.0},
+                                 {"epochs": float("nan")}, {"holdout": 1.0},
                                  {"threshold": 0.0}, {"min_sites": 0}, {"grid": 1},
                                  {"agreement": 1.5}, {"proximal": -0.1},
                                  {"proximal": float("nan")}, {"momentum": 1.0},
@@ -36,6 +37,22 @@ def test_settings_round_trip_through_the_run_config():
 def test_bad_settings_are_refused(bad):
     with pytest.raises(ConfigError):
         FederationSettings(bundle="b", out="o", work="w", **bad)
+
+
+def test_each_strategy_has_its_own_rounds_and_epochs_unless_given():
+    """FedAvg 20 x 1, DMA 10 x 2 (each the better measured for it); a given value wins, and a
+    run config's 0 (the Flower App's default) means the strategy's own there too."""
+    paths = {"bundle": "b", "out": "o", "work": "w"}
+    assert (FederationSettings(**paths).rounds, FederationSettings(**paths).epochs) == (20, 1.0)
+    dma = FederationSettings(**paths, strategy="dma")
+    assert (dma.rounds, dma.epochs) == (10, 2.0)
+    assert FederationSettings(**paths, strategy="dma", rounds=3).epochs == 2.0
+    assert FederationSettings(**paths, epochs=0.5).rounds == 20
+    app = deployment.app_pyproject()
+    assert "\nrounds = 0\n" in app and "\nepochs = 0.0\n" in app
+    from_flower = FederationSettings.from_run_config(
+        {**paths, "strategy": "dma", "rounds": 0, "epochs": 0.0})
+    assert (from_flower.rounds, from_flower.epochs) == (10, 2.0)
 
 
 def test_the_flower_app_validates_and_takes_our_run_config(tmp_path):
