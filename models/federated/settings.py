@@ -31,7 +31,8 @@ class FederationSettings:
     strategy: str = "fedavg"  # fedavg or dma
     aggregate: str = "mean"  # how good replies combine: mean, trimmed-mean or median
     # Rounds of local training and averaging, local epochs per round (0: the strategy's own,
-    # SCHEDULES; filled in on construction).
+    # SCHEDULES; filled in on construction, so dataclasses.replace() that changes the
+    # strategy keeps the schedule resolved for the old one: pass rounds=0, epochs=0 too).
     rounds: int = 0
     epochs: float = 0.0
     lr: float = 2e-3  # Adam learning rate of the first round (cosine decay over the rounds)
