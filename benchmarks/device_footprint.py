@@ -245,6 +245,12 @@ def agent_cost(python: Sequence[str], bundle: Path, data: Path, broker: str, fra
     if done.returncode != 0:
         raise RuntimeError(f"the agent's cost could not be measured: {done.stderr[-2000:]}")
     runs = json.loads(done.stdout.strip().splitlines()[-1])
+    return {**cost_medians(runs), "frames": frames, "repeats": repeats}
+
+
+def cost_medians(runs: list[dict]) -> dict:
+    """The medians over ``AGENT_COST``'s runs, with the agent's own cost: its CPU less the
+    model's on the frames that had a view."""
     for r in runs:
         r["own_cpu_ms"] = r["agent_cpu_ms"] - r["model_cpu_ms"] * r["present_share"]
     out = {k: round(statistics.median(r[k] for r in runs), 4)
@@ -253,7 +259,7 @@ def agent_cost(python: Sequence[str], bundle: Path, data: Path, broker: str, fra
     # noise exceeds the agent's own cost, and a negative difference is no measurement (None).
     if out["own_cpu_ms"] < 0:
         out["own_cpu_ms"] = None
-    return {**out, "frames": frames, "repeats": repeats}
+    return out
 
 
 def keeps_up(python: Sequence[str], bundle: Path, data: Path, broker: str, frames: int,
