@@ -80,7 +80,7 @@ def folded_pairs(module: nn.Module) -> list[tuple[str, nn.Conv2d, str, nn.BatchN
         if type(mod) is nn.Conv2d:
             conv = (name, mod)
         elif isinstance(mod, nn.BatchNorm2d) and conv is not None:
-            pairs.append((conv[0], conv[1], name, mod))
+            pairs.append((*conv, name, mod))
             conv = None
         elif not any(True for _ in mod.children()):
             conv = None  # any other layer between them

@@ -66,8 +66,8 @@ class FederationSettings:
             raise ConfigError(f"aggregate must be one of {AGGREGATES}, got {self.aggregate!r}")
         if (self.rounds < 0 or not 0 <= self.epochs < float("inf") or self.lr <= 0
                 or self.batch_size < 1):
-            raise ConfigError("rounds, epochs, lr and batch size must be positive (rounds and "
-                              "epochs 0: the strategy's own)")
+            raise ConfigError("lr and batch size must be positive, rounds and epochs positive "
+                              "or 0 (the strategy's own)")
         rounds, epochs = SCHEDULES[self.strategy]
         object.__setattr__(self, "rounds", self.rounds or rounds)  # frozen: set once, here
         object.__setattr__(self, "epochs", self.epochs or epochs)
