@@ -33,7 +33,7 @@ from ddnn.device.service import DeviceService
 from ddnn.device.settings import DeviceSettings
 from ddnn.signing import generate_keypair, sign_bundle
 from ddnn.tools.evaluate import evaluate
-from tests.support.data import DRIFT_SCENE, drift_bundle
+from tests.support.data import DRIFT_SCENE
 from tests.support.hierarchy import REPLAY_WAIT, Edge
 from tests.support.polling import wait_for
 
@@ -52,7 +52,7 @@ FEDERATE = ["--rounds", "2", "--epochs", "6", "--lr", "0.005", "--batch-size", "
 
 
 @pytest.fixture(scope="module")
-def field(tmp_path_factory):
+def field(tmp_path_factory, drift_home_bundle):
     """The bundle of the home domain (signed), its key, the frames the cameras will see (home,
     drifted, drifted again after the update) and a site's labelled file of the drifted scene."""
     from ddnn.models.synth import (
@@ -65,7 +65,7 @@ def field(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("loop")
     private, public = generate_keypair(root / "keys")
-    bundle = drift_bundle(root)
+    bundle = Path(shutil.copytree(drift_home_bundle, root / "bundle"))
     sign_bundle(bundle, private)
     cfg = SceneConfig(**DRIFT_SCENE)
     drifted = drifted_config(cfg, DRIFTS)

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from ddnn.experience import chunks, read_experience
-from tests.support.data import domain_change, drift_bundle
+from tests.support.data import domain_change
 from tests.support.hierarchy import REPLAY_WAIT, Edge, run_devices
 from tests.support.polling import wait_for
 
@@ -26,9 +26,9 @@ AUDIT, BUDGET = 0.5, 0.02
 
 
 @pytest.fixture(scope="module")
-def field(tmp_path_factory):
+def field(tmp_path_factory, drift_home_bundle):
     root = tmp_path_factory.mktemp("field")
-    return drift_bundle(root), domain_change(root / "replay.npz", BEFORE, AFTER)
+    return drift_home_bundle, domain_change(root / "replay.npz", BEFORE, AFTER)
 
 
 def test_a_domain_change_raises_the_drift_alarm_and_tightens_the_exits(

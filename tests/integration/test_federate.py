@@ -1,7 +1,7 @@
 """Federated fine-tuning with real Flower processes on loopback: a SuperLink, a SuperNode per
 site, the ServerApp and ClientApps they start. One run on one machine (FedAvg), one deployed as
-`ddnn federate server` + two `ddnn federate client` over TLS (dynamic averaging), and one a
-Flower user starts with `flwr run` on their own SuperLink."""
+`ddnn federate server` + two `ddnn federate client` over TLS (dynamic averaging), one a
+Flower user starts with `flwr run` on their own SuperLink, and one with a hostile fourth site."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ pytest.importorskip("flwr")
 from ddnn.bundle import load_bundle
 from ddnn.models.export import write_manifest
 from ddnn.models.federated.driver import free_port
+from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 from ddnn.stacking import Stacking
 from ddnn.tools.evaluate import evaluate
 from tests.support.polling import wait_for
@@ -30,6 +31,7 @@ from tests.support.polling import wait_for
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 ROUNDS = ["--rounds", "2", "--epochs", "6", "--lr", "0.005", "--batch-size", "32"]
+SCENE = SceneConfig(views=3, classes=3, size=32)
 
 
 def _ddnn(*args: str, **kw) -> subprocess.Popen:
@@ -39,18 +41,16 @@ def _ddnn(*args: str, **kw) -> subprocess.Popen:
 
 @pytest.fixture(scope="module")
 def sites(tmp_path_factory):
-    """Two sites of 180 scenes (3 cameras, 32x32: small images leave too little to learn),
-    a test file, and a bundle trained one epoch on the first site (the starting point)."""
+    """Three honest sites of 180 scenes (3 cameras, 32x32: small images leave too little to
+    learn), a test file, and a bundle trained one epoch on the first site (the starting point)."""
     from ddnn.models.build import build_bundle
     from ddnn.models.config import DDNNConfig
-    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
 
     root = tmp_path_factory.mktemp("federate")
-    cfg = SceneConfig(views=3, classes=3, size=32)
-    paths = [root / "site0.npz", root / "site1.npz"]
-    for i, path in enumerate(paths):
-        save_dataset(path, synthesize(180, cfg, seed=10 + i))
-    save_dataset(root / "test.npz", synthesize(120, cfg, seed=12))
+    paths = [root / f"site{i}.npz" for i in range(3)]
+    for path, seed in zip(paths, (10, 11, 13), strict=True):
+        save_dataset(path, synthesize(180, SCENE, seed=seed))
+    save_dataset(root / "test.npz", synthesize(600, SCENE, seed=15))  # 2 points: 12 samples
     start = root / "start"
     # Without escalation: the federation's mechanics and bytes, measured on a small model (an
     # escalating bundle's rebuild is tested in tests/unit/test_federated_site.py).
@@ -66,7 +66,8 @@ def sites(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fedavg(sites):
-    """One `ddnn federate` run on one machine, FedAvg, signed."""
+    """One `ddnn federate` run on one machine of the three honest sites, FedAvg, signed (also
+    the reference of the hostile site's test)."""
     root, paths, start = sites
     from ddnn.signing import generate_keypair
 
@@ -86,11 +87,11 @@ def test_fedavg_on_one_machine_improves_the_bundle_and_signs_the_next_version(fe
     fed = bundle.manifest.training["federation"]
     assert fed["strategy"] == "fedavg" and len(fed["history"]) == 2
     assert bundle.manifest.calibration["federated"] is True
-    assert bundle.manifest.calibration["samples"] == 72  # the two sites' held-out 20 %
+    assert bundle.manifest.calibration["samples"] == 108  # the three sites' held-out 20 %
     assert result["escalation_level"] == bundle.manifest.escalation_level == 0  # no escalation
     # The stacking was refitted on the sites' held-out splits, and the bundle answers with it.
     refit = fed["evaluation"]["stacking"]
-    assert refit["refit"] is True and refit["changed"] is True and refit["sites"] == 2
+    assert refit["refit"] is True and refit["changed"] is True and refit["sites"] == 3
     assert bundle.manifest.stacking.to_dict() == refit["weights"] != {
         "edge": 0.333, "cloud": 0.333, "escalated": 1.0}
     before = evaluate(start, root / "test.npz")["accuracy"]
@@ -150,6 +151,7 @@ def _supernode_key(path: Path) -> tuple[Path, Path]:
 def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites, fedavg,
                                                                           tmp_path):
     _, paths, start = sites
+    two = paths[:2]
     ca, cert, key = _certificates(tmp_path)
     keys = [_supernode_key(tmp_path / f"site{i}") for i in range(3)]
     port = free_port()
@@ -166,7 +168,7 @@ def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites,
                      str(p), "--root-certificates", str(ca), "--home", str(tmp_path / f"c{i}"),
                      "--auth-key", str(keys[i][0]),
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-               for i, p in enumerate([*paths, paths[0]])]
+               for i, p in enumerate([*two, paths[0]])]
     try:
         stdout, stderr = server.communicate(timeout=600)
     finally:
@@ -187,7 +189,8 @@ def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites,
     assert federation["evaluation"]["stacking"]["changed"] is True
     # Within the threshold no site sends a model between the syncs: the reference goes down
     # once, every model comes up once at the end, and the evaluation sends the final model.
-    assert result["communicated_bytes"] < fedavg[0]["communicated_bytes"]
+    # Per site: the FedAvg run federated three sites, this one two.
+    assert result["communicated_bytes"] / 2 < fedavg[0]["communicated_bytes"] / 3
     server_log = (tmp_path / "srv" / "superlink.log").read_text()
     assert "Starting insecure" not in server_log
 
@@ -212,7 +215,7 @@ def test_a_flower_user_runs_the_app_with_flwr_run_on_their_own_superlink(sites, 
         flower.wait_http(f"127.0.0.1:{port}", link, timeout=60)
         nodes = [flower.supernode(tmp_path / f"node{i}", f"127.0.0.1:{port}", free_port(),
                                   tmp_path / f"node{i}.log", data=p).start()
-                 for i, p in enumerate(paths)]
+                 for i, p in enumerate(paths[:2])]
         try:
             run = subprocess.run([*flwr, "run", "deploy/flower-app", "mine", "--run-config",
                                   config, "--format", "json"], cwd=ROOT, env=env,
@@ -259,31 +262,23 @@ def _federate(start: Path, sites: list[Path], out: Path, *extra: str,
     return json.loads(lines[0])
 
 
-@pytest.mark.timeout(2400)  # two federations of four sites, one with four times the data
-def test_one_hostile_site_of_four_leaves_the_federation_within_two_points(sites, tmp_path):
+def test_one_hostile_site_of_four_leaves_the_federation_within_two_points(sites, fedavg,
+                                                                          tmp_path):
     """A fourth site holding four times the others' data with two classes swapped: under
     --aggregate median the federation's bundle answers the test set no more than 2 points
-    below the honest sites' federation (measured: 0.757 against 0.737; the extra site's
-    images of the third class help)."""
-    from ddnn.models.synth import SceneConfig, save_dataset, synthesize
-
-    _, paths, start = sites
-    cfg = SceneConfig(views=3, classes=3, size=32)
-    third = tmp_path / "site2.npz"
-    save_dataset(third, synthesize(180, cfg, seed=13))
-    poisoned = synthesize(720, cfg, seed=14)
+    below the honest sites' own federation (FedAvg, the module's; measured: 0.770 against
+    0.767)."""
+    root, paths, start = sites
+    poisoned = synthesize(720, SCENE, seed=14)
     for key in ("label", "y"):  # classes 0 and 1 swapped (an absent view's -1 stays)
         a = poisoned[key]
         poisoned[key] = np.where(a == 0, 1, np.where(a == 1, 0, a))
-    hostile, test = tmp_path / "hostile.npz", tmp_path / "test.npz"
+    hostile, test = tmp_path / "hostile.npz", root / "test.npz"
     save_dataset(hostile, poisoned)
-    save_dataset(test, synthesize(600, cfg, seed=15))  # 2 points: 12 samples
-    honest = [*paths, third]
-    _federate(start, honest, tmp_path / "honest", "--aggregate", "median")
-    result = _federate(start, [*honest, hostile], tmp_path / "attacked", "--aggregate", "median")
+    result = _federate(start, [*paths, hostile], tmp_path / "attacked", "--aggregate", "median")
     assert result["aggregate"] == "median"
     before = evaluate(start, test)["accuracy"]["overall"]
-    clean = evaluate(tmp_path / "honest", test)["accuracy"]["overall"]
+    clean = evaluate(fedavg[1], test)["accuracy"]["overall"]
     attacked = evaluate(tmp_path / "attacked", test)["accuracy"]["overall"]
     assert clean >= before + 0.1, (before, clean)  # else the comparison below says nothing
     assert attacked >= clean - 0.02, (before, clean, attacked)

@@ -22,6 +22,7 @@ from ddnn.tools.broker import BrokerProcess, free_port, mosquitto_path, start_br
 from tests.support.data import (
     STREAM,
     TinyData,
+    drift_bundle,
     make_tiny_data,
     one_epoch_bundle,
     train_tiny_bundle,
@@ -178,6 +179,13 @@ def kinds_repository(tiny_data, tiny_bundle, tmp_path_factory) -> Path:
 def one_view_bundle(tmp_path_factory) -> Path:
     """A one-view bundle (the device decides its own exit)."""
     return one_epoch_bundle(tmp_path_factory.mktemp("one-view"), views=1)
+
+
+@pytest.fixture(scope="session")
+def drift_home_bundle(tmp_path_factory) -> Path:
+    """A bundle trained on the home domain of ``DRIFT_SCENE`` (read-only: copy it to modify
+    it), shared by the drift and closed-loop tests."""
+    return drift_bundle(tmp_path_factory.mktemp("drift-home"))
 
 
 @pytest.fixture(scope="session")
