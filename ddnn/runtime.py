@@ -83,7 +83,10 @@ def transmit(x: np.ndarray, codec: FeatureCodec) -> np.ndarray:
 class BundleRuntime:
     """All segments of a bundle, loaded on first use; thread-safe for concurrent callers."""
 
-    def __init__(self, bundle: Bundle, threads: int | None = None):
+    def __init__(self, bundle: Bundle, threads: int | None = None, *, exact_links: bool = False):
+        """``exact_links``: float32 on every link whose rounding torch's network does not
+        model (the device scores and features, the edge features), so the exits compare with
+        torch's for export parity; the tiers always run with the bundle's codecs."""
         self.bundle = bundle
         self.manifest = bundle.manifest
         self.threads = threads
@@ -93,7 +96,10 @@ class BundleRuntime:
         self.scores_codec = FeatureCodec(m.codec["scores"])
         self.device_codec = FeatureCodec(m.codec["device_features"])
         self.edge_codec = FeatureCodec(m.codec["edge_features"])
-        # The devices' detail of an escalated frame (bundles that can escalate).
+        if exact_links:
+            self.scores_codec = self.device_codec = self.edge_codec = FeatureCodec("float32")
+        # The devices' detail (whose wire rounding the network applies itself: it keeps its
+        # codec) of an escalated frame (bundles that can escalate).
         self.detail_codec = (FeatureCodec(m.codec["device_detail"]) if m.escalated is not None
                              else None)
 

@@ -197,7 +197,8 @@ def _export_bundle(result, full, train_ds, val_ds, stop_ds, out, cfg, data, val_
         # each segment on its own.
         write_manifest(staging, manifest({"local": 0.0, "edge": 0.0}, {}))
         held = fit_held_out(staging, val_ds, stop_ds, cfg)
-        parity = check_parity(torch_val, held.exits, val_ds.present)
+        exact, = onnx_exits(staging, val_ds, exact_links=True)
+        parity = check_parity(torch_val, exact, val_ds.present)
         cal, ort_val = held.calibration, held.answers
         calibration = {**cal.to_dict(), "parity": parity.to_dict(),
                        "scores": scores_record(ort_val["device"], val_ds.present)}

@@ -150,9 +150,11 @@ def check_parity(
 ) -> ParityReport:
     """Compare every exit; raise :class:`BundleError` when ONNX disagrees with torch.
 
-    A prediction flipped where torch's own top two logits lie within :data:`PARITY_ATOL` is a
-    tie broken by rounding (the wire codecs round too), not a faulty export: only the other
-    flips count against :data:`PARITY_MAX_DISAGREE`; the report gives every flip.
+    ``onnx_logits`` come from exact links (:func:`onnx_exits` with ``exact_links``): the
+    wire's own rounding is the calibration's business, not the export's. A prediction flipped
+    where torch's own top two logits lie within :data:`PARITY_ATOL` is a tie broken by float
+    rounding, not a faulty export: only the other flips count against
+    :data:`PARITY_MAX_DISAGREE`; the report gives every flip.
     """
     diff, disagree, real = {}, {}, {}
     for k in torch_logits:
@@ -302,9 +304,12 @@ def write_manifest(path: Path, manifest: Manifest) -> None:
     load_bundle(path)  # what we wrote must load and verify
 
 
-def onnx_exits(path: Path, *datasets: MultiViewDataset) -> list[dict[str, np.ndarray]]:
-    """Every segment's own scores through ONNX Runtime for each of ``datasets``, as the tiers
-    compute them, from one set of sessions (unstacked: what the torch parity check and the
-    stacking fit read)."""
-    runtime = BundleRuntime(load_bundle(path, verify=False))
+def onnx_exits(path: Path, *datasets: MultiViewDataset, exact_links: bool = False
+               ) -> list[dict[str, np.ndarray]]:
+    """Every segment's own scores through ONNX Runtime for each of ``datasets``, from one set
+    of sessions, unstacked: as the tiers compute them (what the stacking fit and the
+    calibration read) or, with ``exact_links``, without the wire's rounding (what the torch
+    parity check reads: a float16 score or an int8 edge feature rounded on the wire can flip a
+    near tie of an undertrained model, which says nothing of the export)."""
+    runtime = BundleRuntime(load_bundle(path, verify=False), exact_links=exact_links)
     return [runtime.run_dataset(ds.X, ds.present, stacked=False) for ds in datasets]

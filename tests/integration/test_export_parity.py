@@ -56,6 +56,11 @@ def test_every_exit_matches_torch(tiny_data, tmp_path, variant):
     # Scores cross the wire as float16, the rest is float32 arithmetic: differences stay tiny.
     assert report.max_abs_diff["device"] < 1e-3
     assert report.max_abs_diff["local"] < 0.05
+    # Without the wire's rounding (what the build's parity check reads) every exit is float32
+    # arithmetic on both sides: the int8 edge features' rounding no longer reaches the cloud.
+    exact, = onnx_exits(tmp_path, ds, exact_links=True)
+    report = check_parity(torch_out, exact, ds.present)
+    assert max(report.max_abs_diff.values()) < 1e-3, report
 
 
 def test_float_device_variant_exports_and_calibrates(tiny_data, tmp_path):
