@@ -23,7 +23,7 @@ FRAMES = 120
 def test_the_demo_proves_itself_on_a_small_scene(tmp_path, mosquitto):
     proc = subprocess.run(
         [sys.executable, "-m", "ddnn", "demo", "--json", "--work", str(tmp_path),
-         "--broker", mosquitto.url, "--classes", "5", "--train-samples", "1000", "--epochs", "20",
+         "--broker", mosquitto.url, "--classes", "5", "--train-samples", "800", "--epochs", "12",
          "--seed", "0",
          "--frames", str(FRAMES), "--fps", "40"],
         capture_output=True, env=child_env(), timeout=900)
