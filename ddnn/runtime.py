@@ -84,9 +84,10 @@ class BundleRuntime:
     """All segments of a bundle, loaded on first use; thread-safe for concurrent callers."""
 
     def __init__(self, bundle: Bundle, threads: int | None = None, *, exact_links: bool = False):
-        """``exact_links``: float32 on every link whose rounding torch's network does not
-        model (the device scores and features, the edge features), so the exits compare with
-        torch's for export parity; the tiers always run with the bundle's codecs."""
+        """``exact_links``: float32 on the links of the device scores and features and of the
+        edge features, so the exits compare with torch's for export parity (torch's network
+        does not model float16 scores or int8 edge features; binary and few-bit features are
+        its exact levels either way); the tiers always run with the bundle's codecs."""
         self.bundle = bundle
         self.manifest = bundle.manifest
         self.threads = threads

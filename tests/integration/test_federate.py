@@ -66,14 +66,16 @@ def sites(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def fedavg(sites):
-    """One `ddnn federate` run on one machine of the three honest sites, FedAvg, signed (also
-    the reference of the hostile site's test)."""
+    """One `ddnn federate` run on one machine of the three honest sites, FedAvg, signed, under
+    `--aggregate median`: the hostile site's test compares its federation with this one, rule
+    for rule (the default rule is run by the DMA and `flwr run` tests)."""
     root, paths, start = sites
     from ddnn.signing import generate_keypair
 
     private, public = generate_keypair(root / "keys")
     out = root / "fedavg"
-    result = _federate(start, paths, out, "--key", str(private), timeout=800)
+    result = _federate(start, paths, out, "--key", str(private), "--aggregate", "median",
+                       timeout=800)
     return result, out, public
 
 
@@ -81,7 +83,7 @@ def test_fedavg_on_one_machine_improves_the_bundle_and_signs_the_next_version(fe
     result, out, public = fedavg
     root, _, start = sites
     assert result["rounds"] == 2 and result["version"] == "1.10"
-    assert result["communicated_bytes"] > 0
+    assert result["communicated_bytes"] > 0 and result["aggregate"] == "median"
     bundle = load_bundle(out, public_key=public)  # signed with --key, checksums hold
     assert bundle.manifest.version == "1.10" and bundle.manifest.name == "tiny"
     fed = bundle.manifest.training["federation"]
@@ -189,8 +191,8 @@ def test_dma_deployed_over_tls_with_authenticated_sites_sends_fewer_bytes(sites,
     assert federation["evaluation"]["stacking"]["changed"] is True
     # Within the threshold no site sends a model between the syncs: the reference goes down
     # once, every model comes up once at the end, and the evaluation sends the final model.
-    # Per site: the FedAvg run federated three sites, this one two.
-    assert result["communicated_bytes"] / 2 < fedavg[0]["communicated_bytes"] / 3
+    # Per site (every message counted is one site's): the FedAvg run federated three sites.
+    assert result["communicated_bytes"] / len(two) < fedavg[0]["communicated_bytes"] / len(paths)
     server_log = (tmp_path / "srv" / "superlink.log").read_text()
     assert "Starting insecure" not in server_log
 
@@ -262,12 +264,13 @@ def _federate(start: Path, sites: list[Path], out: Path, *extra: str,
     return json.loads(lines[0])
 
 
+@pytest.mark.timeout(1800)  # the module's FedAvg run too, when this test runs alone
 def test_one_hostile_site_of_four_leaves_the_federation_within_two_points(sites, fedavg,
                                                                           tmp_path):
     """A fourth site holding four times the others' data with two classes swapped: under
     --aggregate median the federation's bundle answers the test set no more than 2 points
-    below the honest sites' own federation (FedAvg, the module's; measured: 0.770 against
-    0.767)."""
+    below the honest sites' own federation under the same rule (the module's; measured: 0.757
+    against 0.737: the extra site's images of the third class help)."""
     root, paths, start = sites
     poisoned = synthesize(720, SCENE, seed=14)
     for key in ("label", "y"):  # classes 0 and 1 swapped (an absent view's -1 stays)
