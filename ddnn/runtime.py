@@ -99,8 +99,8 @@ class BundleRuntime:
         self.edge_codec = FeatureCodec(m.codec["edge_features"])
         if exact_links:
             self.scores_codec = self.device_codec = self.edge_codec = FeatureCodec("float32")
-        # The devices' detail (whose wire rounding the network applies itself: it keeps its
-        # codec) of an escalated frame (bundles that can escalate).
+        # The devices' detail of an escalated frame (bundles that can escalate); it keeps its
+        # codec even with exact links, as the network rounds it the wire's way itself.
         self.detail_codec = (FeatureCodec(m.codec["device_detail"]) if m.escalated is not None
                              else None)
 

@@ -152,10 +152,9 @@ def check_parity(
 
     The build and the federated rebuild pass ``onnx_logits`` from exact links
     (:func:`onnx_exits` with ``exact_links``): the wire's own rounding is the calibration's
-    business, not the export's. A prediction flipped
-    where torch's own top two logits lie within :data:`PARITY_ATOL` is a tie broken by float
-    rounding, not a faulty export: only the other flips count against
-    :data:`PARITY_MAX_DISAGREE`; the report gives every flip.
+    business, not the export's. A prediction flipped where torch's own top two logits lie
+    within :data:`PARITY_ATOL` is a tie broken by float rounding, not a faulty export: only
+    the other flips count against :data:`PARITY_MAX_DISAGREE`; the report gives every flip.
     """
     diff, disagree, real = {}, {}, {}
     for k in torch_logits:
