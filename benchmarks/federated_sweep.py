@@ -10,7 +10,9 @@ from the federated benchmark's home bundle on one seed's sites and scores every 
     python -m ddnn.benchmarks.federated_sweep SEED_DIR HOME TUNING.npz NAME [rounds=30 ...]
 
 with the options ``rounds``, ``epochs``, ``lr``, ``proximal``, ``momentum``, ``seed``,
-``balance``; one JSON line per run is printed and appended to ``SEED_DIR/../sweep.jsonl``.
+``balance``, ``batch``, ``scaffold`` (SCAFFOLD's control variates, scaled) and
+``keep_adam`` (each site's Adam moments kept from round to round); one JSON line per run is
+printed and appended to ``SEED_DIR/../sweep.jsonl``.
 The figures are in docs/federated-learning.md ("Where the gap comes from").
 """
 
@@ -24,7 +26,8 @@ from pathlib import Path
 import numpy as np
 
 OPTIONS = {"rounds": 10, "epochs": 2.0, "lr": 2e-3, "proximal": 0.0, "momentum": 0.0, "seed": 0,
-           "balance": 0.0}
+           "balance": 0.0, "batch": 64,
+           "scaffold": 0, "keep_adam": 0}
 
 
 def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
@@ -34,6 +37,7 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
 
     from ddnn.bundle import load_bundle
     from ddnn.dataset import load_dataset
+    from ddnn.models.calibrate import fit_stacking
     from ddnn.models.federated.strategy import weighted_average
     from ddnn.models.federated.trainer import LocalTraining, fit, load_site, round_lr
     from ddnn.models.federated.weights import (
@@ -53,11 +57,23 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
              for p in sorted(seed_dir.glob("site-*.npz"))]
     torch.set_num_threads(1)
     velocity = None
+    params = {n for n, p in build_model(arch).named_parameters() if p.requires_grad}
+    controls = [{n: np.zeros_like(weights[n]) for n in params} for _ in sites]  # SCAFFOLD's c_i
+    adam = [None] * len(sites)
     start = time.process_time()
     for r in range(1, rounds + 1):
         local = LocalTraining(epochs=o["epochs"], lr=round_lr(o["lr"], r, rounds), seed=seed,
-                              proximal=o["proximal"], balance=o["balance"])
-        replies = [fit(arch, weights, site, local, r) for site in sites]
+                              proximal=o["proximal"], balance=o["balance"],
+                              batch_size=int(o["batch"]))
+        shared = (weighted_average(controls, [s.examples for s in sites])
+                  if o["scaffold"] else None)
+        replies = [fit(arch, weights, site, local, r, correction=None if shared is None else {
+            n: float(o["scaffold"]) * (shared[n] - c[n]) for n in params}, optimizer=state)
+            for site, c, state in zip(sites, controls, adam, strict=True)]
+        if o["keep_adam"]:  # each site keeps its Adam moments from round to round
+            adam = [x.optimizer for x in replies]
+        if shared is not None:
+            controls = [x.gradient for x in replies]
         average = weighted_average([x.weights for x in replies], [x.examples for x in replies])
         if o["momentum"]:  # FedAvgM: the server's step keeps a share of the last one
             step = {k: average[k] - weights[k] for k in weights}
@@ -70,10 +86,17 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
     set_weights(model, weights)
     data = load_dataset(tuning, num_classes=len(arch["classes"]))
     logits = predict(model, data)
+    tiers = ("local", "edge", "cloud", "escalated")
+    exits = {k: v for k, v in logits.items() if k in tiers}
+    held = [predict(model, site.holdout) for site in sites]
+    # The stacking ``ddnn federate`` refits: fit on the union of the sites' held-out splits.
+    refit = fit_stacking({k: np.concatenate([h[k] for h in held]) for k in exits},
+                         np.concatenate([site.holdout.label for site in sites]), arch["views"])
+    stacked = refit.apply(exits)
     return {"options": o, "cpu_seconds": round(seconds, 1),
-            "accuracy": {k: float(np.mean(v.argmax(-1) == data.label))
-                         for k, v in logits.items() if k in ("local", "edge", "cloud",
-                                                             "escalated")}}
+            "accuracy": {k: float(np.mean(v.argmax(-1) == data.label)) for k, v in exits.items()},
+            "stacking": refit.to_dict(),
+            "stacked": {k: float(np.mean(stacked[k].argmax(-1) == data.label)) for k in exits}}
 
 
 def main(argv: list[str]) -> int:

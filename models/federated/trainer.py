@@ -79,6 +79,8 @@ class FitResult:
     steps: int
     loss: float
     stopped: bool  # stop_when said so before the epochs were done
+    gradient: Weights | None = None  # the mean raw gradient of the round (with a correction)
+    optimizer: dict | None = None  # Adam's moments at the round's end (``keep_optimizer``)
 
 
 def load_site(arch: dict, data: str | Path | None, experience: str | Path | None = None, *,
@@ -152,14 +154,23 @@ def _labelled_loss(model: DDNN, ds: MultiViewDataset, idx: np.ndarray, s: LocalT
 
 def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
         round_seed: int = 0, stop_when: Callable[[Weights], bool] | None = None,
-        check_steps: int = 0) -> FitResult:
-    """Train from ``weights`` for ``settings.epochs`` local epochs; return the new weights."""
+        check_steps: int = 0, correction: Weights | None = None,
+        optimizer: dict | None = None) -> FitResult:
+    """Train from ``weights`` for ``settings.epochs`` local epochs; return the new weights.
+
+    ``correction`` (SCAFFOLD, Karimireddy et al., 2020: the federation's mean gradient less
+    this site's, by parameter name) is added to every raw gradient before the optimizer's step;
+    the result then carries the round's mean raw gradient, this site's next control variate."""
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed * 1_000_003 + round_seed)
     model = build_model(arch)
     set_weights(model, weights)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
+    if optimizer is not None:  # the site's moments from its last round, at this round's lr
+        opt.load_state_dict(optimizer)
+        for group in opt.param_groups:
+            group["lr"] = settings.lr
     anchor = ([(p, p.detach().clone()) for p in model.parameters() if p.requires_grad]
               if settings.proximal > 0 else [])
     rng = np.random.default_rng([settings.seed, round_seed])
@@ -172,6 +183,9 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     exp_order = _cycle(rng, n_exp, settings.batch_size)
     shift = (class_prior_shift(site.train, settings.balance)
              if settings.balance > 0 and n_lab else None)
+    named = [(n, p) for n, p in model.named_parameters() if n in (correction or {})]
+    fix = {n: torch.from_numpy(correction[n]) for n, _ in named} if correction else {}
+    summed = {n: torch.zeros_like(p) for n, p in named}
     losses, stopped, step = [], False, 0
     for step in range(1, total + 1):
         loss = torch.zeros(())
@@ -186,6 +200,11 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
                 (p - p0).square().sum() for p, p0 in anchor)
         opt.zero_grad(set_to_none=True)
         loss.backward()
+        if fix:
+            for name, p in named:
+                if p.grad is not None:
+                    summed[name] += p.grad
+                    p.grad += fix[name]
         opt.step()
         losses.append(float(loss.item()))
         checking = stop_when is not None and check_steps and step % check_steps == 0
@@ -193,7 +212,10 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
             stopped = True
             break
     model.eval()
-    return FitResult(model_weights(model), site.examples, step, float(np.mean(losses)), stopped)
+    gradient = ({n: (g / step).numpy().astype(np.float32) for n, g in summed.items()}
+                if fix else None)
+    return FitResult(model_weights(model), site.examples, step, float(np.mean(losses)), stopped,
+                     gradient, opt.state_dict())
 
 
 def _cycle(rng: np.random.Generator, n: int, batch: int):

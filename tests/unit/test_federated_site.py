@@ -331,6 +331,54 @@ def test_the_proximal_term_holds_a_site_near_the_model_it_started_from(tiny_bund
     assert 0 < moved[100.0] < 0.5 * moved[0.0]
 
 
+def test_a_scaffold_correction_steers_the_steps_and_the_site_reports_its_mean_gradient(
+        tiny_bundle, tiny_data):
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
+    from ddnn.models.federated.weights import (
+        architecture,
+        build_model,
+        model_from_bundle,
+        model_weights,
+    )
+
+    arch = architecture(load_bundle(tiny_bundle))
+    start = model_weights(model_from_bundle(tiny_bundle))
+    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    local = LocalTraining(epochs=1, lr=0.01)
+    plain = fit(arch, start, site, local)
+    names = [k for k, _ in build_model(arch).named_parameters() if k.startswith("cloud.")]
+    zero = fit(arch, start, site, local, correction={k: np.zeros_like(start[k]) for k in names})
+    # A zero correction changes no step; the site's mean raw gradient comes back, by name.
+    assert plain.gradient is None and set(zero.gradient) == set(names)
+    assert all(np.array_equal(plain.weights[k], zero.weights[k]) for k in start)
+    assert all(zero.gradient[k].shape == start[k].shape and np.isfinite(zero.gradient[k]).all()
+               and np.abs(zero.gradient[k]).sum() > 0 for k in names)
+    # A correction is added to every step's gradient: one far larger than the site's own
+    # gradients moves every one of those weights against it.
+    pushed = fit(arch, start, site, local, correction={k: np.full_like(start[k], 1e3)
+                                                       for k in names})
+    assert all((pushed.weights[k] < start[k]).all() for k in names)
+
+
+def test_a_site_can_carry_its_optimizer_state_into_the_next_round(tiny_bundle, tiny_data):
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
+    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+
+    arch = architecture(load_bundle(tiny_bundle))
+    start = model_weights(model_from_bundle(tiny_bundle))
+    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    first = fit(arch, start, site, LocalTraining(epochs=1, lr=0.01), 1)
+    fresh = fit(arch, first.weights, site, LocalTraining(epochs=1, lr=0.005), 2)
+    kept = fit(arch, first.weights, site, LocalTraining(epochs=1, lr=0.005), 2,
+               optimizer=first.optimizer)
+    steps = [s["step"] for s in kept.optimizer["state"].values()]
+    assert all(float(s) == first.steps + kept.steps for s in steps)
+    assert kept.optimizer["param_groups"][0]["lr"] == 0.005
+    assert any(not np.array_equal(fresh.weights[k], kept.weights[k]) for k in start)
+
+
 def test_logit_adjustment_keeps_a_skewed_site_from_erasing_the_class_it_lacks(tiny_bundle,
                                                                                tiny_data):
     """A site without class 2 trains its exits to give class 2 no probability on anything;
