@@ -3,16 +3,17 @@ is spent on Flower runs.
 
 The round loop of ``ddnn federate`` without Flower, calibration or export: each site runs
 :func:`trainer.fit` from the shared weights, the server averages the replies by their example
-counts (:func:`strategy.weighted_average`), optionally with server momentum (FedAvgM). It starts
+counts (:func:`strategy.weighted_average`), optionally with server momentum (FedAvgM) or with
+SCAFFOLD's control variates (each site's steps corrected by the sites' mean gradient of the last
+round less its own; Karimireddy et al., 2020; not in ``ddnn federate`` yet). It starts
 from the federated benchmark's home bundle on one seed's sites and scores every exit on a
 *tuning* field set of its own (never the benchmark's ``field-test.npz``). Usage::
 
     python -m ddnn.benchmarks.federated_sweep SEED_DIR HOME TUNING.npz NAME [rounds=30 ...]
 
 with the options ``rounds``, ``epochs``, ``lr``, ``proximal``, ``momentum``, ``seed``,
-``balance``, ``batch``, ``scaffold`` (SCAFFOLD's control variates, scaled) and
-``keep_adam`` (each site's Adam moments kept from round to round); one JSON line per run is
-printed and appended to ``SEED_DIR/../sweep.jsonl``.
+``balance``, ``batch`` and ``scaffold`` (SCAFFOLD's control variates, scaled); one JSON line
+per run is printed and appended to ``SEED_DIR/../sweep.jsonl``.
 The figures are in docs/federated-learning.md ("Where the gap comes from").
 """
 
@@ -27,7 +28,7 @@ import numpy as np
 
 OPTIONS = {"rounds": 10, "epochs": 2.0, "lr": 2e-3, "proximal": 0.0, "momentum": 0.0, "seed": 0,
            "balance": 0.0, "batch": 64,
-           "scaffold": 0, "keep_adam": 0}
+           "scaffold": 0}
 
 
 def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
@@ -59,7 +60,6 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
     velocity = None
     params = {n for n, p in build_model(arch).named_parameters() if p.requires_grad}
     controls = [{n: np.zeros_like(weights[n]) for n in params} for _ in sites]  # SCAFFOLD's c_i
-    adam = [None] * len(sites)
     start = time.process_time()
     for r in range(1, rounds + 1):
         local = LocalTraining(epochs=o["epochs"], lr=round_lr(o["lr"], r, rounds), seed=seed,
@@ -68,10 +68,8 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
         shared = (weighted_average(controls, [s.examples for s in sites])
                   if o["scaffold"] else None)
         replies = [fit(arch, weights, site, local, r, correction=None if shared is None else {
-            n: float(o["scaffold"]) * (shared[n] - c[n]) for n in params}, optimizer=state)
-            for site, c, state in zip(sites, controls, adam, strict=True)]
-        if o["keep_adam"]:  # each site keeps its Adam moments from round to round
-            adam = [x.optimizer for x in replies]
+            n: float(o["scaffold"]) * (shared[n] - c[n]) for n in params})
+            for site, c in zip(sites, controls, strict=True)]
         if shared is not None:
             controls = [x.gradient for x in replies]
         average = weighted_average([x.weights for x in replies], [x.examples for x in replies])

@@ -92,6 +92,11 @@ def _federation_options(p) -> None:
     p.add_argument("--server-momentum", type=float, default=D.momentum, metavar="BETA",
                    help="fedavg: the server's step keeps BETA of its last one (FedAvgM; 0: "
                    "plain FedAvg)")
+    p.add_argument("--scaffold", action="store_true",
+                   help="fedavg: SCAFFOLD's control variates correct each site's local steps by "
+                   "the sites' mean gradient less its own, so several local epochs a round do "
+                   "not drift toward the site's own classes (each round then carries the "
+                   "variates too: twice the bytes)")
     p.add_argument("--holdout", type=float, default=D.holdout,
                    help="share of each site's data held out to evaluate and calibrate")
     p.add_argument("--dma-threshold", type=float, default=D.threshold,
@@ -135,8 +140,9 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         aggregate=args.aggregate,
         rounds=args.rounds, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         proximal=args.proximal, balance=args.balance, momentum=args.server_momentum,
-        holdout=args.holdout, seed=args.seed, threshold=args.dma_threshold,
-        check_steps=args.dma_check_steps, min_sites=args.min_sites, wait_sites=wait_sites,
+        scaffold=int(args.scaffold), holdout=args.holdout, seed=args.seed,
+        threshold=args.dma_threshold, check_steps=args.dma_check_steps,
+        min_sites=args.min_sites, wait_sites=wait_sites,
         join_timeout=args.join_timeout, round_timeout=args.round_timeout,
         tolerance=args.tolerance, agreement=args.agreement, max_bytes=args.max_bytes,
         threads=args.threads, version=args.model_version)

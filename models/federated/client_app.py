@@ -3,7 +3,8 @@
 The SuperNode (``ddnn federate client``) names the site's data in its node config: ``data``
 (a dataset file or directory) and/or ``experience`` (a directory of recorded experience).
 Under dynamic averaging the site's own model and the last shared reference live in the run's
-``context.state`` between rounds; under FedAvg every round starts from the shared model.
+``context.state`` between rounds; under FedAvg every round starts from the shared model (and,
+under SCAFFOLD, the site keeps its control variate there).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from flwr.clientapp import ClientApp
 from ddnn.models.federated.records import (
     ARRAYS,
     CONFIG,
+    CONTROL,
     COUNTS,
     METRICS,
     STACKING,
@@ -29,6 +31,7 @@ log = logging.getLogger("ddnn.federate")
 app = ClientApp()
 MODEL, REFERENCE = "ddnn-model", "ddnn-reference"  # context.state keys (dynamic averaging)
 EVALUATED = "ddnn-evaluated"  # the final model, kept for a second evaluation
+OWN_CONTROL = "ddnn-control"  # the site's SCAFFOLD control variate, from its last round
 
 
 def _site(context: Context, arch: dict, config):
@@ -38,6 +41,18 @@ def _site(context: Context, arch: dict, config):
     experience = context.node_config.get("experience") or None
     return load_site(arch, data, experience, holdout=float(config["holdout"]),
                      seed=int(config["seed"]))
+
+
+def _correction(arch: dict, start: dict, msg: Message, context: Context) -> dict:
+    """SCAFFOLD's correction of this site's steps: the sites' combined control variate (sent;
+    zeros before the first) less the site's own (kept; zeros before its first round)."""
+    from ddnn.models.federated.weights import build_model
+
+    shared = from_record(msg.content[CONTROL]) if CONTROL in msg.content else {}
+    own = from_record(context.state[OWN_CONTROL]) if OWN_CONTROL in context.state else {}
+    zero = 0.0
+    return {n: (shared.get(n, zero) - own.get(n, zero) + np.zeros_like(start[n]))
+            .astype(np.float32) for n, _ in build_model(arch).named_parameters()}
 
 
 def _divergence(weights: dict, reference: dict) -> float:
@@ -84,6 +99,11 @@ def train(msg: Message, context: Context) -> Message:
         context.state[MODEL] = to_record(result.weights)
         send = divergence > threshold
         metrics.update({"divergence": divergence, "violated": float(send)})
+    elif bool(config.get("scaffold", False)):
+        result = fit(arch, start, site, settings, rnd,
+                     correction=_correction(arch, start, msg, context))
+        context.state[OWN_CONTROL] = to_record(result.gradient)
+        send = True
     else:
         result = fit(arch, start, site, settings, rnd)
         send = True
@@ -92,6 +112,8 @@ def train(msg: Message, context: Context) -> Message:
     content = RecordDict({METRICS: MetricRecord(metrics)})
     if send:
         content[ARRAYS] = to_record(result.weights)
+    if result.gradient is not None:
+        content[CONTROL] = to_record(result.gradient)
     return Message(content, reply_to=msg)
 
 

@@ -4,7 +4,8 @@ conversions between a model's named numpy arrays and Flower's ``ArrayRecord``.
 Server to site: ``config`` (a ``ConfigRecord``: the round, the local-training settings, the
 network's architecture as JSON) and, when the site is to start from them, ``arrays`` (the
 shared model). Site to server: ``metrics`` (a ``MetricRecord``: examples, steps, loss,
-held-out results) and, when it has something to send, ``arrays``; after evaluation,
+held-out results) and, when it has something to send, ``arrays``; under SCAFFOLD, ``control``
+both ways (the sites' combined control variate down, the site's own up); after evaluation,
 ``counts`` (the calibration tables) and, for stacked exits, ``stacking`` (the tables that refit
 their weights). Only these arrays and numbers leave a site.
 """
@@ -15,7 +16,7 @@ import numpy as np
 from flwr.app import Array, ArrayRecord
 
 CONFIG, ARRAYS, METRICS, COUNTS = "config", "arrays", "metrics", "counts"
-STACKING = "stacking"
+STACKING, CONTROL = "stacking", "control"
 
 
 def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:

@@ -28,6 +28,7 @@ from ddnn.errors import ConfigError, DdnnError
 from ddnn.models.federated.records import (
     ARRAYS,
     CONFIG,
+    CONTROL,
     COUNTS,
     METRICS,
     STACKING,
@@ -80,14 +81,17 @@ class Exchange:
         self.grid, self.settings, self.base = grid, settings, base_config
         self.bytes_down = self.bytes_up = 0
 
-    def send(self, kind: str, rnd: int, payloads: dict[int, tuple[dict | None, dict]]
-             ) -> dict[int, RecordDict]:
-        """``payloads``: node -> (weights or None, extra config); returns node -> reply content."""
+    def send(self, kind: str, rnd: int, payloads: dict[int, tuple[dict | None, dict]],
+             controls: dict[int, dict] | None = None) -> dict[int, RecordDict]:
+        """``payloads``: node -> (weights or None, extra config); ``controls``: node -> the
+        SCAFFOLD control variate it gets; returns node -> reply content."""
         messages = []
         for node, (weights, extra) in payloads.items():
             content = RecordDict({CONFIG: ConfigRecord({**self.base, "round": rnd, **extra})})
             if weights is not None:
                 content[ARRAYS] = to_record(weights)
+            if controls and controls.get(node) is not None:
+                content[CONTROL] = to_record(controls[node])
             message = Message(content, dst_node_id=node, message_type=kind, group_id=str(rnd))
             self.bytes_down += message_bytes(message)
             messages.append(message)
@@ -116,19 +120,21 @@ def decode_reply(node: int, content: RecordDict) -> Reply | str:
     then checks the model itself (``UpdateGuard``). Nothing a site sends raises past here."""
     if METRICS not in content.metric_records:
         return "no metrics record"
-    if ARRAYS in content and ARRAYS not in content.array_records:
-        return f"{ARRAYS!r} is not an array record"
+    for name in (ARRAYS, CONTROL):
+        if name in content and name not in content.array_records:
+            return f"{name!r} is not an array record"
     metrics = dict(content[METRICS])
     problem = metrics_problem(metrics) or count_problem(metrics.get("examples"))
     if problem is not None:
         return problem
-    weights = None
-    if ARRAYS in content:
-        try:
-            weights = from_record(content[ARRAYS])
-        except Exception as e:  # bytes from a site: any failure to decode them is its fault
-            return f"arrays that do not decode ({type(e).__name__}: {str(e)[:80]})"
-    return Reply(node, weights, int(metrics["examples"]), metrics)
+    arrays: dict[str, dict | None] = {ARRAYS: None, CONTROL: None}
+    for name in arrays:
+        if name in content:
+            try:
+                arrays[name] = from_record(content[name])
+            except Exception as e:  # bytes from a site: any failure to decode is its fault
+                return f"{name} that do not decode ({type(e).__name__}: {str(e)[:80]})"
+    return Reply(node, arrays[ARRAYS], int(metrics["examples"]), metrics, arrays[CONTROL])
 
 
 def decode_replies(rnd: int, answers: dict[int, RecordDict]) -> tuple[list[Reply], dict]:
@@ -168,7 +174,7 @@ def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, p
 
     strategy = make_strategy(s.strategy, initial, s.aggregate, threshold=s.threshold,
                              check_steps=s.check_steps, min_sites=s.min_sites,
-                             momentum=s.momentum)
+                             momentum=s.momentum, scaffold=s.scaffold)
     history = []
     for rnd in range(1, s.rounds + 1):
         start = time.perf_counter()
@@ -176,7 +182,8 @@ def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, p
         plan = strategy.configure(rnd, nodes)
         lr = round_lr(s.lr, rnd, s.rounds)
         payloads = {n: (i.weights, {"reference": i.reference, "lr": lr}) for n, i in plan.items()}
-        answers = exchange.send(MessageType.TRAIN, rnd, payloads)
+        answers = exchange.send(MessageType.TRAIN, rnd, payloads,
+                                {n: i.control for n, i in plan.items()})
         replies, unfit = decode_replies(rnd, answers)
         outcome = strategy.aggregate(rnd, replies)
         if outcome.requests:
@@ -358,7 +365,7 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     version = s.version or next_version(start.manifest.version)
     base = {"arch": json.dumps(arch), "strategy": s.strategy, "epochs": s.epochs,
             "batch-size": s.batch_size, "proximal": s.proximal,
-            "balance": s.balance, "holdout": s.holdout,
+            "balance": s.balance, "scaffold": s.scaffold, "holdout": s.holdout,
             "seed": s.seed, "threshold": s.threshold, "check-steps": s.check_steps,
             "threads": s.threads}
     exchange = Exchange(grid, s, base)
@@ -371,6 +378,7 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     refused = sum(len(h["refused"]) for h in history)
     summary = {"strategy": s.strategy, "aggregate": s.aggregate, "rounds": s.rounds,
                "epochs": s.epochs, "lr": s.lr, "server_momentum": s.momentum,
+               "scaffold": s.scaffold,
                "communicated_bytes": exchange.communicated,
                "bytes_down": exchange.bytes_down, "bytes_up": exchange.bytes_up,
                "refused_replies": refused, "evaluation": evaluation, "history": history}

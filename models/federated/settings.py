@@ -42,6 +42,8 @@ class FederationSettings:
     # (1: measured to pay on both seeds of the non-IID benchmark; 0: the plain loss)
     balance: float = 1.0
     momentum: float = 0.0  # fedavg: server momentum (FedAvgM; 0: plain FedAvg)
+    # fedavg: SCAFFOLD's control variates correct each site's local steps (0: off)
+    scaffold: int = 0
     holdout: float = 0.2  # share of each site's data held out for evaluation and calibration
     seed: int = 0  # seeds the sites' splits, batches and augmentation
     threshold: float = DMA_THRESHOLD  # dma: relative squared divergence that makes a site send
@@ -78,6 +80,11 @@ class FederationSettings:
                               f"{self.balance}")
         if not 0.0 <= self.momentum < 1.0:
             raise ConfigError(f"server momentum must lie in [0, 1), got {self.momentum}")
+        if self.scaffold not in (0, 1):
+            raise ConfigError(f"scaffold is 0 (off) or 1 (on), got {self.scaffold}")
+        if self.scaffold and self.strategy != "fedavg":
+            raise ConfigError("SCAFFOLD's control variates are FedAvg's: dma sites send no "
+                              "model in most rounds")
         if self.momentum and self.strategy != "fedavg":
             raise ConfigError("server momentum is FedAvg's (FedAvgM): dma averages only the "
                               "sites that diverged")

@@ -51,6 +51,7 @@ class Instruction:
 
     weights: Weights | None  # start from these; None: continue from your own model
     reference: bool = False  # the weights are the new shared reference (DMA)
+    control: Weights | None = None  # SCAFFOLD: the sites' mean control variate (None: zeros)
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,7 @@ class Reply:
     weights: Weights | None
     examples: int
     metrics: Mapping[str, float] = field(default_factory=dict)
+    control: Weights | None = None  # SCAFFOLD: the site's new control variate
 
 
 @dataclass(frozen=True)
@@ -236,6 +238,24 @@ class Combiner:
         return combine(self.rule, [r.weights for r in replies], counted), capped
 
 
+def control_problem(model: Weights, control: Weights | None, first: Weights | None,
+                    ) -> str | None:
+    """Why a site's SCAFFOLD control variate is refused: missing, arrays the model does not
+    have (or not as the model has them), other names than the round's first good variate,
+    NaN or infinite values."""
+    if control is None:
+        return "no control variate"
+    for name, a in control.items():
+        ref = model.get(name)
+        if ref is None or a.shape != ref.shape or a.dtype != ref.dtype:
+            return f"control variate {str(name)[:60]!r} does not fit the model"
+        if not np.isfinite(a).all():
+            return f"control variate {str(name)[:60]!r} holds NaN or infinite values"
+    if first is not None and list(control) != list(first):
+        return "control variate names differ from the other sites'"
+    return None
+
+
 class FedAvg:
     """Federated averaging: everyone starts from the shared model; the good replies are
     combined (by default averaged, weighted by their capped example counts).
@@ -243,12 +263,19 @@ class FedAvg:
     ``momentum`` > 0 is FedAvgM: the server moves the model by ``v = momentum * v + step``,
     ``step`` the combined model minus the shared one (what Flower's ``FedAvgM`` does with a
     server learning rate of 1). Under label skew each round's step leans toward the classes
-    the sites happen to hold; the momentum keeps the direction they share."""
+    the sites happen to hold; the momentum keeps the direction they share.
+
+    ``scaffold`` is SCAFFOLD (Karimireddy et al., 2020): each site corrects its local steps by
+    the sites' mean control variate less its own (its mean gradient of its last round), so
+    several local epochs a round do not drift toward its own classes. The sites' variates are
+    screened as their models are (a variate whose norm is an outlier refuses the whole reply)
+    and combined by the same rule, with the same capped counts."""
 
     name = "fedavg"
 
     def __init__(self, initial: Weights, min_sites: int = 1, guard: UpdateGuard | None = None,
-                 combiner: Combiner | None = None, momentum: float = 0.0):
+                 combiner: Combiner | None = None, momentum: float = 0.0,
+                 scaffold: bool = False):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"server momentum must lie in [0, 1), got {momentum}")
         self.model: Weights = {k: np.asarray(v) for k, v in initial.items()}
@@ -257,20 +284,49 @@ class FedAvg:
         self.combiner = combiner or Combiner()
         self.momentum = float(momentum)
         self.velocity: Weights | None = None  # the server's last step (FedAvgM)
+        self.scaffold = scaffold
+        self.control: Weights | None = None  # SCAFFOLD: the sites' combined variate
 
     def configure(self, rnd: int, nodes: Iterable[int]) -> dict[int, Instruction]:
-        return {n: Instruction(self.model) for n in nodes}
+        return {n: Instruction(self.model, control=self.control) for n in nodes}
 
     def aggregate(self, rnd: int, replies: list[Reply]) -> Outcome:
         sent = [r for r in replies if r.weights is not None]
         good, refused = self.guard.screen(self.model, sent)
+        if self.scaffold:
+            good, refused = self._screen_controls(good, refused)
         if len(good) < self.min_sites:
             log.warning("round %d: %d good update(s), fewer than the %d required; the model "
                         "stays as it was", rnd, len(good), self.min_sites)
             return Outcome(refused=refused)
         combined, capped = self.combiner(rnd, good)
         self.model = self._step(combined) if self.momentum else combined
+        if self.scaffold:
+            counted = capped_counts([r.examples for r in good], self.combiner.weight_ratio)
+            self.control = combine(self.combiner.rule, [r.control for r in good], counted)
         return Outcome(tuple(r.node for r in good), refused, "full", capped=capped)
+
+    def _screen_controls(self, good: list[Reply], refused: dict[int, str]
+                         ) -> tuple[list[Reply], dict[int, str]]:
+        """The replies whose control variates fit (:func:`control_problem`) and whose norms
+        are no outlier (over ``max_norm_ratio`` x the round's median, from three replies)."""
+        now: dict[int, str] = {}
+        first = next((r.control for r in good if control_problem(self.model, r.control, None)
+                      is None), None)
+        for r in good:
+            reason = control_problem(self.model, r.control, first)
+            if reason is not None:
+                now[r.node] = reason
+        norms = {r.node: np.sqrt(squared_norm(r.control)) for r in good if r.node not in now}
+        if len(norms) >= 3:  # as for the updates: no outlier test below three
+            median = float(np.median(list(norms.values())))
+            for node, norm in norms.items():
+                if median > 0 and norm > self.guard.max_norm_ratio * median:
+                    now[node] = (f"control variate norm {norm:.3g} is an outlier "
+                                 f"({norm / median:.1f} x the round's median {median:.3g})")
+        for node, reason in now.items():
+            log.warning("refused the update of site %s: %s", node, reason)
+        return [r for r in good if r.node not in now], {**refused, **now}
 
     def _step(self, combined: Weights) -> Weights:
         step = {k: combined[k].astype(np.float64) - self.model[k] for k in self.model}
@@ -372,5 +428,8 @@ def make_strategy(name: str, initial: Weights, aggregate: str = "mean",
     if name == "dma":
         if options.pop("momentum", 0.0):
             raise ValueError("server momentum is FedAvg's (FedAvgM); dma averages violators")
+        if options.pop("scaffold", False):
+            raise ValueError("SCAFFOLD's control variates are FedAvg's; dma sends no model "
+                             "every round")
         return DynamicAveraging(initial, **options)
     raise ValueError(f"unknown strategy {name!r}: fedavg or dma")

@@ -80,7 +80,6 @@ class FitResult:
     loss: float
     stopped: bool  # stop_when said so before the epochs were done
     gradient: Weights | None = None  # the mean raw gradient of the round (with a correction)
-    optimizer: dict | None = None  # Adam's moments at the round's end (``keep_optimizer``)
 
 
 def load_site(arch: dict, data: str | Path | None, experience: str | Path | None = None, *,
@@ -154,8 +153,7 @@ def _labelled_loss(model: DDNN, ds: MultiViewDataset, idx: np.ndarray, s: LocalT
 
 def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
         round_seed: int = 0, stop_when: Callable[[Weights], bool] | None = None,
-        check_steps: int = 0, correction: Weights | None = None,
-        optimizer: dict | None = None) -> FitResult:
+        check_steps: int = 0, correction: Weights | None = None) -> FitResult:
     """Train from ``weights`` for ``settings.epochs`` local epochs; return the new weights.
 
     ``correction`` (SCAFFOLD, Karimireddy et al., 2020: the federation's mean gradient less
@@ -167,10 +165,6 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     set_weights(model, weights)
     model.train()
     opt = torch.optim.Adam(model.parameters(), lr=settings.lr)
-    if optimizer is not None:  # the site's moments from its last round, at this round's lr
-        opt.load_state_dict(optimizer)
-        for group in opt.param_groups:
-            group["lr"] = settings.lr
     anchor = ([(p, p.detach().clone()) for p in model.parameters() if p.requires_grad]
               if settings.proximal > 0 else [])
     rng = np.random.default_rng([settings.seed, round_seed])
@@ -215,7 +209,7 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     gradient = ({n: (g / step).numpy().astype(np.float32) for n, g in summed.items()}
                 if fix else None)
     return FitResult(model_weights(model), site.examples, step, float(np.mean(losses)), stopped,
-                     gradient, opt.state_dict())
+                     gradient)
 
 
 def _cycle(rng: np.random.Generator, n: int, batch: int):

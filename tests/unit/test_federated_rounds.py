@@ -15,7 +15,14 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Error, Message, MetricRec
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from ddnn.models.federated.records import ARRAYS, CONFIG, METRICS, from_record, to_record
+from ddnn.models.federated.records import (
+    ARRAYS,
+    CONFIG,
+    CONTROL,
+    METRICS,
+    from_record,
+    to_record,
+)
 from ddnn.models.federated.server_app import Exchange, run_rounds
 from ddnn.models.federated.settings import FederationSettings
 
@@ -520,3 +527,97 @@ def test_a_site_keeps_the_model_for_the_second_evaluation_only(tiny_bundle, tiny
         ask({}, with_weights=False)  # used once: nothing is kept any longer
     ask({}, with_weights=True)  # no stacking tables asked for: no second evaluation follows
     assert client_app.EVALUATED not in context.state
+
+
+class ScaffoldGrid(FlakyGrid):
+    """SCAFFOLD sites: 1 to 3 send control variates of 1, 2 and 3; site 4 sends
+    ``hostile(round)`` as its variate (None: none at all)."""
+
+    def __init__(self, hostile):
+        super().__init__()
+        self.hostile = hostile
+
+    def _replies(self, messages):
+        out = []
+        for msg in messages:
+            node, rnd = msg.metadata.dst_node_id, int(msg.content[CONFIG]["round"])
+            weights = from_record(msg.content[ARRAYS])
+            control = ({k: np.full_like(v, float(node)) for k, v in START.items()}
+                       if node < 4 else self.hostile(rnd))
+            content = RecordDict({ARRAYS: to_record({k: v + 0.01 for k, v in weights.items()}),
+                                  METRICS: MetricRecord({"examples": 10.0})})
+            if control is not None:
+                content[CONTROL] = to_record(control)
+            out.append(Message(content, reply_to=msg))
+        return out
+
+
+@pytest.mark.parametrize("hostile, why", [
+    (lambda rnd: {k: np.full_like(v, 1e6) for k, v in START.items()}, "is an outlier"),
+    (lambda rnd: {"w": np.ones((2, 2), np.float32)}, "does not fit the model"),
+    (lambda rnd: {k: np.full_like(v, np.nan) for k, v in START.items()}, "NaN"),
+    (lambda rnd: {"b": START["b"]}, "names differ"),
+    (lambda rnd: None, "no control variate"),
+])
+def test_scaffold_sends_the_sites_combined_control_and_refuses_a_bad_one(hostile, why, caplog):
+    caplog.set_level(logging.WARNING, "ddnn.federate")
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, scaffold=1)
+    grid = ScaffoldGrid(hostile)
+    strategy, history = run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START, [].append)
+    assert all(h["accepted"] == 3 and why in h["refused"][4] for h in history)
+    # Round 1 starts from no variate (zeros at the sites); round 2 sends the mean of 1, 2, 3.
+    first, second = grid.sent[:4], grid.sent[4:]
+    assert all(CONTROL not in m.content for m in first)
+    assert all(np.array_equal(from_record(m.content[CONTROL])["w"], np.full((4, 4), 2.0))
+               for m in second)
+    np.testing.assert_allclose(strategy.model["w"], 1.02, rtol=1e-6)  # the honest sites' steps
+    assert "refused the update of site 4" in caplog.text
+
+
+def test_scaffold_is_fedavgs_alone():
+    from ddnn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="FedAvg's"):
+        FederationSettings(bundle="b", out="o", work="w", strategy="dma", scaffold=1)
+
+
+def test_a_scaffold_site_corrects_its_steps_and_keeps_its_variate(tiny_bundle, tiny_data):
+    from flwr.app import ConfigRecord, Context, MessageType
+
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated import client_app
+    from ddnn.models.federated.weights import (
+        architecture,
+        build_model,
+        model_from_bundle,
+        model_weights,
+    )
+
+    arch = architecture(load_bundle(tiny_bundle))
+    weights = model_weights(model_from_bundle(tiny_bundle))
+    params = [n for n, _ in build_model(arch).named_parameters()]
+    context = Context(run_id=1, node_id=1, node_config={"data": str(tiny_data.train)},
+                      state=RecordDict(), run_config={})
+    config = {"arch": json.dumps(arch), "holdout": 0.25, "seed": 0, "threads": 1,
+              "strategy": "fedavg", "scaffold": 1, "epochs": 1.0, "lr": 0.01,
+              "batch-size": 32, "round": 1}
+
+    def train(control=None):
+        content = RecordDict({CONFIG: ConfigRecord(config), ARRAYS: to_record(weights)})
+        if control is not None:
+            content[CONTROL] = to_record(control)
+        msg = Message(content, dst_node_id=1, message_type=MessageType.TRAIN)
+        return client_app.train(msg, context).content
+
+    first = train()  # no variate yet on either side: plain steps
+    own = from_record(context.state[client_app.OWN_CONTROL])
+    sent = from_record(first[CONTROL])
+    assert list(sent) == params and all(np.array_equal(sent[n], own[n]) for n in params)
+    # The same round again with the sites' variate equal to its own: no correction, same steps.
+    same = train(own)
+    assert all(np.array_equal(from_record(same[ARRAYS])[n], from_record(first[ARRAYS])[n])
+               for n in params)
+    # Another variate steers the steps.
+    other = train({n: v + 1.0 for n, v in own.items()})
+    assert any(not np.array_equal(from_record(other[ARRAYS])[n], from_record(first[ARRAYS])[n])
+               for n in params)

@@ -361,24 +361,6 @@ def test_a_scaffold_correction_steers_the_steps_and_the_site_reports_its_mean_gr
     assert all((pushed.weights[k] < start[k]).all() for k in names)
 
 
-def test_a_site_can_carry_its_optimizer_state_into_the_next_round(tiny_bundle, tiny_data):
-    from ddnn.bundle import load_bundle
-    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
-    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
-
-    arch = architecture(load_bundle(tiny_bundle))
-    start = model_weights(model_from_bundle(tiny_bundle))
-    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
-    first = fit(arch, start, site, LocalTraining(epochs=1, lr=0.01), 1)
-    fresh = fit(arch, first.weights, site, LocalTraining(epochs=1, lr=0.005), 2)
-    kept = fit(arch, first.weights, site, LocalTraining(epochs=1, lr=0.005), 2,
-               optimizer=first.optimizer)
-    steps = [s["step"] for s in kept.optimizer["state"].values()]
-    assert all(float(s) == first.steps + kept.steps for s in steps)
-    assert kept.optimizer["param_groups"][0]["lr"] == 0.005
-    assert any(not np.array_equal(fresh.weights[k], kept.weights[k]) for k in start)
-
-
 def test_logit_adjustment_keeps_a_skewed_site_from_erasing_the_class_it_lacks(tiny_bundle,
                                                                                tiny_data):
     """A site without class 2 trains its exits to give class 2 no probability on anything;
