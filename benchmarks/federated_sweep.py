@@ -5,7 +5,7 @@ The round loop of ``ddnn federate`` without Flower, calibration or export: each 
 :func:`trainer.fit` from the shared weights, the server averages the replies by their example
 counts (:func:`strategy.weighted_average`), optionally with server momentum (FedAvgM) or with
 SCAFFOLD's control variates (each site's steps corrected by the sites' mean gradient of the last
-round less its own; Karimireddy et al., 2020; not in ``ddnn federate`` yet). It starts
+round less its own; Karimireddy et al., 2020; ``ddnn federate --scaffold``). It starts
 from the federated benchmark's home bundle on one seed's sites and scores every exit on a
 *tuning* field set of its own (never the benchmark's ``field-test.npz``). Usage::
 

@@ -48,11 +48,10 @@ def _correction(arch: dict, start: dict, msg: Message, context: Context) -> dict
     zeros before the first) less the site's own (kept; zeros before its first round)."""
     from ddnn.models.federated.weights import build_model
 
+    zeros = {n: np.zeros_like(start[n]) for n, _ in build_model(arch).named_parameters()}
     shared = from_record(msg.content[CONTROL]) if CONTROL in msg.content else {}
     own = from_record(context.state[OWN_CONTROL]) if OWN_CONTROL in context.state else {}
-    zero = 0.0
-    return {n: (shared.get(n, zero) - own.get(n, zero) + np.zeros_like(start[n]))
-            .astype(np.float32) for n, _ in build_model(arch).named_parameters()}
+    return {n: (shared.get(n, z) - own.get(n, z)).astype(np.float32) for n, z in zeros.items()}
 
 
 def _divergence(weights: dict, reference: dict) -> float:
