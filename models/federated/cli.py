@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from pathlib import Path
@@ -73,7 +74,8 @@ def _federation_options(p) -> None:
     p.add_argument("--aggregate", default=D.aggregate, choices=list(AGGREGATES),
                    help="how the good replies combine: mean (weighted by capped example "
                    "counts), or coordinate-wise trimmed-mean or median (robust to a hostile site)")
-    schedules = ", ".join(f"{s} {r} x {e:g}" for s, (r, e) in SCHEDULES.items())
+    schedules = ", ".join(f"{s} {r} x {e:g}" + (" with SCAFFOLD" if scaffold else "")
+                          for s, (r, e, scaffold) in SCHEDULES.items())
     p.add_argument("--rounds", type=int, default=0,
                    help=f"federated rounds (0: the strategy's own: {schedules})")
     p.add_argument("--epochs", type=float, default=0.0,
@@ -92,11 +94,12 @@ def _federation_options(p) -> None:
     p.add_argument("--server-momentum", type=float, default=D.momentum, metavar="BETA",
                    help="fedavg: the server's step keeps BETA of its last one (FedAvgM; 0: "
                    "plain FedAvg)")
-    p.add_argument("--scaffold", action="store_true",
+    p.add_argument("--scaffold", action=argparse.BooleanOptionalAction, default=None,
                    help="fedavg: SCAFFOLD's control variates correct each site's local steps by "
                    "the sites' mean gradient less its own, so several local epochs a round do "
                    "not drift toward the site's own classes (each round then carries the "
-                   "variates too: twice the bytes)")
+                   "variates too: about twice the bytes a round); default: on for fedavg, "
+                   "which dma does not take")
     p.add_argument("--holdout", type=float, default=D.holdout,
                    help="share of each site's data held out to evaluate and calibrate")
     p.add_argument("--dma-threshold", type=float, default=D.threshold,
@@ -140,7 +143,8 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         aggregate=args.aggregate,
         rounds=args.rounds, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         proximal=args.proximal, balance=args.balance, momentum=args.server_momentum,
-        scaffold=int(args.scaffold), holdout=args.holdout, seed=args.seed,
+        scaffold=-1 if args.scaffold is None else int(args.scaffold),
+        holdout=args.holdout, seed=args.seed,
         threshold=args.dma_threshold, check_steps=args.dma_check_steps,
         min_sites=args.min_sites, wait_sites=wait_sites,
         join_timeout=args.join_timeout, round_timeout=args.round_timeout,

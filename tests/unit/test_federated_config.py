@@ -40,19 +40,22 @@ def test_bad_settings_are_refused(bad):
 
 
 def test_each_strategy_has_its_own_rounds_and_epochs_unless_given():
-    """FedAvg 20 x 1, DMA 10 x 2 (each the better measured for it); a given value wins, and a
-    run config's 0 (the Flower App's default) means the strategy's own there too."""
+    """FedAvg 10 x 3 with SCAFFOLD, DMA 10 x 2 without (each the better measured for it); a
+    given value wins, and a run config's 0 or -1 (the Flower App's defaults) means the
+    strategy's own there too."""
     paths = {"bundle": "b", "out": "o", "work": "w"}
-    assert (FederationSettings(**paths).rounds, FederationSettings(**paths).epochs) == (20, 1.0)
+    fedavg = FederationSettings(**paths)
+    assert (fedavg.rounds, fedavg.epochs, fedavg.scaffold) == (10, 3.0, 1)
     dma = FederationSettings(**paths, strategy="dma")
-    assert (dma.rounds, dma.epochs) == (10, 2.0)
+    assert (dma.rounds, dma.epochs, dma.scaffold) == (10, 2.0, 0)
     assert FederationSettings(**paths, strategy="dma", rounds=3).epochs == 2.0
-    assert FederationSettings(**paths, epochs=0.5).rounds == 20
+    assert FederationSettings(**paths, epochs=0.5).rounds == 10
+    assert FederationSettings(**paths, scaffold=0).scaffold == 0
     app = deployment.app_pyproject()
-    assert "\nrounds = 0\n" in app and "\nepochs = 0.0\n" in app
+    assert all(f"\n{line}\n" in app for line in ("rounds = 0", "epochs = 0.0", "scaffold = -1"))
     from_flower = FederationSettings.from_run_config(
-        {**paths, "strategy": "dma", "rounds": 0, "epochs": 0.0})
-    assert (from_flower.rounds, from_flower.epochs) == (10, 2.0)
+        {**paths, "strategy": "dma", "rounds": 0, "epochs": 0.0, "scaffold": -1})
+    assert (from_flower.rounds, from_flower.epochs, from_flower.scaffold) == (10, 2.0, 0)
 
 
 def test_the_flower_app_validates_and_takes_our_run_config(tmp_path):

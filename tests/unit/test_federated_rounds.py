@@ -27,6 +27,8 @@ from ddnn.models.federated.server_app import Exchange, run_rounds
 from ddnn.models.federated.settings import FederationSettings
 
 START = {"w": np.ones((4, 4), np.float32), "b": np.zeros(4, np.float32)}
+# The grids below answer as plain FedAvg sites (no SCAFFOLD variate), hence scaffold=0 where a
+# test runs rounds; ScaffoldGrid answers with variates.
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +106,7 @@ class FlakyGrid(Grid):
 def test_rounds_go_on_without_the_silent_the_failing_and_the_bad_site(caplog):
     caplog.set_level(logging.WARNING, "ddnn.federate")
     # Site 3 never answers: each round waits out its (short) timeout for it.
-    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, round_timeout=0.3)
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, scaffold=0, round_timeout=0.3)
     grid = FlakyGrid()
     exchange = Exchange(grid, s, {"arch": "{}"})
     seen = []
@@ -194,7 +196,7 @@ def test_a_malformed_reply_is_refused_and_the_round_goes_on(kind, caplog):
     """Whatever one site sends, the run does not end: its reply is refused with the reason,
     logged and counted in the round's record, and the others' updates make the model."""
     reply, reason = MALFORMED[kind]
-    s = FederationSettings(bundle="b", out="o", work="w", rounds=2)
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, scaffold=0)
     grid = HostileGrid(reply)
     exchange = Exchange(grid, s, {"arch": "{}"})
     strategy, history = run_rounds(grid, s, exchange, START, lambda e: None)
@@ -239,7 +241,7 @@ def test_replies_are_pulled_until_all_came_or_the_round_timeout_passed():
 
 
 def test_fewer_good_replies_than_min_sites_leave_the_model_as_it_was():
-    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, min_sites=4)
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, scaffold=0, min_sites=4)
     grid = HostileGrid(MALFORMED["list-in-metrics"][0])
     strategy, history = run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START,
                                    lambda e: None)
