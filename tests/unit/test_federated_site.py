@@ -246,25 +246,30 @@ def test_prune_removes_the_oldest_chunks_first(tmp_path):
     assert chunks(tmp_path) == paths[2:]
 
 
+def _bundle_site(bundle, data):
+    """The bundle's architecture and weights, and a site holding ``data``'s training file."""
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated.trainer import load_site
+    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+
+    arch = architecture(load_bundle(bundle))
+    return (arch, model_weights(model_from_bundle(bundle)),
+            load_site(arch, data.train, holdout=0.25, seed=0))
+
+
 def test_fit_from_given_weights_learns_labelled_data_and_experience(tiny_bundle, tiny_data,
                                                                       tmp_path):
     import torch
 
-    from ddnn.bundle import load_bundle
     from ddnn.models.calibrate import stacking_tables
     from ddnn.models.federated.trainer import LocalTraining, evaluate, fit, load_site
     from ddnn.models.federated.weights import (
-        architecture,
         build_model,
-        model_from_bundle,
-        model_weights,
         set_weights,
     )
     from ddnn.models.train import predict
 
-    arch = architecture(load_bundle(tiny_bundle))
-    start = model_weights(model_from_bundle(tiny_bundle))
-    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    arch, start, site = _bundle_site(tiny_bundle, tiny_data)
     assert site.train.num_samples + site.holdout.num_samples == 360
     done = fit(arch, start, site, LocalTraining(epochs=1, lr=3e-3))
     assert done.examples == site.train.num_samples and done.steps == 5
@@ -302,13 +307,9 @@ def test_fit_from_given_weights_learns_labelled_data_and_experience(tiny_bundle,
 
 
 def test_stop_when_ends_local_training_at_the_first_check_that_says_so(tiny_bundle, tiny_data):
-    from ddnn.bundle import load_bundle
-    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
-    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+    from ddnn.models.federated.trainer import LocalTraining, fit
 
-    arch = architecture(load_bundle(tiny_bundle))
-    start = model_weights(model_from_bundle(tiny_bundle))
-    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    arch, start, site = _bundle_site(tiny_bundle, tiny_data)
     seen = []
     done = fit(arch, start, site, LocalTraining(epochs=3), stop_when=lambda w: seen.append(1)
                or len(seen) == 2, check_steps=2)
@@ -316,14 +317,10 @@ def test_stop_when_ends_local_training_at_the_first_check_that_says_so(tiny_bund
 
 
 def test_the_proximal_term_holds_a_site_near_the_model_it_started_from(tiny_bundle, tiny_data):
-    from ddnn.bundle import load_bundle
     from ddnn.models.federated.strategy import distance2
-    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
-    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+    from ddnn.models.federated.trainer import LocalTraining, fit
 
-    arch = architecture(load_bundle(tiny_bundle))
-    start = model_weights(model_from_bundle(tiny_bundle))
-    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    arch, start, site = _bundle_site(tiny_bundle, tiny_data)
     # The same batches and augmentation: only the proximal term differs between the runs.
     moved = {mu: distance2(fit(arch, start, site, LocalTraining(epochs=2, lr=0.01,
                                                                 proximal=mu)).weights, start)
@@ -333,18 +330,12 @@ def test_the_proximal_term_holds_a_site_near_the_model_it_started_from(tiny_bund
 
 def test_a_scaffold_correction_steers_the_steps_and_the_site_reports_its_mean_gradient(
         tiny_bundle, tiny_data):
-    from ddnn.bundle import load_bundle
-    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
+    from ddnn.models.federated.trainer import LocalTraining, fit
     from ddnn.models.federated.weights import (
-        architecture,
         build_model,
-        model_from_bundle,
-        model_weights,
     )
 
-    arch = architecture(load_bundle(tiny_bundle))
-    start = model_weights(model_from_bundle(tiny_bundle))
-    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    arch, start, site = _bundle_site(tiny_bundle, tiny_data)
     local = LocalTraining(epochs=1, lr=0.01)
     plain = fit(arch, start, site, local)
     names = [k for k, _ in build_model(arch).named_parameters() if k.startswith("cloud.")]
