@@ -169,12 +169,16 @@ def _held_out(replies: list[Reply]) -> float | None:
     return right / n if n else None
 
 
-def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, progress):
+def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, progress,
+               parameters: list[str] | None = None):
+    """The rounds; ``parameters``: the network's trainable arrays, those a SCAFFOLD control
+    variate holds (default: every array of ``initial``)."""
     from ddnn.models.federated.trainer import round_lr
 
+    options = {"scaffold": True, "parameters": parameters} if s.scaffold else {}
     strategy = make_strategy(s.strategy, initial, s.aggregate, threshold=s.threshold,
                              check_steps=s.check_steps, min_sites=s.min_sites,
-                             momentum=s.momentum, scaffold=s.scaffold)
+                             momentum=s.momentum, **options)
     history = []
     for rnd in range(1, s.rounds + 1):
         start = time.perf_counter()
@@ -355,7 +359,12 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     from ddnn.bundle import load_bundle
     from ddnn.hierarchy import UplinkCost
     from ddnn.models.federated.publish import write_federated_bundle
-    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+    from ddnn.models.federated.weights import (
+        architecture,
+        build_model,
+        model_from_bundle,
+        model_weights,
+    )
     from ddnn.versions import next_version
 
     started = time.perf_counter()
@@ -370,7 +379,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
             "threads": s.threads}
     exchange = Exchange(grid, s, base)
     wait_for_sites(grid, s.wait_sites, s.join_timeout)
-    strategy, history = run_rounds(grid, s, exchange, initial, progress)
+    parameters = [n for n, _ in build_model(arch).named_parameters()]
+    strategy, history = run_rounds(grid, s, exchange, initial, progress, parameters)
     weights = final_model(grid, strategy, exchange, s.rounds, history)
     cal, stacking, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,
                                                    UplinkCost.of(start.manifest), arch,

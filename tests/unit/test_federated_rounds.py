@@ -532,20 +532,20 @@ def test_a_site_keeps_the_model_for_the_second_evaluation_only(tiny_bundle, tiny
 
 
 class ScaffoldGrid(FlakyGrid):
-    """SCAFFOLD sites: 1 to 3 send control variates of 1, 2 and 3; site 4 sends
-    ``hostile(round)`` as its variate (None: none at all)."""
+    """SCAFFOLD sites: the honest ones send control variates of 0.1 x their node id; site
+    ``hostile`` sends ``variate(round)`` (None: none at all)."""
 
-    def __init__(self, hostile):
+    def __init__(self, variate, hostile: int = 4):
         super().__init__()
-        self.hostile = hostile
+        self.variate, self.hostile = variate, hostile
 
     def _replies(self, messages):
         out = []
         for msg in messages:
             node, rnd = msg.metadata.dst_node_id, int(msg.content[CONFIG]["round"])
             weights = from_record(msg.content[ARRAYS])
-            control = ({k: np.full_like(v, float(node)) for k, v in START.items()}
-                       if node < 4 else self.hostile(rnd))
+            control = (self.variate(rnd) if node == self.hostile
+                       else {k: np.full_like(v, 0.1 * node) for k, v in START.items()})
             content = RecordDict({ARRAYS: to_record({k: v + 0.01 for k, v in weights.items()}),
                                   METRICS: MetricRecord({"examples": 10.0})})
             if control is not None:
@@ -554,26 +554,31 @@ class ScaffoldGrid(FlakyGrid):
         return out
 
 
-@pytest.mark.parametrize("hostile, why", [
-    (lambda rnd: {k: np.full_like(v, 1e6) for k, v in START.items()}, "is an outlier"),
-    (lambda rnd: {"w": np.ones((2, 2), np.float32)}, "does not fit the model"),
-    (lambda rnd: {k: np.full_like(v, np.nan) for k, v in START.items()}, "NaN"),
-    (lambda rnd: {"b": START["b"]}, "names differ"),
-    (lambda rnd: None, "no control variate"),
+@pytest.mark.parametrize("hostile, variate, why", [
+    (4, lambda rnd: {k: np.full_like(v, 1e6) for k, v in START.items()}, "exceeds the model"),
+    (4, lambda rnd: {"w": np.ones((2, 2), np.float32), "b": START["b"]}, "does not fit"),
+    (4, lambda rnd: {k: np.full_like(v, np.nan) for k, v in START.items()}, "NaN"),
+    (4, lambda rnd: None, "no control variate"),
+    # The arrays a variate holds are the server's to name: a site that answers first with
+    # fewer (or none) cannot make the others' look wrong.
+    (1, lambda rnd: {"b": START["b"]}, "differ from the model's parameters"),
+    (1, lambda rnd: {}, "differ from the model's parameters"),
 ])
-def test_scaffold_sends_the_sites_combined_control_and_refuses_a_bad_one(hostile, why, caplog):
+def test_scaffold_sends_the_sites_combined_control_and_refuses_a_bad_one(hostile, variate, why,
+                                                                        caplog):
     caplog.set_level(logging.WARNING, "ddnn.federate")
     s = FederationSettings(bundle="b", out="o", work="w", rounds=2, scaffold=1)
-    grid = ScaffoldGrid(hostile)
+    grid = ScaffoldGrid(variate, hostile)
     strategy, history = run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START, [].append)
-    assert all(h["accepted"] == 3 and why in h["refused"][4] for h in history)
-    # Round 1 starts from no variate (zeros at the sites); round 2 sends the mean of 1, 2, 3.
+    assert all(h["accepted"] == 3 and list(h["refused"]) == [hostile] and
+               why in h["refused"][hostile] for h in history)
+    # Round 1 starts from no variate (zeros at the sites); round 2 sends the honest mean.
+    honest = np.mean([0.1 * n for n in (1, 2, 3, 4) if n != hostile])
     first, second = grid.sent[:4], grid.sent[4:]
     assert all(CONTROL not in m.content for m in first)
-    assert all(np.array_equal(from_record(m.content[CONTROL])["w"], np.full((4, 4), 2.0))
-               for m in second)
+    assert all(np.allclose(from_record(m.content[CONTROL])["w"], honest) for m in second)
     np.testing.assert_allclose(strategy.model["w"], 1.02, rtol=1e-6)  # the honest sites' steps
-    assert "refused the update of site 4" in caplog.text
+    assert f"refused the update of site {hostile}" in caplog.text
 
 
 def test_scaffold_is_fedavgs_alone():
@@ -619,7 +624,8 @@ def test_a_scaffold_site_corrects_its_steps_and_keeps_its_variate(tiny_bundle, t
     same = train(own)
     assert all(np.array_equal(from_record(same[ARRAYS])[n], from_record(first[ARRAYS])[n])
                for n in params)
-    # Another variate steers the steps.
-    other = train({n: v + 1.0 for n, v in own.items()})
-    assert any(not np.array_equal(from_record(other[ARRAYS])[n], from_record(first[ARRAYS])[n])
-               for n in params)
+    # A shared variate far above the site's own pushes every weight down: the correction is
+    # the shared variate less the site's own, added to each gradient.
+    other = train({n: v + 1e3 for n, v in own.items()})
+    trained = from_record(other[ARRAYS])
+    assert all((trained[n] < weights[n]).all() for n in params)
