@@ -43,15 +43,14 @@ def _site(context: Context, arch: dict, config):
                      seed=int(config["seed"]))
 
 
-def _correction(arch: dict, start: dict, msg: Message, context: Context) -> dict:
-    """SCAFFOLD's correction of this site's steps: the sites' combined control variate (sent;
-    zeros before the first) less the site's own (kept; zeros before its first round)."""
-    from ddnn.models.federated.weights import build_model
-
-    zeros = {n: np.zeros_like(start[n]) for n, _ in build_model(arch).named_parameters()}
+def _correction(msg: Message, context: Context) -> dict:
+    """SCAFFOLD's correction of this site's steps: the sites' combined control variate (sent
+    from the second round on) less the site's own (kept from its last round); either one
+    missing counts as zeros, so the first round is not corrected."""
     shared = from_record(msg.content[CONTROL]) if CONTROL in msg.content else {}
     own = from_record(context.state[OWN_CONTROL]) if OWN_CONTROL in context.state else {}
-    return {n: (shared.get(n, z) - own.get(n, z)).astype(np.float32) for n, z in zeros.items()}
+    return {n: np.asarray(shared.get(n, 0.0) - own.get(n, 0.0), np.float32)
+            for n in {**shared, **own}}
 
 
 def _divergence(weights: dict, reference: dict) -> float:
@@ -100,7 +99,7 @@ def train(msg: Message, context: Context) -> Message:
         metrics.update({"divergence": divergence, "violated": float(send)})
     elif bool(config.get("scaffold", False)):
         result = fit(arch, start, site, settings, rnd,
-                     correction=_correction(arch, start, msg, context))
+                     correction=_correction(msg, context))
         context.state[OWN_CONTROL] = to_record(result.gradient)
         send = True
     else:

@@ -166,26 +166,30 @@ def metrics_problem(metrics: Mapping) -> str | None:
     return None
 
 
+def form_problem(reference: Weights, update: Weights) -> str | None:
+    """A reason to refuse ``update`` outright (other arrays than ``reference``'s, in another
+    order, or of other shapes or dtypes; NaN or infinite values), or None."""
+    if list(update) != list(reference):
+        if set(update) == set(reference):
+            return "arrays are in another order than the model's"
+        missing = sorted(set(reference) - set(update))[:3]
+        extra = sorted(set(update) - set(reference))[:3]
+        return f"arrays differ from the model's (missing {missing}, unexpected {extra})"
+    for name, ref in reference.items():
+        a = update[name]
+        if a.shape != ref.shape or a.dtype != ref.dtype:
+            return f"{name} is {a.dtype}{list(a.shape)}, expected {ref.dtype}{list(ref.shape)}"
+        if not np.isfinite(a).all():
+            return f"{name} holds NaN or infinite values"
+    return None
+
+
 @dataclass(frozen=True)
 class UpdateGuard:
     """Refuses updates that would spoil the shared model; every refusal names its reason."""
 
     max_relative_update: float = MAX_RELATIVE_UPDATE
     max_norm_ratio: float = MAX_NORM_RATIO
-
-    def check_form(self, reference: Weights, update: Weights) -> str | None:
-        """A reason to refuse ``update`` outright (names, shapes, dtypes, finiteness), or None."""
-        if list(update) != list(reference):
-            missing = sorted(set(reference) - set(update))[:3]
-            extra = sorted(set(update) - set(reference))[:3]
-            return f"arrays differ from the model's (missing {missing}, unexpected {extra})"
-        for name, ref in reference.items():
-            a = update[name]
-            if a.shape != ref.shape or a.dtype != ref.dtype:
-                return f"{name} is {a.dtype}{list(a.shape)}, expected {ref.dtype}{list(ref.shape)}"
-            if not np.isfinite(a).all():
-                return f"{name} holds NaN or infinite values"
-        return None
 
     def screen(self, reference: Weights, replies: list[Reply]) -> tuple[list[Reply], dict]:
         """The replies fit to average and the refused ones with their reasons."""
@@ -194,7 +198,7 @@ class UpdateGuard:
         ref_norm = np.sqrt(squared_norm(reference))
         for r in replies:
             assert r.weights is not None
-            reason = self.check_form(reference, r.weights) or count_problem(r.examples)
+            reason = form_problem(reference, r.weights) or count_problem(r.examples)
             if reason is None:
                 step = np.sqrt(distance2(r.weights, reference))
                 if step > self.max_relative_update * ref_norm:
@@ -240,19 +244,14 @@ class Combiner:
 
 def control_problem(model: Weights, control: Weights | None, names: Iterable[str],
                     max_norm: float) -> str | None:
-    """Why a site's SCAFFOLD control variate is refused: missing, other arrays than the
-    server's list of ``names`` (the model's parameters), arrays not as the model has them,
-    NaN or infinite values, or a norm over ``max_norm``."""
+    """Why a site's SCAFFOLD control variate is refused: missing, not of the form of the
+    model's arrays named by the server's list ``names`` (the model's parameters, in order; see
+    :func:`form_problem`), or of a norm over ``max_norm``."""
     if control is None:
         return "no control variate"
-    if sorted(control) != sorted(names):
-        return "control variate arrays differ from the model's parameters"
-    for name, a in control.items():
-        ref = model[name]
-        if a.shape != ref.shape or a.dtype != ref.dtype:
-            return f"control variate {str(name)[:60]!r} does not fit the model"
-        if not np.isfinite(a).all():
-            return f"control variate {str(name)[:60]!r} holds NaN or infinite values"
+    reason = form_problem({n: model[n] for n in names}, control)
+    if reason is not None:
+        return f"control variate: {reason}"
     norm = np.sqrt(squared_norm(control))
     if norm > max_norm:
         return f"control variate norm {norm:.3g} exceeds the model's norm {max_norm:.3g}"
@@ -271,8 +270,9 @@ class FedAvg:
     ``scaffold`` is SCAFFOLD (Karimireddy et al., 2020): each site corrects its local steps by
     the sites' mean control variate less its own (its mean gradient of its last round), so
     several local epochs a round do not drift toward its own classes. The sites' variates are
-    screened as their models are (a variate whose norm is an outlier refuses the whole reply)
-    and combined by the same rule, with the same capped counts."""
+    screened as their models are (a variate whose norm is an outlier refuses the whole reply);
+    the server keeps each site's last good one and combines them all by the same rule, with
+    capped counts."""
 
     name = "fedavg"
 
@@ -289,6 +289,9 @@ class FedAvg:
         self.velocity: Weights | None = None  # the server's last step (FedAvgM)
         self.scaffold = scaffold
         self.control: Weights | None = None  # SCAFFOLD: the sites' combined variate
+        # SCAFFOLD: each site's last accepted variate and claim; a site that misses a round
+        # (silent, or refused) keeps its share of the combined variate.
+        self.site_controls: dict[int, tuple[Weights, int]] = {}
         # The arrays a variate must hold, fixed by the server, never by a reply (default:
         # every array of the model; the ServerApp names the network's parameters).
         self.parameters = tuple(parameters) if parameters is not None else tuple(self.model)
@@ -307,9 +310,11 @@ class FedAvg:
             return Outcome(refused=refused)
         combined, capped = self.combiner(rnd, good)
         self.model = self._step(combined) if self.momentum else combined
-        if self.scaffold:
-            counted = capped_counts([r.examples for r in good], self.combiner.weight_ratio)
-            self.control = combine(self.combiner.rule, [r.control for r in good], counted)
+        if self.scaffold:  # the mean over every site of its last variate, as in the paper
+            self.site_controls.update({r.node: (r.control, r.examples) for r in good})
+            kept = list(self.site_controls.values())
+            counted = capped_counts([n for _, n in kept], self.combiner.weight_ratio)
+            self.control = combine(self.combiner.rule, [c for c, _ in kept], counted)
         return Outcome(tuple(r.node for r in good), refused, "full", capped=capped)
 
     def _screen_controls(self, good: list[Reply], refused: dict[int, str]
@@ -336,6 +341,9 @@ class FedAvg:
                                  f"({norm / median:.1f} x the round's median {median:.3g})")
         for node, reason in now.items():
             log.warning("refused the update of site %s: %s", node, reason)
+        if good and all(r.control is None for r in good):
+            log.error("no site sent a SCAFFOLD control variate: a site whose ClientApp "
+                      "predates SCAFFOLD needs the federation run with --no-scaffold")
         return [r for r in good if r.node not in now], {**refused, **now}
 
     def _step(self, combined: Weights) -> Weights:

@@ -157,8 +157,10 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     """Train from ``weights`` for ``settings.epochs`` local epochs; return the new weights.
 
     ``correction`` (SCAFFOLD, Karimireddy et al., 2020: the federation's mean gradient less
-    this site's, by parameter name) is added to every raw gradient before the optimizer's step;
-    the result then carries the round's mean raw gradient, this site's next control variate."""
+    this site's, by parameter name; a name it lacks is not corrected, so ``{}`` corrects
+    nothing) is added to every raw gradient before the optimizer's step; the result then
+    carries the round's mean raw gradient of every trainable parameter, this site's next
+    control variate."""
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed * 1_000_003 + round_seed)
     model = build_model(arch)
@@ -177,8 +179,9 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     exp_order = _cycle(rng, n_exp, settings.batch_size)
     shift = (class_prior_shift(site.train, settings.balance)
              if settings.balance > 0 and n_lab else None)
-    named = [(n, p) for n, p in model.named_parameters() if n in (correction or {})]
-    fix = {n: torch.from_numpy(correction[n]) for n, _ in named} if correction else {}
+    named = ([(n, p) for n, p in model.named_parameters() if p.requires_grad]
+             if correction is not None else [])
+    fix = {n: torch.from_numpy(correction[n]) for n, _ in named if n in (correction or {})}
     summed = {n: torch.zeros_like(p) for n, p in named}
     losses, stopped, step = [], False, 0
     for step in range(1, total + 1):
@@ -189,16 +192,19 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
         if n_exp:
             loss = loss + settings.experience_weight * experience_loss(
                 model, site.experience, next(exp_order))
-        if anchor:
-            loss = loss + 0.5 * settings.proximal * sum(
-                (p - p0).square().sum() for p, p0 in anchor)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if fix:
-            for name, p in named:
-                if p.grad is not None:
-                    summed[name] += p.grad
+        for name, p in named:
+            if p.grad is not None:
+                summed[name] += p.grad
+                if name in fix:
                     p.grad += fix[name]
+        # FedProx's term mu/2 ||w - w0||^2, its gradient added by hand: it keeps this round's
+        # steps near the start, and is no part of the site's gradient (its control variate).
+        with torch.no_grad():
+            for p, p0 in anchor:
+                pull = settings.proximal * (p - p0)
+                p.grad = pull if p.grad is None else p.grad + pull
         opt.step()
         losses.append(float(loss.item()))
         checking = stop_when is not None and check_steps and step % check_steps == 0
@@ -207,7 +213,7 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
             break
     model.eval()
     gradient = ({n: (g / step).numpy().astype(np.float32) for n, g in summed.items()}
-                if fix else None)
+                if correction is not None else None)
     return FitResult(model_weights(model), site.examples, step, float(np.mean(losses)), stopped,
                      gradient)
 

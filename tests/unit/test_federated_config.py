@@ -125,3 +125,25 @@ def test_a_site_directory_of_recorded_experience_is_learnt_from_as_experience(tm
     assert site_of(str(recorded)).experience == str(recorded)
     assert site_of(str(dataset)).data == str(dataset)  # (no chunk: a dataset directory)
     assert site_of(str(tmp_path / "site.npz")).data == str(tmp_path / "site.npz")
+
+
+@pytest.mark.parametrize("flag, strategy, scaffold", [
+    ([], "fedavg", 1), (["--no-scaffold"], "fedavg", 0), (["--scaffold"], "fedavg", 1),
+    ([], "dma", 0)])
+def test_the_command_line_turns_scaffold_on_and_off(flag, strategy, scaffold):
+    from ddnn.cli import build_parser
+    from ddnn.models.federated import cli
+
+    args = build_parser().parse_args(["federate", "--bundle", "b", "--out", "o",
+                                      "--strategy", strategy, *flag])
+    assert cli._settings(args, "w").scaffold == scaffold
+
+
+def test_scaffold_under_dma_is_refused_at_the_command_line():
+    from ddnn.cli import build_parser
+    from ddnn.models.federated import cli
+
+    args = build_parser().parse_args(["federate", "--bundle", "b", "--out", "o",
+                                      "--strategy", "dma", "--scaffold"])
+    with pytest.raises(ConfigError, match="FedAvg's"):
+        cli._settings(args, "w")

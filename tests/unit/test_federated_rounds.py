@@ -535,16 +535,17 @@ class ScaffoldGrid(FlakyGrid):
     """SCAFFOLD sites: the honest ones send control variates of 0.1 x their node id; site
     ``hostile`` sends ``variate(round)`` (None: none at all)."""
 
-    def __init__(self, variate, hostile: int = 4):
+    def __init__(self, variate, hostile: int | set[int] = 4):
         super().__init__()
-        self.variate, self.hostile = variate, hostile
+        self.variate = variate
+        self.hostile = hostile if isinstance(hostile, set) else {hostile}
 
     def _replies(self, messages):
         out = []
         for msg in messages:
             node, rnd = msg.metadata.dst_node_id, int(msg.content[CONFIG]["round"])
             weights = from_record(msg.content[ARRAYS])
-            control = (self.variate(rnd) if node == self.hostile
+            control = (self.variate(rnd) if node in self.hostile
                        else {k: np.full_like(v, 0.1 * node) for k, v in START.items()})
             content = RecordDict({ARRAYS: to_record({k: v + 0.01 for k, v in weights.items()}),
                                   METRICS: MetricRecord({"examples": 10.0})})
@@ -556,13 +557,15 @@ class ScaffoldGrid(FlakyGrid):
 
 @pytest.mark.parametrize("hostile, variate, why", [
     (4, lambda rnd: {k: np.full_like(v, 1e6) for k, v in START.items()}, "exceeds the model"),
-    (4, lambda rnd: {"w": np.ones((2, 2), np.float32), "b": START["b"]}, "does not fit"),
+    (4, lambda rnd: {"w": np.ones((2, 2), np.float32), "b": START["b"]},
+     "control variate: w is float32[2, 2]"),
     (4, lambda rnd: {k: np.full_like(v, np.nan) for k, v in START.items()}, "NaN"),
     (4, lambda rnd: None, "no control variate"),
     # The arrays a variate holds are the server's to name: a site that answers first with
     # fewer (or none) cannot make the others' look wrong.
-    (1, lambda rnd: {"b": START["b"]}, "differ from the model's parameters"),
-    (1, lambda rnd: {}, "differ from the model's parameters"),
+    (1, lambda rnd: {"b": START["b"]}, "control variate: arrays differ from the model's"),
+    (1, lambda rnd: {}, "control variate: arrays differ from the model's"),
+    (4, lambda rnd: dict(reversed(list(START.items()))), "another order"),
 ])
 def test_scaffold_sends_the_sites_combined_control_and_refuses_a_bad_one(hostile, variate, why,
                                                                         caplog):
@@ -579,6 +582,25 @@ def test_scaffold_sends_the_sites_combined_control_and_refuses_a_bad_one(hostile
     assert all(np.allclose(from_record(m.content[CONTROL])["w"], honest) for m in second)
     np.testing.assert_allclose(strategy.model["w"], 1.02, rtol=1e-6)  # the honest sites' steps
     assert f"refused the update of site {hostile}" in caplog.text
+
+
+def test_a_site_that_misses_a_round_keeps_its_share_of_the_combined_variate():
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=3, scaffold=1)
+    grid = ScaffoldGrid(lambda rnd: None if rnd == 2 else
+                        {k: np.full_like(v, 0.4) for k, v in START.items()})
+    run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START, [].append)
+    third = grid.sent[8:]
+    # Site 4's round-2 reply is refused; its round-1 variate (0.4) still counts in round 3.
+    assert all(np.allclose(from_record(m.content[CONTROL])["w"], 0.25) for m in third)
+
+
+def test_sites_that_send_no_control_variate_are_told_to_run_without_scaffold(caplog):
+    caplog.set_level(logging.WARNING, "ddnn.federate")
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=1, scaffold=1)
+    grid = ScaffoldGrid(lambda rnd: None, {1, 2, 3, 4})
+    strategy, history = run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START, [].append)
+    assert history[0]["accepted"] == 0 and strategy.model["w"][0, 0] == 1.0
+    assert "--no-scaffold" in caplog.text
 
 
 def test_scaffold_is_fedavgs_alone():

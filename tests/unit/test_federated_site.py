@@ -338,11 +338,15 @@ def test_a_scaffold_correction_steers_the_steps_and_the_site_reports_its_mean_gr
     arch, start, site = _bundle_site(tiny_bundle, tiny_data)
     local = LocalTraining(epochs=1, lr=0.01)
     plain = fit(arch, start, site, local)
-    names = [k for k, _ in build_model(arch).named_parameters() if k.startswith("cloud.")]
+    params = [k for k, _ in build_model(arch).named_parameters()]
+    names = [k for k in params if k.startswith("cloud.")]
     zero = fit(arch, start, site, local, correction={k: np.zeros_like(start[k]) for k in names})
-    # A zero correction changes no step; the site's mean raw gradient comes back, by name.
-    assert plain.gradient is None and set(zero.gradient) == set(names)
-    assert all(np.array_equal(plain.weights[k], zero.weights[k]) for k in start)
+    none = fit(arch, start, site, local, correction={})
+    # A zero (or empty) correction changes no step; the site's mean raw gradient of every
+    # parameter comes back, by name.
+    assert plain.gradient is None and list(zero.gradient) == list(none.gradient) == params
+    assert all(np.array_equal(plain.weights[k], zero.weights[k]) and
+               np.array_equal(plain.weights[k], none.weights[k]) for k in start)
     assert all(zero.gradient[k].shape == start[k].shape and np.isfinite(zero.gradient[k]).all()
                and np.abs(zero.gradient[k]).sum() > 0 for k in names)
     # A correction is added to every step's gradient: one far larger than the site's own
@@ -350,6 +354,7 @@ def test_a_scaffold_correction_steers_the_steps_and_the_site_reports_its_mean_gr
     pushed = fit(arch, start, site, local, correction={k: np.full_like(start[k], 1e3)
                                                        for k in names})
     assert all((pushed.weights[k] < start[k]).all() for k in names)
+    assert any((pushed.weights[k] >= start[k]).any() for k in params if k not in names)
 
 
 def test_logit_adjustment_keeps_a_skewed_site_from_erasing_the_class_it_lacks(tiny_bundle,
