@@ -40,12 +40,12 @@ def test_bad_settings_are_refused(bad):
 
 
 def test_each_strategy_has_its_own_rounds_and_epochs_unless_given():
-    """FedAvg 10 x 3 with SCAFFOLD, DMA 10 x 2 without (each the better measured for it); a
+    """FedAvg 10 x 6 with SCAFFOLD, DMA 10 x 2 without (each the better measured for it); a
     given value wins, and a run config's 0 or -1 (the Flower App's defaults) means the
     strategy's own there too."""
     paths = {"bundle": "b", "out": "o", "work": "w"}
     fedavg = FederationSettings(**paths)
-    assert (fedavg.rounds, fedavg.epochs, fedavg.scaffold) == (10, 3.0, 1)
+    assert (fedavg.rounds, fedavg.epochs, fedavg.scaffold) == (10, 6.0, 1)
     dma = FederationSettings(**paths, strategy="dma")
     assert (dma.rounds, dma.epochs, dma.scaffold) == (10, 2.0, 0)
     assert FederationSettings(**paths, strategy="dma", rounds=3).epochs == 2.0
