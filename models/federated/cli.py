@@ -11,7 +11,7 @@ import json
 import sys
 from pathlib import Path
 
-from ddnn.models.federated.settings import SCHEDULES, FederationSettings
+from ddnn.models.federated.settings import PLAIN_FEDAVG, SCHEDULES, FederationSettings
 from ddnn.models.federated.strategy import AGGREGATES
 
 D = FederationSettings(bundle="", out="", work="")
@@ -76,6 +76,7 @@ def _federation_options(p) -> None:
                    "counts), or coordinate-wise trimmed-mean or median (robust to a hostile site)")
     schedules = ", ".join(f"{s} {r} x {e:g}" + (" with SCAFFOLD" if scaffold else "")
                           for s, (r, e, scaffold) in SCHEDULES.items())
+    schedules += " (fedavg --no-scaffold: {} x {:g})".format(*PLAIN_FEDAVG)
     p.add_argument("--rounds", type=int, default=0,
                    help=f"federated rounds (0: the strategy's own: {schedules})")
     p.add_argument("--epochs", type=float, default=0.0,

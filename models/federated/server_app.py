@@ -379,7 +379,7 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
             "threads": s.threads}
     exchange = Exchange(grid, s, base)
     wait_for_sites(grid, s.wait_sites, s.join_timeout)
-    parameters = [n for n, _ in build_model(arch).named_parameters()]
+    parameters = [n for n, p in build_model(arch).named_parameters() if p.requires_grad]
     strategy, history = run_rounds(grid, s, exchange, initial, progress, parameters)
     weights = final_model(grid, strategy, exchange, s.rounds, history)
     cal, stacking, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,

@@ -173,7 +173,7 @@ def form_problem(reference: Weights, update: Weights) -> str | None:
         if set(update) == set(reference):
             return "arrays are in another order than the model's"
         missing = sorted(set(reference) - set(update))[:3]
-        extra = sorted(set(update) - set(reference))[:3]
+        extra = [str(n)[:40] for n in sorted(set(update) - set(reference), key=str)[:3]]
         return f"arrays differ from the model's (missing {missing}, unexpected {extra})"
     for name, ref in reference.items():
         a = update[name]
@@ -247,8 +247,8 @@ def control_problem(model: Weights, control: Weights | None, names: Iterable[str
     """Why a site's SCAFFOLD control variate is refused: missing, not of the form of the
     model's arrays named by the server's list ``names`` (the model's parameters, in order; see
     :func:`form_problem`), or of a norm over ``max_norm``."""
-    if control is None:
-        return "no control variate"
+    if control is None:  # e.g. a ClientApp from before SCAFFOLD
+        return "no control variate (a site without SCAFFOLD needs the run's --no-scaffold)"
     reason = form_problem({n: model[n] for n in names}, control)
     if reason is not None:
         return f"control variate: {reason}"
@@ -271,8 +271,8 @@ class FedAvg:
     the sites' mean control variate less its own (its mean gradient of its last round), so
     several local epochs a round do not drift toward its own classes. The sites' variates are
     screened as their models are (a variate whose norm is an outlier refuses the whole reply);
-    the server keeps each site's last good one and combines them all by the same rule, with
-    capped counts."""
+    the server keeps each connected site's last good one (dropped when a reply of the site is
+    refused) and combines them all by the same rule, with capped counts."""
 
     name = "fedavg"
 
@@ -289,14 +289,20 @@ class FedAvg:
         self.velocity: Weights | None = None  # the server's last step (FedAvgM)
         self.scaffold = scaffold
         self.control: Weights | None = None  # SCAFFOLD: the sites' combined variate
-        # SCAFFOLD: each site's last accepted variate and claim; a site that misses a round
-        # (silent, or refused) keeps its share of the combined variate.
+        # SCAFFOLD: each connected site's last accepted variate and claim. A silent site keeps
+        # its share of the combined variate; a refused one, or one that left, loses it.
         self.site_controls: dict[int, tuple[Weights, int]] = {}
         # The arrays a variate must hold, fixed by the server, never by a reply (default:
         # every array of the model; the ServerApp names the network's parameters).
         self.parameters = tuple(parameters) if parameters is not None else tuple(self.model)
 
     def configure(self, rnd: int, nodes: Iterable[int]) -> dict[int, Instruction]:
+        nodes = list(nodes)
+        gone = set(self.site_controls) - set(nodes)
+        if gone:  # sites that left the federation take their variates with them
+            for node in gone:
+                del self.site_controls[node]
+            self._combine_controls()
         return {n: Instruction(self.model, control=self.control) for n in nodes}
 
     def aggregate(self, rnd: int, replies: list[Reply]) -> Outcome:
@@ -304,18 +310,29 @@ class FedAvg:
         good, refused = self.guard.screen(self.model, sent)
         if self.scaffold:
             good, refused = self._screen_controls(good, refused)
+            for node in refused:  # a refused site's earlier variate no longer speaks for it
+                self.site_controls.pop(node, None)
         if len(good) < self.min_sites:
             log.warning("round %d: %d good update(s), fewer than the %d required; the model "
                         "stays as it was", rnd, len(good), self.min_sites)
+            self._combine_controls()  # without the variates of the sites refused
             return Outcome(refused=refused)
         combined, capped = self.combiner(rnd, good)
         self.model = self._step(combined) if self.momentum else combined
-        if self.scaffold:  # the mean over every site of its last variate, as in the paper
+        if self.scaffold:
             self.site_controls.update({r.node: (r.control, r.examples) for r in good})
-            kept = list(self.site_controls.values())
-            counted = capped_counts([n for _, n in kept], self.combiner.weight_ratio)
-            self.control = combine(self.combiner.rule, [c for c, _ in kept], counted)
+        self._combine_controls()
         return Outcome(tuple(r.node for r in good), refused, "full", capped=capped)
+
+    def _combine_controls(self) -> None:
+        """The variate sent next: every connected site's last good one combined, as in the
+        paper (a site silent for a round keeps its share), or none before the first."""
+        kept = list(self.site_controls.values())
+        if not kept:
+            self.control = None
+            return
+        counted = capped_counts([n for _, n in kept], self.combiner.weight_ratio)
+        self.control = combine(self.combiner.rule, [c for c, _ in kept], counted)
 
     def _screen_controls(self, good: list[Reply], refused: dict[int, str]
                          ) -> tuple[list[Reply], dict[int, str]]:
@@ -341,9 +358,6 @@ class FedAvg:
                                  f"({norm / median:.1f} x the round's median {median:.3g})")
         for node, reason in now.items():
             log.warning("refused the update of site %s: %s", node, reason)
-        if good and all(r.control is None for r in good):
-            log.error("no site sent a SCAFFOLD control variate: a site whose ClientApp "
-                      "predates SCAFFOLD needs the federation run with --no-scaffold")
         return [r for r in good if r.node not in now], {**refused, **now}
 
     def _step(self, combined: Weights) -> Weights:

@@ -50,7 +50,9 @@ def test_each_strategy_has_its_own_rounds_and_epochs_unless_given():
     assert (dma.rounds, dma.epochs, dma.scaffold) == (10, 2.0, 0)
     assert FederationSettings(**paths, strategy="dma", rounds=3).epochs == 2.0
     assert FederationSettings(**paths, epochs=0.5).rounds == 10
-    assert FederationSettings(**paths, scaffold=0).scaffold == 0
+    plain = FederationSettings(**paths, scaffold=0)  # uncorrected: many short rounds
+    assert (plain.rounds, plain.epochs, plain.scaffold) == (20, 1.0, 0)
+    assert FederationSettings(**paths, scaffold=0, epochs=3).rounds == 20
     app = deployment.app_pyproject()
     assert all(f"\n{line}\n" in app for line in ("rounds = 0", "epochs = 0.0", "scaffold = -1"))
     from_flower = FederationSettings.from_run_config(
@@ -131,12 +133,16 @@ def test_a_site_directory_of_recorded_experience_is_learnt_from_as_experience(tm
     ([], "fedavg", 1), (["--no-scaffold"], "fedavg", 0), (["--scaffold"], "fedavg", 1),
     ([], "dma", 0)])
 def test_the_command_line_turns_scaffold_on_and_off(flag, strategy, scaffold):
+    """Each with its own schedule: FedAvg 10 x 6 corrected, 20 x 1 plain; DMA 10 x 2."""
     from ddnn.cli import build_parser
     from ddnn.models.federated import cli
 
     args = build_parser().parse_args(["federate", "--bundle", "b", "--out", "o",
                                       "--strategy", strategy, *flag])
-    assert cli._settings(args, "w").scaffold == scaffold
+    s = cli._settings(args, "w")
+    assert s.scaffold == scaffold
+    assert (s.rounds, s.epochs) == {"fedavg": [(20, 1.0), (10, 6.0)], "dma": [(10, 2.0)]}[
+        strategy][scaffold]
 
 
 def test_scaffold_under_dma_is_refused_at_the_command_line():

@@ -533,7 +533,7 @@ def test_a_site_keeps_the_model_for_the_second_evaluation_only(tiny_bundle, tiny
 
 class ScaffoldGrid(FlakyGrid):
     """SCAFFOLD sites: the honest ones send control variates of 0.1 x their node id; site
-    ``hostile`` sends ``variate(round)`` (None: none at all)."""
+    ``hostile`` sends ``variate(round)`` (None: none at all; "silent": no reply)."""
 
     def __init__(self, variate, hostile: int | set[int] = 4):
         super().__init__()
@@ -547,6 +547,8 @@ class ScaffoldGrid(FlakyGrid):
             weights = from_record(msg.content[ARRAYS])
             control = (self.variate(rnd) if node in self.hostile
                        else {k: np.full_like(v, 0.1 * node) for k, v in START.items()})
+            if isinstance(control, str) and control == "silent":
+                continue
             content = RecordDict({ARRAYS: to_record({k: v + 0.01 for k, v in weights.items()}),
                                   METRICS: MetricRecord({"examples": 10.0})})
             if control is not None:
@@ -584,14 +586,32 @@ def test_scaffold_sends_the_sites_combined_control_and_refuses_a_bad_one(hostile
     assert f"refused the update of site {hostile}" in caplog.text
 
 
-def test_a_site_that_misses_a_round_keeps_its_share_of_the_combined_variate():
-    s = FederationSettings(bundle="b", out="o", work="w", rounds=3, scaffold=1)
-    grid = ScaffoldGrid(lambda rnd: None if rnd == 2 else
+@pytest.mark.parametrize("round_2, share", [
+    ("silent", 0.25),  # its round-1 variate (0.4) still counts in round 3, as in the paper
+    (None, 0.2),  # refused: its earlier variate no longer speaks for it
+    ({"w": np.full((4, 4), np.nan, np.float32), "b": START["b"]}, 0.2)])
+def test_a_silent_site_keeps_its_share_of_the_combined_variate_and_a_refused_one_loses_it(
+        round_2, share):
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=3, scaffold=1,
+                           round_timeout=0.3)  # a silent site is waited for that long
+    grid = ScaffoldGrid(lambda rnd: round_2 if rnd == 2 else
                         {k: np.full_like(v, 0.4) for k, v in START.items()})
     run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START, [].append)
     third = grid.sent[8:]
-    # Site 4's round-2 reply is refused; its round-1 variate (0.4) still counts in round 3.
-    assert all(np.allclose(from_record(m.content[CONTROL])["w"], 0.25) for m in third)
+    assert len(third) == 4
+    assert all(np.allclose(from_record(m.content[CONTROL])["w"], share) for m in third)
+
+
+def test_a_site_that_leaves_takes_its_variate_with_it():
+    from ddnn.models.federated.strategy import FedAvg, Reply
+
+    fedavg = FedAvg(START, scaffold=True)
+    fedavg.aggregate(1, [Reply(n, START, 10, control={k: np.full_like(v, 0.1 * n)
+                                                      for k, v in START.items()})
+                         for n in (1, 2, 3, 4)])
+    assert np.allclose(fedavg.configure(2, [1, 2, 3, 4])[1].control["w"], 0.25)
+    assert np.allclose(fedavg.configure(3, [1, 2, 3])[1].control["w"], 0.2)
+    assert set(fedavg.site_controls) == {1, 2, 3}
 
 
 def test_sites_that_send_no_control_variate_are_told_to_run_without_scaffold(caplog):
@@ -600,6 +620,7 @@ def test_sites_that_send_no_control_variate_are_told_to_run_without_scaffold(cap
     grid = ScaffoldGrid(lambda rnd: None, {1, 2, 3, 4})
     strategy, history = run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START, [].append)
     assert history[0]["accepted"] == 0 and strategy.model["w"][0, 0] == 1.0
+    assert all("--no-scaffold" in why for why in history[0]["refused"].values())
     assert "--no-scaffold" in caplog.text
 
 

@@ -354,7 +354,14 @@ def test_a_scaffold_correction_steers_the_steps_and_the_site_reports_its_mean_gr
     pushed = fit(arch, start, site, local, correction={k: np.full_like(start[k], 1e3)
                                                        for k in names})
     assert all((pushed.weights[k] < start[k]).all() for k in names)
-    assert any((pushed.weights[k] >= start[k]).any() for k in params if k not in names)
+    # FedProx's pull toward the start is no part of the site's gradient: a pull this strong
+    # (its gradient, mu x the distance moved, far above the loss's) leaves the variate's size
+    # about that of the plain run.
+    pulled = fit(arch, start, site, LocalTraining(epochs=1, lr=0.01, proximal=1e5),
+                 correction={})
+    size = {r: np.sqrt(sum(float(np.square(g[k]).sum()) for k in params))
+            for r, g in (("plain", none.gradient), ("pulled", pulled.gradient))}
+    assert size["pulled"] < 3 * size["plain"]
 
 
 def test_logit_adjustment_keeps_a_skewed_site_from_erasing_the_class_it_lacks(tiny_bundle,
