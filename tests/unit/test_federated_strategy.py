@@ -55,6 +55,16 @@ def test_bad_updates_are_refused_with_a_reason_and_the_rest_averaged(bad, reason
     np.testing.assert_allclose(s.model["fc.bias"], 1.2, rtol=1e-6)
 
 
+def test_honest_steps_a_little_over_the_models_norm_are_averaged():
+    """After a drift, six local epochs moved the benchmark's model by 1.06-1.10 x its own norm
+    in the first round: a guard of 1 x refused one honest site a run."""
+    s = FedAvg(model(1.0))
+    replies = [Reply(i, model(-0.1 - 0.05 * i), 10) for i in range(3)]  # 1.1-1.2 x the norm
+    out = s.aggregate(1, replies)
+    assert out.accepted == (0, 1, 2) and not out.refused
+    np.testing.assert_allclose(s.model["fc.bias"], -0.15, rtol=1e-6)
+
+
 def test_an_outlying_norm_is_refused_against_the_rounds_median():
     s = FedAvg(model(1.0), guard=UpdateGuard(max_relative_update=100.0, max_norm_ratio=5.0))
     replies = [Reply(i, moved(model(1.0), 0.01 * (i + 1)), 10) for i in range(3)]
