@@ -19,7 +19,7 @@ EXTRAS ?= device,edge,cloud,train,federate,dev
 # Flower's `flwr` cannot start. ddnn.tools.embedded_broker finds it beside $(VENV) by this name.
 BROKER_VENV := $(VENV)-broker
 
-.PHONY: setup venv system broker demo test test-arm64 lint bench clean
+.PHONY: setup venv system broker demo test test-slow test-arm64 lint bench clean
 
 setup: venv system
 
@@ -88,8 +88,14 @@ lint: venv
 	cd build/lint && ../../$(BIN)/lint-imports --config ../../pyproject.toml
 	cd build/lint && ../../$(BIN)/mypy --config-file ../../pyproject.toml -p ddnn.edge
 
+# The suite: every test but those marked `slow` (pyproject.toml: each over about 15 s here,
+# real Flower federations, the closed loop, the demo, fresh virtual environments, the end-to-end
+# fault and OTA runs). `make test-slow` runs those; CI (.ci/run) runs both.
 test: setup lint
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow"
+
+test-slow: setup
+	$(BIN)/python -m pytest -m slow
 
 # The device agent on the boards' architecture (aarch64), in an arm64 Debian userland run
 # through qemu-user: the device's tests and a live replay against this machine's broker and edge.

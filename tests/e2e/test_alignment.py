@@ -43,6 +43,7 @@ def answered_up_to(d: Deployment) -> int:
     return max((r["frame"] for r in d.results()), default=-1)
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(400)
 def test_skewed_starts_under_load_pause_and_kill(mosquitto, tiny_bundle, stream_data, cloud_url,
                                                  tmp_path):

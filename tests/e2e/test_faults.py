@@ -41,6 +41,7 @@ def start_cloud(bundle: Path, port: int, log: Path) -> subprocess.Popen:
     return proc
 
 
+@pytest.mark.slow
 def test_cloud_stop_and_restart_degrades_then_recovers(mosquitto, tiny_bundle, stream_data,
                                                        tmp_path):
     port = free_port()
@@ -77,6 +78,7 @@ def test_cloud_stop_and_restart_degrades_then_recovers(mosquitto, tiny_bundle, s
     assert "cloud failed" in d.log("edge0") and "is back" in d.log("edge0")
 
 
+@pytest.mark.slow
 def test_edge_restart_while_devices_produce_loses_no_frame(mosquitto, tiny_bundle, stream_data,
                                                           cloud_url, tmp_path):
     thresholds = mixed_thresholds(tiny_bundle, stream_data)

@@ -27,6 +27,7 @@ from tests.support.processes import (
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Exception ignored in.*broker.log:pytest.PytestUnraisableExceptionWarning")
 
+@pytest.mark.slow
 def test_update_over_the_air_while_running(mosquitto, tiny_bundle, stream_data, tmp_path):
     key, pub = generate_keypair(tmp_path / "keys")
     repo = tmp_path / "repo"

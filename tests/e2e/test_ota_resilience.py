@@ -40,6 +40,7 @@ def start_cloud(repo, port, log, pub):
     return proc
 
 
+@pytest.mark.slow
 def test_an_update_announced_while_the_cloud_is_down_survives_an_edge_restart(
         mosquitto, tiny_bundle, stream_data, tmp_path):
     key, pub = generate_keypair(tmp_path / "keys")

@@ -76,6 +76,7 @@ def healthz(url: str) -> dict:
         return json.loads(e.read())
 
 
+@pytest.mark.slow
 def test_an_update_failing_its_health_check_is_rolled_back(mosquitto, tiny_bundle, stream_data,
                                                            tmp_path):
     key, pub = generate_keypair(tmp_path / "keys")

@@ -128,6 +128,7 @@ def check(d: Deployment, six: SixViews, offline: float) -> None:
     assert "runs ahead" in d.log("edge0")
 
 
+@pytest.mark.slow
 def test_a_device_that_joins_ahead_takes_no_frame(mosquitto, six, cloud, offline, tmp_path):
     d = deployment(tmp_path, six, mosquitto.url, cloud, "ahead1")
     try:
@@ -145,6 +146,7 @@ def test_a_device_that_joins_ahead_takes_no_frame(mosquitto, six, cloud, offline
         d.stop()
 
 
+@pytest.mark.slow
 def test_a_device_that_starts_first_takes_no_frame(mosquitto, six, cloud, offline, tmp_path):
     d = deployment(tmp_path, six, mosquitto.url, cloud, "ahead2")
     try:

@@ -14,6 +14,7 @@ from schemathesis.generation import GenerationMode  # noqa: E402
 EXAMPLES = 25  # per operation and mode: the whole document in a few seconds
 
 
+@pytest.mark.slow
 def test_generated_requests_never_get_a_5xx(cloud_tiny_url):
     schema = schemathesis.openapi.from_url(f"{cloud_tiny_url}/openapi.json")
     operations = [result.ok() for result in schema.get_all_operations()]

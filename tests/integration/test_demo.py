@@ -19,6 +19,7 @@ from tests.support.processes import child_env
 FRAMES = 120
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)  # training and replay: under 2 min idle, far more on a loaded machine
 def test_the_demo_proves_itself_on_a_small_scene(tmp_path, mosquitto):
     proc = subprocess.run(

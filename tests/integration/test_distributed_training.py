@@ -64,6 +64,7 @@ def one_process(easy_data, tmp_path_factory):
     return _train(easy_data, tmp_path_factory.mktemp("one") / "bundle")
 
 
+@pytest.mark.slow
 def test_two_gloo_processes_match_one(easy_data, one_process, tmp_path):
     one = one_process
     two = _train(easy_data, tmp_path / "two", procs=2)
@@ -74,6 +75,7 @@ def test_two_gloo_processes_match_one(easy_data, one_process, tmp_path):
     assert abs(_overall(two) - _overall(one)) <= 0.01 + 1e-9, (_overall(one), _overall(two))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("extra", [("--comm-hook", "fp16"), ("--comm-hook", "powersgd"),
                                    ("--cpu-amp",)], ids=["fp16-hook", "powersgd-hook", "bf16"])
 def test_compressed_gradients_and_bf16_keep_the_accuracy(easy_data, one_process, tmp_path,

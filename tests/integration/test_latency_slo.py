@@ -79,6 +79,7 @@ def local_exit_accuracy(bundle, data, frames: list[int]) -> float:
     return float(right[frames].mean())
 
 
+@pytest.mark.slow
 def test_a_slow_cloud_is_planned_around_and_returned_to(mosquitto, cloud_server, slo_bundle,
                                                         stream_data):
     bundle, thresholds = slo_bundle
