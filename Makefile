@@ -1,4 +1,5 @@
-# One entry point for a fresh machine: `make demo` runs the whole hierarchy, `make test` the suite.
+# One entry point for a fresh machine: `make demo` runs the whole hierarchy, `make test` the suite
+# but its slow tests (`make test-slow`).
 # Each target sets up what it needs: the virtual environment, the packages, the MQTT broker.
 
 PYTHON ?= python3

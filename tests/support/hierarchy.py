@@ -26,10 +26,12 @@ from tests.support.data import mixed
 from tests.support.polling import wait_for
 
 REPLAY_WAIT = 60.0  # seconds: whole replays through a broker take longer than other waits
-# Devices behind a gateway replay at a camera's pace. The gateway forwards each device's views
-# in batches, so one device's views can reach the edge before its peers'; replayed as fast as
-# they can, they then look to the edge's run-ahead rule like a camera over --max-fps, are held
-# and, on a loaded machine, dropped as run ahead (a test flaked so). Cameras stay under it.
+# Devices behind a gateway replay at a camera's pace. The gateway groups a frame's views from
+# every device, but sends one device's alone once its window (200 ms here) ends; replayed as
+# fast as they can, one device can get ahead, its views reach the edge with no peer active,
+# and the run-ahead rule holds them as a camera over --max-fps (240) and, on a loaded machine,
+# drops them as run ahead (a test flaked so). At 60 fps from the agreed start a device alone
+# stays under that pace. (With --max-lag-ms 0: a paced device that stalls never skips a frame.)
 GATEWAY_FPS = 60.0
 
 
@@ -55,8 +57,8 @@ class Edge:
 
 def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", deployment="it",
                 edge_url: str | None = None, start=0, limit=None, views=None,
-                prepare: Callable[[DeviceService], None] | None = None, fps: float = 0
-                ) -> list[DeviceService]:
+                prepare: Callable[[DeviceService], None] | None = None, fps: float = 0,
+                max_lag_ms: float = 500.0) -> list[DeviceService]:
     """Replay every view of ``data`` from threads (``fps`` 0: as fast as they can); returns
     when every device is done (``prepare``: called with each device before it runs)."""
     views = range(load_bundle(bundle).manifest.views) if views is None else views
@@ -65,7 +67,8 @@ def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", de
     with contextlib.ExitStack() as stack:
         services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
             bundle=bundle, view=v, broker=broker, edge_url=edge_url, deployment=deployment,
-            mode=mode, data=data, start=start, limit=limit, fps=fps, drain_timeout=30,
+            mode=mode, data=data, start=start, limit=limit, fps=fps, max_lag_ms=max_lag_ms,
+            drain_timeout=30,
             keepalive=5, reconnect_max=1, peers=tuple(f"cam{i}" for i in views),
             wait_peers=20 if broker else 0))) for v in views]
         for service in services if prepare is not None else ():
@@ -97,7 +100,7 @@ def replay(bundle: Path, data: Path, broker: str, cloud: str, *, deployment: str
                 gateway = stack.enter_context(GatewayService(GatewaySettings(
                     local=site, broker=broker, deployment=deployment, coalesce_ms=200)))
             run_devices(bundle, data, site or broker, deployment=deployment,
-                        fps=GATEWAY_FPS if site is not None else 0)
+                        fps=GATEWAY_FPS if site is not None else 0, max_lag_ms=0)
             wait_for(lambda: edge.agg.answered >= frames, REPLAY_WAIT, f"{frames} results")
     finally:
         edge.stop()

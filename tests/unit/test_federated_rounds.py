@@ -672,3 +672,19 @@ def test_a_scaffold_site_corrects_its_steps_and_keeps_its_variate(tiny_bundle, t
     other = train({n: v + 1e3 for n, v in own.items()})
     trained = from_record(other[ARRAYS])
     assert all((trained[n] < weights[n]).all() for n in params)
+
+
+def test_a_variate_over_the_models_norm_is_refused_though_such_an_update_is_not():
+    """Updates may move the model by up to 2 x its norm; a variate (a mean gradient, about a
+    third of the model's norm on the benchmark) stays bounded by 1 x: it steers every site."""
+    from ddnn.models.federated.strategy import FedAvg, Reply
+
+    norm = float(np.sqrt(sum(np.square(v).sum() for v in START.values())))  # 4.0
+    step = {k: v + 1.5 * norm / 4.0 for k, v in START.items() if k == "w"}  # 1.5 x the norm
+    model = {**START, **step}
+    big = {k: np.full_like(v, 1.5 * norm / np.sqrt(20.0)) for k, v in START.items()}
+    small = {k: np.full_like(v, 0.1) for k, v in START.items()}
+    fedavg = FedAvg(START, scaffold=True)
+    out = fedavg.aggregate(1, [Reply(1, model, 10, control=small),
+                               Reply(2, model, 10, control=big)])
+    assert out.accepted == (1,) and "control variate norm" in out.refused[2]
