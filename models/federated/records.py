@@ -26,6 +26,7 @@ STACKING, CONTROL = "stacking", "control"
 # network's 68 arrays made about 120 requests a record, a packed record a handful.
 PACKED, INDEX = "ddnn-packed", "ddnn-index"
 MAX_INDEX = 1 << 20  # bytes of index JSON (a model has a few kB)
+MAX_ARRAYS = 4096  # arrays a record may name (the network has 68)
 MAX_DIMS = 8
 KINDS = "fiub"  # float, signed and unsigned integer, bool: never objects
 
@@ -43,10 +44,15 @@ def to_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
 
 
 def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
-    """The named arrays of a record, packed (checked: a bad index or a byte count that does not
-    add up raises ``ValueError``) or one Array each."""
+    """The named arrays of a record, packed (checked: a bad index, or a byte count that does not
+    add up, raises ``ValueError``) or one Array each (as Flower's own apps send)."""
+    if len(record) > MAX_ARRAYS:
+        raise ValueError(f"{len(record)} arrays in one record, over {MAX_ARRAYS}")
     if set(record.keys()) == {INDEX, PACKED}:
-        return _unpack(record[INDEX].numpy(), record[PACKED].numpy())
+        try:
+            return _unpack(record[INDEX].numpy(), record[PACKED].numpy())
+        except (RecursionError, TypeError) as e:  # a deeply nested index, a dtype numpy rejects
+            raise ValueError(f"a packed record that does not parse ({type(e).__name__})") from e
     return {k: a.numpy() for k, a in record.items()}
 
 
@@ -56,8 +62,8 @@ def _unpack(text: np.ndarray, data: np.ndarray) -> dict[str, np.ndarray]:
     if data.dtype != np.uint8 or data.ndim != 1:
         raise ValueError("the packed data is not a byte string")
     index = json.loads(text.tobytes())
-    if not isinstance(index, list):
-        raise ValueError("the index is not a list")
+    if not isinstance(index, list) or len(index) > MAX_ARRAYS:
+        raise ValueError(f"the index is not a list of at most {MAX_ARRAYS} arrays")
     out: dict[str, np.ndarray] = {}
     offset = 0
     for entry in index:
@@ -67,8 +73,9 @@ def _unpack(text: np.ndarray, data: np.ndarray) -> dict[str, np.ndarray]:
                 and all(type(d) is int and d >= 0 for d in entry[2])):
             raise ValueError(f"bad index entry {str(entry)[:60]}")
         name, dtype, shape = entry[0], np.dtype(entry[1]), tuple(entry[2])
-        if dtype.kind not in KINDS or name in out:
-            raise ValueError(f"array {name[:40]!r}: dtype {dtype} or a repeated name")
+        if dtype.kind not in KINDS or not dtype.isnative or name in out:
+            raise ValueError(f"array {name[:40]!r}: dtype {dtype.str} (numbers in this machine's "
+                             "byte order only) or a repeated name")
         size = dtype.itemsize * math.prod(shape)  # Python ints: no overflow
         if offset + size > data.size:
             raise ValueError(f"array {name[:40]!r} runs past the packed data")

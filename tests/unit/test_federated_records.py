@@ -42,7 +42,11 @@ def _packed(index, data: bytes) -> ArrayRecord:
 @pytest.mark.parametrize("index, data, why", [
     ([["a", "<f4", [2]]], bytes(7), "runs past"),
     ([["a", "<f4", [2]]], bytes(9), "belong to no array"),
-    ([["a", "|O", [1]]], bytes(8), "dtype object"),
+    ([["a", "|O", [1]]], bytes(8), "dtype |O"),
+    ([["a", ">f4", [1]]], bytes(4), "byte order"),
+    ([["a", "no such dtype", [1]]], b"", "does not parse"),
+    (b"[" * 100_000 + b"]" * 100_000, b"", "not a list|does not parse"),
+    ([["a", "<f4", [0]]] * 5000, b"", "at most 4096"),
     ([["a", "<f4", [-1]]], b"", "bad index entry"),
     ([["a", "<f4", [1.5]]], bytes(4), "bad index entry"),
     ({"a": 1}, b"", "not a list"),
@@ -53,3 +57,16 @@ def _packed(index, data: bytes) -> ArrayRecord:
 def test_a_packed_record_that_does_not_add_up_is_refused(index, data, why):
     with pytest.raises(ValueError, match=why):
         from_record(_packed(index, data))
+
+
+def test_a_site_whose_packed_arrays_do_not_parse_is_refused_not_raised():
+    from flwr.app import MetricRecord, RecordDict
+
+    from ddnn.models.federated.records import ARRAYS, METRICS
+    from ddnn.models.federated.server_app import decode_reply
+
+    for index in ([["a", "no such dtype", [1]]], b"[" * 100_000):
+        content = RecordDict({METRICS: MetricRecord({"examples": 10.0}),
+                              ARRAYS: _packed(index, b"")})
+        reason = decode_reply(7, content)
+        assert isinstance(reason, str) and "do not decode" in reason
