@@ -58,19 +58,20 @@ class Edge:
 def run_devices(bundle: Path, data: Path, broker: str | None, *, mode="pull", deployment="it",
                 edge_url: str | None = None, start=0, limit=None, views=None,
                 prepare: Callable[[DeviceService], None] | None = None, fps: float = 0,
-                max_lag_ms: float = 500.0) -> list[DeviceService]:
+                max_lag_ms: float | None = None) -> list[DeviceService]:
     """Replay every view of ``data`` from threads (``fps`` 0: as fast as they can); returns
-    when every device is done (``prepare``: called with each device before it runs)."""
+    when every device is done (``prepare``: called with each device before it runs;
+    ``max_lag_ms`` None: the device's default)."""
+    lag = {} if max_lag_ms is None else {"max_lag_ms": max_lag_ms}
     views = range(load_bundle(bundle).manifest.views) if views is None else views
     # The devices keep the default grace (2 s): a loaded CI host can leave the edge more than
     # half a second behind them, and a shorter one let them leave before its last pulls.
     with contextlib.ExitStack() as stack:
         services = [stack.enter_context(DeviceService.from_settings(DeviceSettings(
             bundle=bundle, view=v, broker=broker, edge_url=edge_url, deployment=deployment,
-            mode=mode, data=data, start=start, limit=limit, fps=fps, max_lag_ms=max_lag_ms,
-            drain_timeout=30,
+            mode=mode, data=data, start=start, limit=limit, fps=fps, drain_timeout=30,
             keepalive=5, reconnect_max=1, peers=tuple(f"cam{i}" for i in views),
-            wait_peers=20 if broker else 0))) for v in views]
+            wait_peers=20 if broker else 0, **lag))) for v in views]
         for service in services if prepare is not None else ():
             prepare(service)
         threads = [threading.Thread(target=s.run) for s in services]
