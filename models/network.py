@@ -372,13 +372,40 @@ class DDNN(nn.Module):
             self.escalated = EscalatedCloud(cfg, self.cloud, self.detail_slots or views, classes,
                                             detail)
 
+    @staticmethod
+    def _present_outputs(dev: DeviceSegment, images: torch.Tensor, present: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+        """One view's device outputs (scores, features, detail) for the batch: only the rows
+        whose view is present go through the device; an absent row's slots are zeros, as the
+        live tiers leave them (``ddnn.runtime``). An absent camera runs nothing, so it costs a
+        training step no work (about a third of the views with view dropout) and its blank
+        image never enters the device's batch-norm statistics."""
+        if bool(present.all()):
+            return dev.outputs(images)
+        rows = present.nonzero().squeeze(1)
+        if rows.numel() == 0:  # this view absent from the whole batch: its shapes, no statistics
+            with torch.no_grad():
+                was = dev.training
+                out = dev.eval().outputs(images[:1])
+                dev.train(was)
+            # Zero gradients for every weight, so that a device unused on one process does not
+            # stall DistributedDataParallel's gradient exchange.
+            anchor = sum(w.flatten()[0] for w in dev.parameters()) * 0.0
+            return tuple(None if t is None else t.new_zeros(len(images), *t.shape[1:]) + anchor
+                         for t in out)  # type: ignore[return-value]
+        return tuple(None if t is None else t.new_zeros(len(images), *t.shape[1:])
+                     .index_copy(0, rows, t)
+                     for t in dev.outputs(images[rows]))  # type: ignore[return-value]
+
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> dict[str, torch.Tensor]:
         """x (B, V, 3, H, W), present (B, V) bool → logits of every exit.
 
-        ``device`` is (B, V, C); ``local``, ``edge``, ``cloud`` and, when the network
-        escalates, ``escalated`` (the cloud's answer with the reduced views) are (B, C).
+        ``device`` is (B, V, C), zeros in an absent view's slot; ``local``, ``edge``,
+        ``cloud`` and, when the network escalates, ``escalated`` (the cloud's answer with the
+        reduced views) are (B, C).
         """
-        outs = [dev.outputs(x[:, i]) for i, dev in enumerate(self.devices)]
+        outs = [self._present_outputs(dev, x[:, i], present[:, i])
+                for i, dev in enumerate(self.devices)]
         dev_scores = torch.stack([o[0] for o in outs], dim=1)
         dev_feats = torch.stack([o[1] for o in outs], dim=1)
         local = aggregate(dev_scores, present, self.local_op)

@@ -69,7 +69,7 @@ def test_local_exit_is_the_mean_of_device_log_probabilities():
     with torch.no_grad():
         out = model(x, present)
     dev = out["device"]
-    torch.testing.assert_close(dev.exp().sum(-1), torch.ones(dev.shape[:2]))
+    torch.testing.assert_close(dev.exp().sum(-1)[present], torch.ones(int(present.sum())))
     torch.testing.assert_close(out["local"], aggregate(dev, present, "avg"))
 
 
@@ -353,3 +353,51 @@ def test_train_refuses_a_teacher_or_curriculum_that_would_do_nothing(tmp_path, c
                  *flags])
     assert code != 0 and message in capsys.readouterr().err
     assert not (tmp_path / "b").exists()  # refused before any data is read or file written
+
+
+@pytest.mark.parametrize("kw", [{}, {"share_device_weights": False}])
+def test_an_absent_view_runs_no_device_and_leaves_zeros(kw):
+    """Only present views go through a device (as on the live tiers): a present view's outputs
+    are its device's own, an absent view's slots are zeros, and the escalation details follow."""
+    model = _model(**kw)
+    x, present = _inputs()
+    with torch.no_grad():
+        out = model(x, present)
+        for i, dev in enumerate(model.devices):
+            scores, _ = dev(x[:, i])
+            rows = present[:, i]
+            assert torch.allclose(out["device"][rows, i], scores[rows], atol=1e-6)
+            assert (out["device"][~rows, i] == 0).all()
+
+
+def test_blank_images_of_absent_views_stay_out_of_batch_norm_statistics():
+    model = _model().train()
+    reference = _model().train()
+    x, present = _inputs(b=8)
+    present[:, 3] = False  # one camera absent from the whole batch
+    x[:, 3] = 0
+    sum(v.sum() for v in model(x, present).values()).backward()
+    dev = reference.devices[0]
+    for i in range(x.shape[1]):
+        if present[:, i].any():
+            dev.outputs(x[present[:, i], i])
+    for (name, got), (_, want) in zip(model.devices[0].named_buffers(), dev.named_buffers(),
+                                      strict=True):
+        assert torch.allclose(got.float(), want.float()), name
+    assert model.devices[0].training  # the shape probe of the absent camera left its mode alone
+    assert all(p.grad is not None for p in model.devices[0].parameters() if p.requires_grad)
+
+
+def test_a_device_absent_from_a_whole_batch_still_gets_a_zero_gradient():
+    """Per-view devices: a camera missing from every sample of a batch gives its device zero
+    gradients, not none (DistributedDataParallel waits for every weight's gradient)."""
+    model = _model(share_device_weights=False).train()
+    x, present = _inputs(b=8)
+    present[:, 2] = False
+    x[:, 2] = 0
+    out = model(x, present)
+    assert (out["device"][:, 2] == 0).all()
+    sum(v.sum() for v in out.values()).backward()
+    grads = [p.grad for p in model.devices[2].parameters()]
+    assert all(g is not None and (g == 0).all() for g in grads)
+    assert any((p.grad != 0).any() for p in model.devices[0].parameters())
