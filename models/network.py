@@ -375,24 +375,23 @@ class DDNN(nn.Module):
     @staticmethod
     def _present_outputs(dev: DeviceSegment, images: torch.Tensor, present: torch.Tensor
                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-        """One view's device outputs (scores, features, detail) for the batch: only the rows
-        whose view is present go through the device; an absent row's slots are zeros, as the
-        live tiers leave them (``ddnn.runtime``). An absent camera runs nothing, so it costs a
-        training step no work (about a third of the views with view dropout) and its blank
-        image never enters the device's batch-norm statistics."""
-        if bool(present.all()):
-            return dev.outputs(images)
+        """One view's device outputs (scores, features, detail) for the batch, zeros in an
+        absent row's slots, as the live tiers leave them (``ddnn.runtime``). ``present`` is the
+        view's column on the CPU. Only the present rows go through the device: an absent camera
+        runs nothing, so it costs a training step no work (about a third of the views with view
+        dropout) and its blank image stays out of the device's batch-norm statistics."""
         rows = present.nonzero().squeeze(1)
-        if rows.numel() == 0:  # this view absent from the whole batch: its shapes, no statistics
-            with torch.no_grad():
-                was = dev.training
-                out = dev.eval().outputs(images[:1])
-                dev.train(was)
-            # Zero gradients for every weight, so that a device unused on one process does not
-            # stall DistributedDataParallel's gradient exchange.
-            anchor = sum(w.flatten()[0] for w in dev.parameters()) * 0.0
-            return tuple(None if t is None else t.new_zeros(len(images), *t.shape[1:]) + anchor
-                         for t in out)  # type: ignore[return-value]
+        if len(rows) == len(images):
+            return dev.outputs(images)
+        if len(rows) < 2:
+            # The whole batch, its absent rows zeroed: batch norm cannot train on one image
+            # (a 1x1 map of a small view), and every weight keeps a gradient, zero or not,
+            # which DistributedDataParallel requires of each process.
+            keep = present.to(images.device)
+            return tuple(None if t is None else
+                         t * keep.reshape(-1, *[1] * (t.dim() - 1)).to(t.dtype)
+                         for t in dev.outputs(images))  # type: ignore[return-value]
+        rows = rows.to(images.device)
         return tuple(None if t is None else t.new_zeros(len(images), *t.shape[1:])
                      .index_copy(0, rows, t)
                      for t in dev.outputs(images[rows]))  # type: ignore[return-value]
@@ -404,7 +403,8 @@ class DDNN(nn.Module):
         ``cloud`` and, when the network escalates, ``escalated`` (the cloud's answer with the
         reduced views) are (B, C).
         """
-        outs = [self._present_outputs(dev, x[:, i], present[:, i])
+        on_cpu = present.cpu()  # one copy, not a device sync a view
+        outs = [self._present_outputs(dev, x[:, i], on_cpu[:, i])
                 for i, dev in enumerate(self.devices)]
         dev_scores = torch.stack([o[0] for o in outs], dim=1)
         dev_feats = torch.stack([o[1] for o in outs], dim=1)
