@@ -298,11 +298,13 @@ class BundleUpdater:
     def _retry_later(self, ann: Announcement, why: str) -> None:
         self.failures += 1
         self.last_error = why
+        # Count before the log line: whoever reads the line (an operator, a test) then finds
+        # the retry in the metrics too.
+        self.hooks.on_retry(ann, why)
         if self._fetch_failures_log():
             log.warning("cannot fetch bundle %s:%s now (%s; %d failed tries); retrying with "
                         "backoff, still running %s", ann.name, ann.version, why, self.failures,
                         self.running.ref)
-        self.hooks.on_retry(ann, why)
 
     def _refuse(self, ann: Announcement | None, why: str) -> None:
         self.refused += 1
