@@ -12,7 +12,8 @@ from the federated benchmark's home bundle on one seed's sites and scores every 
     python -m ddnn.benchmarks.federated_sweep SEED_DIR HOME TUNING.npz NAME [rounds=30 ...]
 
 with the options ``rounds``, ``epochs``, ``lr``, ``proximal``, ``momentum``, ``seed``,
-``balance``, ``batch`` and ``scaffold`` (SCAFFOLD's control variates, scaled); one JSON line
+``balance``, ``batch``, ``scaffold`` (SCAFFOLD's control variates, scaled) and ``derived``
+(1: SCAFFOLD's option II, the variates derived from the models, :mod:`scaffold`); one JSON line
 per run is printed and appended to ``SEED_DIR/../sweep.jsonl``.
 The figures are in docs/federated-learning.md ("Where the gap comes from").
 """
@@ -28,7 +29,7 @@ import numpy as np
 
 OPTIONS = {"rounds": 10, "epochs": 2.0, "lr": 2e-3, "proximal": 0.0, "momentum": 0.0, "seed": 0,
            "balance": 0.0, "batch": 64,
-           "scaffold": 0}
+           "scaffold": 0, "derived": 0}
 
 
 def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
@@ -39,6 +40,7 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
     from ddnn.bundle import load_bundle
     from ddnn.dataset import load_dataset
     from ddnn.models.calibrate import fit_stacking
+    from ddnn.models.federated import scaffold
     from ddnn.models.federated.strategy import weighted_average
     from ddnn.models.federated.trainer import LocalTraining, fit, load_site, round_lr
     from ddnn.models.federated.weights import (
@@ -60,19 +62,34 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
     velocity = None
     params = {n for n, p in build_model(arch).named_parameters() if p.requires_grad}
     controls = [{n: np.zeros_like(weights[n]) for n in params} for _ in sites]  # SCAFFOLD's c_i
+    corrections: list[dict | None] = [None for _ in sites]  # option II's, from the last round
     start = time.process_time()
     for r in range(1, rounds + 1):
         local = LocalTraining(epochs=o["epochs"], lr=round_lr(o["lr"], r, rounds), seed=seed,
                               proximal=o["proximal"], balance=o["balance"],
                               batch_size=int(o["batch"]))
-        shared = (weighted_average(controls, [s.examples for s in sites])
-                  if o["scaffold"] else None)
-        replies = [fit(arch, weights, site, local, r, correction=None if shared is None else {
-            n: float(o["scaffold"]) * (shared[n] - c[n]) for n in params})
-            for site, c in zip(sites, controls, strict=True)]
-        if shared is not None:
-            controls = [x.gradient for x in replies]
-        average = weighted_average([x.weights for x in replies], [x.examples for x in replies])
+        if o["derived"]:  # option II: the corrections of the last round's models
+            replies = [fit(arch, weights, site, local, r, step_correction=c)
+                       for site, c in zip(sites, corrections, strict=True)]
+            average = weighted_average([x.weights for x in replies],
+                                       [x.examples for x in replies])
+            own = [scaffold.own_direction(weights, x.weights, x.steps * local.lr, c, params)
+                   for x, c in zip(replies, corrections, strict=True)]
+            span = scaffold.round_span([x.steps for x in replies],
+                                       [x.examples for x in replies], local.lr)
+            shared = scaffold.shared_direction(weights, average, span, params)
+            corrections = [{n: float(o["scaffold"]) * v for n, v in
+                            scaffold.step_correction(shared, d).items()} for d in own]
+        else:
+            shared = (weighted_average(controls, [s.examples for s in sites])
+                      if o["scaffold"] else None)
+            replies = [fit(arch, weights, site, local, r, correction=None if shared is None
+                           else {n: float(o["scaffold"]) * (shared[n] - c[n]) for n in params})
+                       for site, c in zip(sites, controls, strict=True)]
+            if shared is not None:
+                controls = [x.gradient for x in replies]
+            average = weighted_average([x.weights for x in replies],
+                                       [x.examples for x in replies])
         if o["momentum"]:  # FedAvgM: the server's step keeps a share of the last one
             step = {k: average[k] - weights[k] for k in weights}
             velocity = step if velocity is None else {

@@ -101,6 +101,11 @@ def _federation_options(p) -> None:
                    "not drift toward the site's own classes (each round then carries the "
                    "variates too: about twice the bytes a round); default: on for fedavg, "
                    "which dma does not take")
+    p.add_argument("--scaffold-variates", default=D.variates, choices=["sent", "derived"],
+                   help="fedavg with SCAFFOLD: sent (each site's mean gradient goes up and "
+                   "the sites' combined one down, beside the models) or derived (option II: "
+                   "each side derives them from the models it holds, so a round carries the "
+                   "models alone; default %(default)s)")
     p.add_argument("--holdout", type=float, default=D.holdout,
                    help="share of each site's data held out to evaluate and calibrate")
     p.add_argument("--dma-threshold", type=float, default=D.threshold,
@@ -145,6 +150,7 @@ def _settings(args, work: str, wait_sites: int = 1) -> FederationSettings:
         rounds=args.rounds, epochs=args.epochs, lr=args.lr, batch_size=args.batch_size,
         proximal=args.proximal, balance=args.balance, momentum=args.server_momentum,
         scaffold=-1 if args.scaffold is None else int(args.scaffold),
+        variates=args.scaffold_variates,
         holdout=args.holdout, seed=args.seed,
         threshold=args.dma_threshold, check_steps=args.dma_check_steps,
         min_sites=args.min_sites, wait_sites=wait_sites,

@@ -4,7 +4,8 @@ The SuperNode (``ddnn federate client``) names the site's data in its node confi
 (a dataset file or directory) and/or ``experience`` (a directory of recorded experience).
 Under dynamic averaging the site's own model and the last shared reference live in the run's
 ``context.state`` between rounds; under FedAvg every round starts from the shared model (and,
-under SCAFFOLD, the site keeps its control variate there).
+under SCAFFOLD, the site keeps its control variate there; with derived variates also the
+shared model its last round started from, to read the federation's step off the next one).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import logging
 
 import numpy as np
-from flwr.app import Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from ddnn.models.federated.records import (
@@ -32,6 +33,9 @@ app = ClientApp()
 MODEL, REFERENCE = "ddnn-model", "ddnn-reference"  # context.state keys (dynamic averaging)
 EVALUATED = "ddnn-evaluated"  # the final model, kept for a second evaluation
 OWN_CONTROL = "ddnn-control"  # the site's SCAFFOLD control variate, from its last round
+# SCAFFOLD with derived variates: the shared model the site's last round started from, and
+# that round's number and learning rate
+STARTED, STARTED_AT = "ddnn-started", "ddnn-started-at"
 
 
 def _site(context: Context, arch: dict, config):
@@ -51,6 +55,42 @@ def _correction(msg: Message, context: Context) -> dict:
     own = from_record(context.state[OWN_CONTROL]) if OWN_CONTROL in context.state else {}
     return {n: np.asarray(shared.get(n, 0.0) - own.get(n, 0.0), np.float32)
             for n in {**shared, **own}}
+
+
+def _derived_correction(start: dict, config, context: Context, names: list[str]
+                        ) -> dict | None:
+    """SCAFFOLD's option II correction of this round's steps: the federation's direction (the
+    shared model's last step over the span the server sends) less the site's own. None in
+    the first round, after a round this site did not run, or after one that took no model."""
+    from ddnn.models.federated import scaffold
+
+    span = float(config.get("span", 0.0))
+    if not span > 0 or STARTED_AT not in context.state or OWN_CONTROL not in context.state:
+        return None
+    last = context.state[STARTED_AT]
+    if int(last["round"]) != int(config["round"]) - 1:
+        return None
+    shared = scaffold.shared_direction(from_record(context.state[STARTED]), start,
+                                       span * float(last["lr"]), names)
+    return scaffold.step_correction(shared, from_record(context.state[OWN_CONTROL]))
+
+
+def _fit_derived(arch: dict, start: dict, site, settings, rnd: int, config, context: Context):
+    """One round of SCAFFOLD with derived variates: corrected steps, then the site keeps its
+    new direction and the model it started from; nothing but its model goes back."""
+    from ddnn.models.federated import scaffold
+    from ddnn.models.federated.trainer import fit
+    from ddnn.models.federated.weights import build_model
+
+    names = [n for n, p in build_model(arch).named_parameters() if p.requires_grad]
+    correction = _derived_correction(start, config, context, names)
+    result = fit(arch, start, site, settings, rnd, step_correction=correction)
+    own = scaffold.own_direction(start, result.weights, result.steps * settings.lr,
+                                 correction, names)
+    context.state[OWN_CONTROL] = to_record(own)
+    context.state[STARTED] = to_record(start)
+    context.state[STARTED_AT] = ConfigRecord({"round": rnd, "lr": settings.lr})
+    return result
 
 
 def _divergence(weights: dict, reference: dict) -> float:
@@ -97,6 +137,9 @@ def train(msg: Message, context: Context) -> Message:
         context.state[MODEL] = to_record(result.weights)
         send = divergence > threshold
         metrics.update({"divergence": divergence, "violated": float(send)})
+    elif bool(config.get("scaffold", False)) and config.get("variates") == "derived":
+        result = _fit_derived(arch, start, site, settings, rnd, config, context)
+        send = True
     elif bool(config.get("scaffold", False)):
         result = fit(arch, start, site, settings, rnd,
                      correction=_correction(msg, context))

@@ -175,7 +175,8 @@ def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, p
     variate holds (default: every array of ``initial``)."""
     from ddnn.models.federated.trainer import round_lr
 
-    options = {"scaffold": True, "parameters": parameters} if s.scaffold else {}
+    options = ({"scaffold": True, "parameters": parameters,
+                "derived": s.variates == "derived"} if s.scaffold else {})
     strategy = make_strategy(s.strategy, initial, s.aggregate, threshold=s.threshold,
                              check_steps=s.check_steps, min_sites=s.min_sites,
                              momentum=s.momentum, **options)
@@ -185,7 +186,8 @@ def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, p
         nodes = sorted(grid.get_node_ids())
         plan = strategy.configure(rnd, nodes)
         lr = round_lr(s.lr, rnd, s.rounds)
-        payloads = {n: (i.weights, {"reference": i.reference, "lr": lr}) for n, i in plan.items()}
+        payloads = {n: (i.weights, {"reference": i.reference, "lr": lr, "span": i.span})
+                    for n, i in plan.items()}
         answers = exchange.send(MessageType.TRAIN, rnd, payloads,
                                 {n: i.control for n, i in plan.items()})
         replies, unfit = decode_replies(rnd, answers)
@@ -374,7 +376,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     version = s.version or next_version(start.manifest.version)
     base = {"arch": json.dumps(arch), "strategy": s.strategy, "epochs": s.epochs,
             "batch-size": s.batch_size, "proximal": s.proximal,
-            "balance": s.balance, "scaffold": s.scaffold, "holdout": s.holdout,
+            "balance": s.balance, "scaffold": s.scaffold, "variates": s.variates,
+            "holdout": s.holdout,
             "seed": s.seed, "threshold": s.threshold, "check-steps": s.check_steps,
             "threads": s.threads}
     exchange = Exchange(grid, s, base)
@@ -388,7 +391,7 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     refused = sum(len(h["refused"]) for h in history)
     summary = {"strategy": s.strategy, "aggregate": s.aggregate, "rounds": s.rounds,
                "epochs": s.epochs, "lr": s.lr, "server_momentum": s.momentum,
-               "scaffold": s.scaffold,
+               "scaffold": s.scaffold, "variates": s.variates,
                "communicated_bytes": exchange.communicated,
                "bytes_down": exchange.bytes_down, "bytes_up": exchange.bytes_up,
                "refused_replies": refused, "evaluation": evaluation, "history": history}

@@ -14,6 +14,7 @@ from ddnn.errors import ConfigError
 from ddnn.models.federated.strategy import AGGREGATES, DMA_CHECK_STEPS, DMA_THRESHOLD
 
 STRATEGIES = ("fedavg", "dma")
+VARIATES = ("sent", "derived")  # SCAFFOLD's control variates: option I or option II
 # Each strategy's rounds, local epochs a round and SCAFFOLD (1: on), where the user gives none
 # (0 rounds or epochs, -1 scaffold). Measured on the non-IID benchmark's two seeds
 # (docs/federated-learning.md): FedAvg gained 2.9 and 0.8 points from 20 x 1 over 10 x 2, then
@@ -51,6 +52,10 @@ class FederationSettings:
     # fedavg: SCAFFOLD's control variates correct each site's local steps (1: on, 0: off,
     # -1: the strategy's own, SCHEDULES; resolved on construction as the rounds are)
     scaffold: int = -1
+    # SCAFFOLD's variates: "sent" (option I: each site's mean raw gradient goes up, the
+    # combined one down, beside the models) or "derived" (option II: each side derives them
+    # from the models; only a span travels; models.federated.scaffold)
+    variates: str = "sent"
     holdout: float = 0.2  # share of each site's data held out for evaluation and calibration
     seed: int = 0  # seeds the sites' splits, batches and augmentation
     threshold: float = DMA_THRESHOLD  # dma: relative squared divergence that makes a site send
@@ -94,6 +99,8 @@ class FederationSettings:
         if self.scaffold not in (0, 1):
             raise ConfigError(f"scaffold is 1 (on), 0 (off) or -1 (the strategy's own), got "
                               f"{self.scaffold}")
+        if self.variates not in VARIATES:
+            raise ConfigError(f"variates must be one of {VARIATES}, got {self.variates!r}")
         if self.scaffold and self.strategy != "fedavg":
             raise ConfigError("SCAFFOLD's control variates are FedAvg's: dma sites send no "
                               "model in most rounds")

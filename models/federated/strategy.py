@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ddnn.models.federated.scaffold import round_span
+
 log = logging.getLogger("ddnn.federate")
 
 Weights = dict[str, np.ndarray]  # a model's named float arrays, in one fixed order
@@ -58,6 +60,9 @@ class Instruction:
     weights: Weights | None  # start from these; None: continue from your own model
     reference: bool = False  # the weights are the new shared reference (DMA)
     control: Weights | None = None  # SCAFFOLD: the sites' mean control variate (None: zeros)
+    # SCAFFOLD with derived variates: the steps the last round's shared step covered, by
+    # which each site divides that step to get the federation's direction (0: none)
+    span: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -279,13 +284,17 @@ class FedAvg:
     several local epochs a round do not drift toward its own classes. The sites' variates are
     screened as their models are (a variate whose norm is an outlier refuses the whole reply);
     the server keeps each connected site's last good one (dropped when a reply of the site is
-    refused) and combines them all by the same rule, with capped counts."""
+    refused) and combines them all by the same rule, with capped counts. With ``derived``
+    (SCAFFOLD's option II, :mod:`~ddnn.models.federated.scaffold`) no variate travels: each
+    site derives its own and the federation's from the models, and the server sends only the
+    span of the last round's steps (:attr:`Instruction.span`)."""
 
     name = "fedavg"
 
     def __init__(self, initial: Weights, min_sites: int = 1, guard: UpdateGuard | None = None,
                  combiner: Combiner | None = None, momentum: float = 0.0,
-                 scaffold: bool = False, parameters: Iterable[str] | None = None):
+                 scaffold: bool = False, parameters: Iterable[str] | None = None,
+                 derived: bool = False):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"server momentum must lie in [0, 1), got {momentum}")
         self.model: Weights = {k: np.asarray(v) for k, v in initial.items()}
@@ -295,6 +304,8 @@ class FedAvg:
         self.momentum = float(momentum)
         self.velocity: Weights | None = None  # the server's last step (FedAvgM)
         self.scaffold = scaffold
+        self.derived = scaffold and derived
+        self.span = 0.0  # derived variates: the steps the last shared step covered
         self.control: Weights | None = None  # SCAFFOLD: the sites' combined variate
         # SCAFFOLD: each connected site's last accepted variate and claim. A silent site keeps
         # its share of the combined variate; a refused one, or one that left, loses it.
@@ -310,12 +321,13 @@ class FedAvg:
             for node in gone:
                 del self.site_controls[node]
             self._combine_controls()
-        return {n: Instruction(self.model, control=self.control) for n in nodes}
+        return {n: Instruction(self.model, control=self.control, span=self.span) for n in nodes}
 
     def aggregate(self, rnd: int, replies: list[Reply]) -> Outcome:
         sent = [r for r in replies if r.weights is not None]
         good, refused = self.guard.screen(self.model, sent)
-        if self.scaffold:
+        self.span = 0.0  # until a model is taken: a round that takes none corrects nothing
+        if self.scaffold and not self.derived:
             good, refused = self._screen_controls(good, refused)
             for node in refused:  # a refused site's earlier variate no longer speaks for it
                 self.site_controls.pop(node, None)
@@ -326,10 +338,23 @@ class FedAvg:
             return Outcome(refused=refused)
         combined, capped = self.combiner(rnd, good)
         self.model = self._step(combined) if self.momentum else combined
-        if self.scaffold:
+        if self.derived:
+            self.span = self._span(good, capped)
+        elif self.scaffold:
             self.site_controls.update({r.node: (r.control, r.examples) for r in good})
         self._combine_controls()
         return Outcome(tuple(r.node for r in good), refused, "full", capped=capped)
+
+    def _span(self, good: list[Reply], capped: dict[int, int]) -> float:
+        """The steps the shared step just taken covered: the sites' claimed steps, weighted
+        as their models were (capped counts for the mean, each site once for a robust rule;
+        ``scaffold.round_span`` bounds each claim), in units of the round's learning rate."""
+        steps = [max(float(r.metrics.get("steps", 1.0)), 1.0) for r in good]
+        if self.combiner.rule == "mean":
+            weights = [float(capped.get(r.node, r.examples)) for r in good]
+        else:
+            weights = [1.0] * len(good)
+        return round_span(steps, weights, 1.0)
 
     def _combine_controls(self) -> None:
         """The variate sent next: every connected site's last good one combined, as in the

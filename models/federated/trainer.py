@@ -153,14 +153,21 @@ def _labelled_loss(model: DDNN, ds: MultiViewDataset, idx: np.ndarray, s: LocalT
 
 def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
         round_seed: int = 0, stop_when: Callable[[Weights], bool] | None = None,
-        check_steps: int = 0, correction: Weights | None = None) -> FitResult:
+        check_steps: int = 0, correction: Weights | None = None,
+        step_correction: Weights | None = None) -> FitResult:
     """Train from ``weights`` for ``settings.epochs`` local epochs; return the new weights.
 
     ``correction`` (SCAFFOLD, Karimireddy et al., 2020: the federation's mean gradient less
     this site's, by parameter name; a name it lacks is not corrected, so ``{}`` corrects
     nothing) is added to every raw gradient before the optimizer's step; the result then
     carries the round's mean raw gradient of every trainable parameter, this site's next
-    control variate."""
+    control variate.
+
+    ``step_correction`` (SCAFFOLD's option II, :mod:`ddnn.models.federated.drift`: the
+    federation's mean step direction less this site's, in the optimizer's own units, by
+    parameter name) moves each parameter it names by ``-lr * correction`` after every
+    optimizer step. The site's own direction is read off the weights it ends with, so nothing
+    more comes back."""
     torch.set_num_threads(settings.threads)
     torch.manual_seed(settings.seed * 1_000_003 + round_seed)
     model = build_model(arch)
@@ -182,6 +189,8 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     named = ([(n, p) for n, p in model.named_parameters() if p.requires_grad]
              if correction is not None else [])
     fix = {n: torch.from_numpy(correction[n]) for n, _ in named if n in (correction or {})}
+    after = [(p, torch.from_numpy(step_correction[n])) for n, p in model.named_parameters()
+             if p.requires_grad and n in (step_correction or {})]
     summed = {n: torch.zeros_like(p) for n, p in named}
     losses, stopped, step = [], False, 0
     for step in range(1, total + 1):
@@ -206,6 +215,10 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
                 pull = settings.proximal * (p - p0)
                 p.grad = pull if p.grad is None else p.grad + pull
         opt.step()
+        if after:  # option II's correction, in the optimizer's units: after its step
+            with torch.no_grad():
+                for p, c in after:
+                    p.sub_(c, alpha=settings.lr)
         losses.append(float(loss.item()))
         checking = stop_when is not None and check_steps and step % check_steps == 0
         if checking and step < total and stop_when(model_weights(model)):

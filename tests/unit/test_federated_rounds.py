@@ -688,3 +688,101 @@ def test_a_variate_over_the_models_norm_is_refused_though_such_an_update_is_not(
     out = fedavg.aggregate(1, [Reply(1, model, 10, control=small),
                                Reply(2, model, 10, control=big)])
     assert out.accepted == (1,) and "control variate norm" in out.refused[2]
+
+
+class StepsGrid(FlakyGrid):
+    """Four honest sites that report the steps they ran (site n: 10 n), no variate; site 4
+    claims ``claim`` steps."""
+
+    def __init__(self, claim: float = 40.0):
+        super().__init__()
+        self.claim = claim
+
+    def _replies(self, messages):
+        out = []
+        for msg in messages:
+            node = msg.metadata.dst_node_id
+            weights = from_record(msg.content[ARRAYS])
+            steps = self.claim if node == 4 else 10.0 * node
+            content = RecordDict({ARRAYS: to_record({k: v + 0.01 for k, v in weights.items()}),
+                                  METRICS: MetricRecord({"examples": 10.0, "steps": steps})})
+            out.append(Message(content, reply_to=msg))
+        return out
+
+
+@pytest.mark.parametrize("claim, span", [  # the round's median claim: 25, 15, 25
+    (40.0, 25.0), (1.0, 0.25 * (10 + 20 + 30 + 15 / 4)), (1e12, 0.25 * (10 + 20 + 30 + 100))])
+def test_derived_variates_travel_as_a_span_alone_and_a_site_cannot_set_it(claim, span):
+    """SCAFFOLD's option II: no variate goes either way; round 2 tells each site the mean
+    steps round 1's shared step covered, each claim held within 4 x the round's median."""
+    s = FederationSettings(bundle="b", out="o", work="w", rounds=2, scaffold=1,
+                           variates="derived")
+    grid = StepsGrid(claim)
+    strategy, history = run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START, [].append)
+    assert all(h["accepted"] == 4 for h in history)
+    assert all(CONTROL not in m.content for m in grid.sent + grid.returned)
+    first, second = grid.sent[:4], grid.sent[4:]
+    assert all(float(m.content[CONFIG]["span"]) == 0.0 for m in first)
+    assert all(float(m.content[CONFIG]["span"]) == pytest.approx(span) for m in second)
+    np.testing.assert_allclose(strategy.model["w"], 1.02, rtol=1e-6)
+
+
+def test_derived_variates_leave_the_models_alone_on_the_wire():
+    arrays = {}
+    for variates in ("sent", "derived"):
+        s = FederationSettings(bundle="b", out="o", work="w", rounds=3, scaffold=1,
+                               variates=variates)
+        grid = (ScaffoldGrid(lambda rnd: {k: np.full_like(v, 0.1) for k, v in START.items()})
+                if variates == "sent" else StepsGrid())
+        run_rounds(grid, s, Exchange(grid, s, {"arch": "{}"}), START, [].append)
+        arrays[variates] = sum(sum(v.nbytes for v in from_record(m.content[name]).values())
+                               for m in grid.sent + grid.returned for name in (ARRAYS, CONTROL)
+                               if name in m.content)
+    # Option I: a variate beside every model but round 1's downloads (11 models' worth a site
+    # over 3 rounds); option II: the models alone (6).
+    model = sum(v.nbytes for v in START.values())
+    assert (arrays["sent"], arrays["derived"]) == (4 * 11 * model, 4 * 6 * model)
+
+
+def test_a_derived_variate_site_reads_the_federations_step_off_the_model_it_is_sent(
+        tiny_bundle, tiny_data):
+    from flwr.app import Context, MessageType
+
+    from ddnn.bundle import load_bundle
+    from ddnn.models.federated import client_app
+    from ddnn.models.federated.trainer import LocalTraining, fit, load_site
+    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+
+    arch = architecture(load_bundle(tiny_bundle))
+    weights = model_weights(model_from_bundle(tiny_bundle))
+    context = Context(run_id=1, node_id=1, node_config={"data": str(tiny_data.train)},
+                      state=RecordDict(), run_config={})
+    config = {"arch": json.dumps(arch), "holdout": 0.25, "seed": 0, "threads": 1,
+              "strategy": "fedavg", "scaffold": 1, "variates": "derived", "epochs": 1.0,
+              "lr": 0.01, "batch-size": 32}
+    site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
+    local = LocalTraining(epochs=1.0, lr=0.01, batch_size=32)
+
+    def train(start, rnd, span):
+        content = RecordDict({CONFIG: ConfigRecord({**config, "round": rnd, "span": span}),
+                              ARRAYS: to_record(start)})
+        reply = client_app.train(Message(content, dst_node_id=1,
+                                         message_type=MessageType.TRAIN), context).content
+        assert CONTROL not in reply  # nothing but the model goes back
+        return from_record(reply[ARRAYS]), int(reply[METRICS]["steps"])
+
+    def same(a, b, atol=0.0):
+        return all(np.allclose(a[k], b[k], rtol=0, atol=atol) for k in a)
+
+    first, steps = train(weights, 1, 0.0)  # round 1: nothing to correct by
+    assert same(first, fit(arch, weights, site, local, 1).weights)
+    # A site alone in its federation: the shared step is its own, so it corrects nothing.
+    alone, _ = train(first, 2, float(steps))
+    assert same(alone, fit(arch, first, site, local, 2).weights, atol=1e-5)
+    # Sent a model the others moved elsewhere, it steers toward where they went.
+    moved = {k: (v + 0.05 if v.dtype.kind == "f" else v) for k, v in alone.items()}
+    steered, _ = train(moved, 3, float(steps))
+    assert not same(steered, fit(arch, moved, site, local, 3).weights, atol=1e-3)
+    # After a round it did not run (round 4 missed), it runs uncorrected.
+    late, _ = train(steered, 5, float(steps))
+    assert same(late, fit(arch, steered, site, local, 5).weights)
