@@ -174,6 +174,7 @@ def query(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """Federated evaluation of the final model: held-out results, calibration tables and, for
     stacked exits when the server asks, the tables that refit their weights."""
+    from ddnn.models.federated.calibration import narrow_counts
     from ddnn.models.federated.trainer import evaluate as measure
 
     config = msg.content[CONFIG]
@@ -197,7 +198,7 @@ def evaluate(msg: Message, context: Context) -> Message:
                        int(config["grid"]), int(config["threads"]),
                        with_stacking_tables=bool(config.get("stacking-tables", False)))
         content[METRICS] = MetricRecord(held.correct)
-        content[COUNTS] = to_record(held.counts)
+        content[COUNTS] = to_record(narrow_counts(held.counts))
         if held.stacking_tables is not None:
             content[STACKING] = to_record(held.stacking_tables)
     return Message(content, reply_to=msg)

@@ -101,6 +101,9 @@ class FederationSettings:
                               f"{self.scaffold}")
         if self.variates not in VARIATES:
             raise ConfigError(f"variates must be one of {VARIATES}, got {self.variates!r}")
+        if self.variates == "derived" and not self.scaffold:
+            raise ConfigError("derived variates are SCAFFOLD's: drop --no-scaffold (FedAvg) "
+                              "or --scaffold-variates derived")
         if self.scaffold and self.strategy != "fedavg":
             raise ConfigError("SCAFFOLD's control variates are FedAvg's: dma sites send no "
                               "model in most rounds")

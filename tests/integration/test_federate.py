@@ -211,8 +211,9 @@ def test_a_flower_user_runs_the_app_with_flwr_run_on_their_own_superlink(sites, 
         "insecure = true\n")
     env = {**flower.flower_env(home), "OMP_NUM_THREADS": "1"}
     flwr = [str(Path(sys.executable).parent / "flwr")]
-    config = (f'bundle="{start}" out="{out}" work="{work}" wait-sites=2 rounds=1 epochs=1 '
-              'batch-size=32')
+    # Two rounds of SCAFFOLD with derived variates: the second runs corrected, over Flower.
+    config = (f'bundle="{start}" out="{out}" work="{work}" wait-sites=2 rounds=2 epochs=1 '
+              'batch-size=32 variates="derived"')
     with flower.superlink(tmp_path / "link", "127.0.0.1", port, tmp_path / "link.log") as link:
         flower.wait_http(f"127.0.0.1:{port}", link, timeout=60)
         nodes = [flower.supernode(tmp_path / f"node{i}", f"127.0.0.1:{port}", free_port(),
@@ -242,7 +243,9 @@ def test_a_flower_user_runs_the_app_with_flwr_run_on_their_own_superlink(sites, 
                 node.stop()
     bundle = load_bundle(out)
     assert bundle.manifest.version == "1.10"
-    assert bundle.manifest.training["federation"]["rounds"] == 1
+    federation = bundle.manifest.training["federation"]
+    assert (federation["rounds"], federation["variates"]) == (2, "derived")
+    assert [h["accepted"] for h in federation["history"]] == [2, 2]
 
 
 def _federate(start: Path, sites: list[Path], out: Path, *extra: str,

@@ -153,3 +153,21 @@ def test_scaffold_under_dma_is_refused_at_the_command_line():
                                       "--strategy", "dma", "--scaffold"])
     with pytest.raises(ConfigError, match="FedAvg's"):
         cli._settings(args, "w")
+
+
+@pytest.mark.parametrize("flags, variates, why", [
+    ([], "sent", None), (["--scaffold-variates", "derived"], "derived", None),
+    (["--scaffold-variates", "derived", "--no-scaffold"], None, "SCAFFOLD's"),
+    (["--scaffold-variates", "derived", "--strategy", "dma"], None, "SCAFFOLD's")])
+def test_the_command_line_chooses_how_scaffolds_variates_travel(flags, variates, why):
+    from ddnn.cli import build_parser
+    from ddnn.models.federated import cli
+
+    args = build_parser().parse_args(["federate", "--bundle", "b", "--out", "o", *flags])
+    if why is None:
+        s = cli._settings(args, "w")
+        assert (s.variates, s.scaffold, s.rounds, s.epochs) == (variates, 1, 10, 6.0)
+        assert FederationSettings.from_run_config(s.run_config()).variates == variates
+    else:
+        with pytest.raises(ConfigError, match=why):
+            cli._settings(args, "w")

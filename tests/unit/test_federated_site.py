@@ -20,6 +20,7 @@ from ddnn.models.federated.calibration import (
     calibrate_counts,
     counts_problem,
     exit_counts,
+    narrow_counts,
 )
 
 
@@ -124,6 +125,31 @@ def test_summed_site_tables_of_an_escalating_bundle_choose_the_level_central_cal
     level0 = {k: v for k, v in pooled.items() if k not in ("escalated", "detail_bytes")}
     assert mixed.point == calibrate(level0, labels, present, ESCALATING, tolerance, grid=51).point
     assert set(mixed.curve["level"]) == {0}
+
+
+def test_narrowed_tables_travel_in_a_byte_a_count_and_choose_what_the_full_ones_do():
+    """A site sends its tables in the narrowest unsigned type that holds them; the server adds
+    them in int64 (sums over sites of uint8 tables would wrap) and decides the same."""
+    rng = np.random.default_rng(5)
+    sites = [_escalating(rng, n) for n in (200, 250, 61)]
+    full = [exit_counts(e, y, p, 51) for e, y, p in sites]
+    narrow = [narrow_counts(c) for c in full]
+    for wide, small in zip(full, narrow, strict=True):
+        assert all(np.array_equal(wide[k], small[k]) for k in wide)
+        assert all(counts_problem(small, 51, 3, 384) is None for small in narrow)
+    assert {narrow[0][k].dtype for k in ("correct", "agree_cloud", "edge_exits")} == {
+        np.dtype(np.uint8)}
+    assert narrow[0]["details_1"].dtype == np.uint32  # bytes: a few hundred a frame
+    total = add_counts(narrow)
+    assert int(total["samples"][0]) == 511 and total["correct"].dtype == np.int64
+    assert all(np.array_equal(total[k], add_counts(full)[k]) for k in total)
+    assert (calibrate_counts(total, ESCALATING, 0.0).point
+            == calibrate_counts(add_counts(full), ESCALATING, 0.0).point)
+    size = {n: sum(a.nbytes for a in t.values()) for n, t in (("full", full[0]),
+                                                             ("narrow", narrow[0]))}
+    assert size["narrow"] < size["full"] / 4
+    with pytest.raises(ValueError, match="none negative"):
+        narrow_counts({"samples": np.array([-1])})
 
 
 @pytest.mark.parametrize(("change", "why"), [
