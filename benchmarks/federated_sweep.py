@@ -53,6 +53,8 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
     from ddnn.models.train import predict
 
     o = {**OPTIONS, **options}
+    if o["derived"] and not o["scaffold"]:
+        raise ValueError("derived=1 derives SCAFFOLD's variates: give scaffold=1 (its scale)")
     rounds, seed = int(o["rounds"]), int(o["seed"])
     arch = architecture(load_bundle(home))
     weights = model_weights(model_from_bundle(home))
@@ -75,8 +77,8 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
                                        [x.examples for x in replies])
             own = [scaffold.own_direction(weights, x.weights, x.steps * local.lr, c, params)
                    for x, c in zip(replies, corrections, strict=True)]
-            span = scaffold.round_span([x.steps for x in replies],
-                                       [x.examples for x in replies], local.lr)
+            span = local.lr * scaffold.round_span([x.steps for x in replies],
+                                                  [x.examples for x in replies])
             shared = scaffold.shared_direction(weights, average, span, params)
             corrections = [{n: float(o["scaffold"]) * v for n, v in
                             scaffold.step_correction(shared, d).items()} for d in own]

@@ -11,7 +11,12 @@ import json
 import sys
 from pathlib import Path
 
-from ddnn.models.federated.settings import PLAIN_FEDAVG, SCHEDULES, FederationSettings
+from ddnn.models.federated.settings import (
+    PLAIN_FEDAVG,
+    SCHEDULES,
+    VARIATES,
+    FederationSettings,
+)
 from ddnn.models.federated.strategy import AGGREGATES
 
 D = FederationSettings(bundle="", out="", work="")
@@ -98,10 +103,10 @@ def _federation_options(p) -> None:
     p.add_argument("--scaffold", action=argparse.BooleanOptionalAction, default=None,
                    help="fedavg: SCAFFOLD's control variates correct each site's local steps by "
                    "the sites' mean gradient less its own, so several local epochs a round do "
-                   "not drift toward the site's own classes (each round then carries the "
-                   "variates too: about twice the bytes a round); default: on for fedavg, "
-                   "which dma does not take")
-    p.add_argument("--scaffold-variates", default=D.variates, choices=["sent", "derived"],
+                   "not drift toward the site's own classes (with the variates sent, each "
+                   "round carries them too: about twice the bytes a round); default: on for "
+                   "fedavg, which dma does not take")
+    p.add_argument("--scaffold-variates", default=D.variates, choices=list(VARIATES),
                    help="fedavg with SCAFFOLD: sent (each site's mean gradient goes up and "
                    "the sites' combined one down, beside the models) or derived (option II: "
                    "each side derives them from the models it holds, so a round carries the "

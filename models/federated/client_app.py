@@ -65,7 +65,9 @@ def _derived_correction(start: dict, config, context: Context, names: list[str]
     from ddnn.models.federated import scaffold
 
     span = float(config.get("span", 0.0))
-    if not span > 0 or STARTED_AT not in context.state or OWN_CONTROL not in context.state:
+    if not 0 < span < float("inf"):  # no model taken last round (0), or a span not to be had
+        return None
+    if STARTED_AT not in context.state or OWN_CONTROL not in context.state:
         return None
     last = context.state[STARTED_AT]
     if int(last["round"]) != int(config["round"]) - 1:

@@ -3,15 +3,20 @@
 
 Option II sets a site's new control variate to its mean *uncorrected* step direction over the
 round it just ran, ``c_i = (x - y_i) / H_i - (c - c_i_old)``, where ``x`` is the shared model
-the round started from, ``y_i`` the site's result and ``H_i`` the sum of the learning rates of
-its steps (steps x lr: the rate is constant within a round). With every site answering, the
-federation's variate, the weighted mean of the sites', is then the shared model's own step
-divided by the span the round's steps covered: ``c = (x - x_new) / H``. Both sides already
-hold what that takes: a site keeps ``x`` and its ``c_i``; the server sends ``x_new`` and the
-scalar ``H``. So the correction costs no variate in either direction, where option I (the mean
-raw gradient as the variate, sent up and the combined one sent down) doubles a round's bytes;
-and no site can steer the others' steps with a variate of its own making: its only lever is
-its model, which the update guard screens and the aggregate bounds.
+the round started from, ``y_i`` the site's result and ``H_i`` its span: its steps x the
+round's learning rate (constant within a round). With every site answering and the models
+averaged with weights ``w_i``, the federation's variate, the mean of the sites' weighted by
+``w_i H_i`` (weight x steps: the weighting under which the corrections cancel in the average),
+is the shared model's own step over the mean span: ``c = (x - x_new) / H``,
+``H = sum(w_i H_i) / sum(w_i)``. Both sides already hold what that takes: a site keeps ``x``,
+its ``c_i`` and its last learning rate; the server sends ``x_new`` and the mean steps, one
+number. So the correction costs no variate in either direction, where option I (the mean raw
+gradient as the variate, sent up and the combined one sent down) doubles a round's bytes; and
+no site can send the others a variate of its own making: its levers are its model, which the
+update guard screens and the aggregate bounds, and its claimed steps, held within what its
+(capped) example count can take and within a factor of the round's median claim. Under a
+robust rule (trimmed mean, median) the shared model's step is no weighted mean, and ``c`` is
+the robust step's direction: an approximation.
 
 The directions are in the units of the optimizer's step (Adam's normalised step, per unit of
 learning rate), so the correction applies after each optimizer step (``trainer.fit``'s
@@ -22,6 +27,7 @@ Pure numpy: the site's ClientApp, the server's round driver and the tuning sweep
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 import numpy as np
@@ -66,13 +72,25 @@ def step_correction(shared: Mapping[str, np.ndarray], own: Mapping[str, np.ndarr
     return {n: np.asarray(shared[n] - own[n], np.float32) for n in own}
 
 
-def round_span(steps: list[float], weights: list[float], lr: float,
+def most_steps(examples: float, epochs: float, batch_size: int) -> int:
+    """The most local steps a site of ``examples`` examples runs in a round of ``epochs``
+    (``trainer.fit``: an epoch is a pass over the larger of its labelled data and its
+    experience, which together are its example count)."""
+    return max(1, round(epochs * math.ceil(max(examples, 1) / batch_size)))
+
+
+def round_span(steps: list[float], weights: list[float], bounds: list[float] | None = None,
                ratio: float = STEP_RATIO) -> float:
-    """The span ``H`` of a round the server sends with the next model: the sites' steps x lr,
-    averaged with the weights their models were averaged with, each claim of steps held within
-    ``[median / ratio, median * ratio]`` of the round's claims (0 when no model was taken)."""
+    """The mean steps ``H`` of a round's shared step, which the server sends with the next
+    model: the sites' claimed steps averaged with the weights their models were averaged with,
+    each claim first held within [1, its bound] (``bounds``: :func:`most_steps` of the site's
+    capped example count) and then within ``[median / ratio, median * ratio]`` of the round's
+    claims so held (0 when no model was taken). A site cannot inflate its claim past what its
+    counted examples allow, nor, from three sites, deflate it past a quarter of the median."""
     if not steps or sum(weights) <= 0:
         return 0.0
+    if bounds is not None:
+        steps = [min(max(s, 1.0), b) for s, b in zip(steps, bounds, strict=True)]
     median = float(np.median(steps))
     held = [min(max(s, median / ratio), median * ratio) for s in steps]
-    return lr * float(np.dot(held, weights) / sum(weights))
+    return float(np.dot(held, weights) / sum(weights))

@@ -175,8 +175,8 @@ def run_rounds(grid: Grid, s: FederationSettings, exchange: Exchange, initial, p
     variate holds (default: every array of ``initial``)."""
     from ddnn.models.federated.trainer import round_lr
 
-    options = ({"scaffold": True, "parameters": parameters,
-                "derived": s.variates == "derived"} if s.scaffold else {})
+    options = ({"scaffold": True, "parameters": parameters, "derived": s.variates == "derived",
+                "local_steps": (s.epochs, s.batch_size)} if s.scaffold else {})
     strategy = make_strategy(s.strategy, initial, s.aggregate, threshold=s.threshold,
                              check_steps=s.check_steps, min_sites=s.min_sites,
                              momentum=s.momentum, **options)

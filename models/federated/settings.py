@@ -102,8 +102,12 @@ class FederationSettings:
         if self.variates not in VARIATES:
             raise ConfigError(f"variates must be one of {VARIATES}, got {self.variates!r}")
         if self.variates == "derived" and not self.scaffold:
-            raise ConfigError("derived variates are SCAFFOLD's: drop --no-scaffold (FedAvg) "
-                              "or --scaffold-variates derived")
+            raise ConfigError("derived variates are SCAFFOLD's, which FedAvg alone runs (its "
+                              "default): drop --scaffold-variates derived, or run FedAvg with "
+                              "SCAFFOLD")
+        if self.variates == "derived" and self.momentum:
+            raise ConfigError("derived variates read the shared model's step, which server "
+                              "momentum would carry into every site's correction: drop one")
         if self.scaffold and self.strategy != "fedavg":
             raise ConfigError("SCAFFOLD's control variates are FedAvg's: dma sites send no "
                               "model in most rounds")

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ddnn.models.federated.scaffold import round_span
+from ddnn.models.federated.scaffold import most_steps, round_span
 
 log = logging.getLogger("ddnn.federate")
 
@@ -294,7 +294,7 @@ class FedAvg:
     def __init__(self, initial: Weights, min_sites: int = 1, guard: UpdateGuard | None = None,
                  combiner: Combiner | None = None, momentum: float = 0.0,
                  scaffold: bool = False, parameters: Iterable[str] | None = None,
-                 derived: bool = False):
+                 derived: bool = False, local_steps: tuple[float, int] | None = None):
         if not 0.0 <= momentum < 1.0:
             raise ValueError(f"server momentum must lie in [0, 1), got {momentum}")
         self.model: Weights = {k: np.asarray(v) for k, v in initial.items()}
@@ -305,6 +305,12 @@ class FedAvg:
         self.velocity: Weights | None = None  # the server's last step (FedAvgM)
         self.scaffold = scaffold
         self.derived = scaffold and derived
+        if self.derived and self.momentum:  # the shared step would carry the server's velocity
+            raise ValueError("derived variates read the averaged step; server momentum "
+                             "would count in every site's correction")
+        # Derived variates: the sites' local epochs and batch size, which bound the steps a
+        # site's example count lets it claim (None: no bound but the median's)
+        self.local_steps = local_steps
         self.span = 0.0  # derived variates: the steps the last shared step covered
         self.control: Weights | None = None  # SCAFFOLD: the sites' combined variate
         # SCAFFOLD: each connected site's last accepted variate and claim. A silent site keeps
@@ -339,22 +345,24 @@ class FedAvg:
         combined, capped = self.combiner(rnd, good)
         self.model = self._step(combined) if self.momentum else combined
         if self.derived:
-            self.span = self._span(good, capped)
+            self.span = self._span(good)
         elif self.scaffold:
             self.site_controls.update({r.node: (r.control, r.examples) for r in good})
         self._combine_controls()
         return Outcome(tuple(r.node for r in good), refused, "full", capped=capped)
 
-    def _span(self, good: list[Reply], capped: dict[int, int]) -> float:
-        """The steps the shared step just taken covered: the sites' claimed steps, weighted
-        as their models were (capped counts for the mean, each site once for a robust rule;
-        ``scaffold.round_span`` bounds each claim), in units of the round's learning rate."""
-        steps = [max(float(r.metrics.get("steps", 1.0)), 1.0) for r in good]
-        if self.combiner.rule == "mean":
-            weights = [float(capped.get(r.node, r.examples)) for r in good]
-        else:
-            weights = [1.0] * len(good)
-        return round_span(steps, weights, 1.0)
+    def _span(self, good: list[Reply]) -> float:
+        """The mean steps the shared step just taken covered (``scaffold.round_span``): the
+        sites' claimed steps, each within what its capped example count allows, weighted as
+        their models were (capped counts for the mean, each site once for a robust rule). A
+        reply that claims no steps counts as the most its examples allow."""
+        counted = capped_counts([r.examples for r in good], self.combiner.weight_ratio)
+        bounds = ([float(most_steps(n, *self.local_steps)) for n in counted]
+                  if self.local_steps is not None else None)
+        steps = [float(r.metrics.get("steps", bounds[i] if bounds else 1.0))
+                 for i, r in enumerate(good)]
+        weights = counted if self.combiner.rule == "mean" else [1.0] * len(good)
+        return round_span(steps, weights, bounds)
 
     def _combine_controls(self) -> None:
         """The variate sent next: every connected site's last good one combined, as in the

@@ -163,7 +163,7 @@ def fit(arch: dict, weights: Weights, site: SiteData, settings: LocalTraining,
     carries the round's mean raw gradient of every trainable parameter, this site's next
     control variate.
 
-    ``step_correction`` (SCAFFOLD's option II, :mod:`ddnn.models.federated.drift`: the
+    ``step_correction`` (SCAFFOLD's option II, :mod:`ddnn.models.federated.scaffold`: the
     federation's mean step direction less this site's, in the optimizer's own units, by
     parameter name) moves each parameter it names by ``-lr * correction`` after every
     optimizer step. The site's own direction is read off the weights it ends with, so nothing

@@ -157,8 +157,9 @@ def test_scaffold_under_dma_is_refused_at_the_command_line():
 
 @pytest.mark.parametrize("flags, variates, why", [
     ([], "sent", None), (["--scaffold-variates", "derived"], "derived", None),
-    (["--scaffold-variates", "derived", "--no-scaffold"], None, "SCAFFOLD's"),
-    (["--scaffold-variates", "derived", "--strategy", "dma"], None, "SCAFFOLD's")])
+    (["--scaffold-variates", "derived", "--no-scaffold"], None, "FedAvg alone runs"),
+    (["--scaffold-variates", "derived", "--strategy", "dma"], None, "FedAvg alone runs"),
+    (["--scaffold-variates", "derived", "--server-momentum", "0.5"], None, "server momentum")])
 def test_the_command_line_chooses_how_scaffolds_variates_travel(flags, variates, why):
     from ddnn.cli import build_parser
     from ddnn.models.federated import cli

@@ -691,8 +691,8 @@ def test_a_variate_over_the_models_norm_is_refused_though_such_an_update_is_not(
 
 
 class StepsGrid(FlakyGrid):
-    """Four honest sites that report the steps they ran (site n: 10 n), no variate; site 4
-    claims ``claim`` steps."""
+    """Four sites of 640 examples (at most 60 steps in a round of 6 epochs of 64) that
+    report the steps they ran (site n: 10 n), no variate; site 4 claims ``claim`` steps."""
 
     def __init__(self, claim: float = 40.0):
         super().__init__()
@@ -705,16 +705,17 @@ class StepsGrid(FlakyGrid):
             weights = from_record(msg.content[ARRAYS])
             steps = self.claim if node == 4 else 10.0 * node
             content = RecordDict({ARRAYS: to_record({k: v + 0.01 for k, v in weights.items()}),
-                                  METRICS: MetricRecord({"examples": 10.0, "steps": steps})})
+                                  METRICS: MetricRecord({"examples": 640.0, "steps": steps})})
             out.append(Message(content, reply_to=msg))
         return out
 
 
 @pytest.mark.parametrize("claim, span", [  # the round's median claim: 25, 15, 25
-    (40.0, 25.0), (1.0, 0.25 * (10 + 20 + 30 + 15 / 4)), (1e12, 0.25 * (10 + 20 + 30 + 100))])
+    (40.0, 25.0), (1.0, 0.25 * (10 + 20 + 30 + 15 / 4)), (1e12, 0.25 * (10 + 20 + 30 + 60))])
 def test_derived_variates_travel_as_a_span_alone_and_a_site_cannot_set_it(claim, span):
     """SCAFFOLD's option II: no variate goes either way; round 2 tells each site the mean
-    steps round 1's shared step covered, each claim held within 4 x the round's median."""
+    steps round 1's shared step covered, each claim held within what its example count allows
+    (60) and within 4 x the round's median."""
     s = FederationSettings(bundle="b", out="o", work="w", rounds=2, scaffold=1,
                            variates="derived")
     grid = StepsGrid(claim)
@@ -725,6 +726,27 @@ def test_derived_variates_travel_as_a_span_alone_and_a_site_cannot_set_it(claim,
     assert all(float(m.content[CONFIG]["span"]) == 0.0 for m in first)
     assert all(float(m.content[CONFIG]["span"]) == pytest.approx(span) for m in second)
     np.testing.assert_allclose(strategy.model["w"], 1.02, rtol=1e-6)
+
+
+def test_of_two_sites_neither_sets_the_span_by_its_claim():
+    """Two sites: the median is their mean, so only the bound an example count sets holds an
+    inflated claim (a claimed count weighs at most twice the median's, so its bound too)."""
+    from ddnn.models.federated.strategy import FedAvg, Reply
+
+    model = {k: v + 0.01 for k, v in START.items()}
+    # Site 2 claims 10^6 examples, counted as 600 (twice the median claim): 60 steps at most.
+    for claim, span in ((1e12, (300 * 30 + 600 * 60) / 900), (30.0, 30.0)):
+        fedavg = FedAvg(START, scaffold=True, derived=True, local_steps=(6.0, 64))
+        fedavg.aggregate(1, [Reply(1, model, 300, {"steps": 30.0}),
+                             Reply(2, model, 10**6, {"steps": claim})])
+        assert fedavg.span == pytest.approx(span)
+        assert fedavg.configure(2, [1, 2])[1].span == fedavg.span
+    # A reply without a claim counts as the most its examples allow.
+    fedavg = FedAvg(START, scaffold=True, derived=True, local_steps=(6.0, 64))
+    fedavg.aggregate(1, [Reply(1, model, 300, {"steps": 30.0}), Reply(2, model, 300, {})])
+    assert fedavg.span == pytest.approx(30.0)
+    with pytest.raises(ValueError, match="momentum"):
+        FedAvg(START, scaffold=True, derived=True, momentum=0.5)
 
 
 def test_derived_variates_leave_the_models_alone_on_the_wire():
@@ -751,7 +773,15 @@ def test_a_derived_variate_site_reads_the_federations_step_off_the_model_it_is_s
     from ddnn.bundle import load_bundle
     from ddnn.models.federated import client_app
     from ddnn.models.federated.trainer import LocalTraining, fit, load_site
-    from ddnn.models.federated.weights import architecture, model_from_bundle, model_weights
+    from ddnn.models.federated.weights import (
+        architecture,
+        build_model,
+        model_from_bundle,
+        model_weights,
+    )
+
+    def model_parameters(arch):
+        return build_model(arch).named_parameters()
 
     arch = architecture(load_bundle(tiny_bundle))
     weights = model_weights(model_from_bundle(tiny_bundle))
@@ -759,12 +789,17 @@ def test_a_derived_variate_site_reads_the_federations_step_off_the_model_it_is_s
                       state=RecordDict(), run_config={})
     config = {"arch": json.dumps(arch), "holdout": 0.25, "seed": 0, "threads": 1,
               "strategy": "fedavg", "scaffold": 1, "variates": "derived", "epochs": 1.0,
-              "lr": 0.01, "batch-size": 32}
+              "batch-size": 32}
     site = load_site(arch, tiny_data.train, holdout=0.25, seed=0)
-    local = LocalTraining(epochs=1.0, lr=0.01, batch_size=32)
+
+    lrs = {1: 0.01, 2: 0.004, 3: 0.02, 5: 0.01}  # each round its own (the cosine's)
+
+    def local(rnd):
+        return LocalTraining(epochs=1.0, lr=lrs[rnd], batch_size=32)
 
     def train(start, rnd, span):
-        content = RecordDict({CONFIG: ConfigRecord({**config, "round": rnd, "span": span}),
+        content = RecordDict({CONFIG: ConfigRecord({**config, "round": rnd, "span": span,
+                                                    "lr": lrs[rnd]}),
                               ARRAYS: to_record(start)})
         reply = client_app.train(Message(content, dst_node_id=1,
                                          message_type=MessageType.TRAIN), context).content
@@ -775,14 +810,20 @@ def test_a_derived_variate_site_reads_the_federations_step_off_the_model_it_is_s
         return all(np.allclose(a[k], b[k], rtol=0, atol=atol) for k in a)
 
     first, steps = train(weights, 1, 0.0)  # round 1: nothing to correct by
-    assert same(first, fit(arch, weights, site, local, 1).weights)
-    # A site alone in its federation: the shared step is its own, so it corrects nothing.
-    alone, _ = train(first, 2, float(steps))
-    assert same(alone, fit(arch, first, site, local, 2).weights, atol=1e-5)
-    # Sent a model the others moved elsewhere, it steers toward where they went.
-    moved = {k: (v + 0.05 if v.dtype.kind == "f" else v) for k, v in alone.items()}
+    assert same(first, fit(arch, weights, site, local(1), 1).weights)
+    # A site alone in its federation: the shared step is its own (read with round 1's rate,
+    # not round 2's), so it corrects nothing.
+    alone, steps = train(first, 2, float(steps))
+    assert same(alone, fit(arch, first, site, local(2), 2).weights, atol=1e-5)
+    # Sent a model the others moved further (every weight up by 0.05 past its own step), it
+    # steers the same way: each step moves up by 0.05 / its span more than it would alone.
+    params = [n for n, _ in model_parameters(arch)]
+    moved = {k: v + 0.05 if k in params else v for k, v in alone.items()}
     steered, _ = train(moved, 3, float(steps))
-    assert not same(steered, fit(arch, moved, site, local, 3).weights, atol=1e-3)
+    plain = fit(arch, moved, site, local(3), 3).weights
+    shift = np.concatenate([(steered[n] - plain[n]).ravel() for n in params])
+    expected = 0.05 / (steps * lrs[2]) * steps * lrs[3]  # the correction over round 3's span
+    assert np.median(shift) == pytest.approx(expected, rel=0.05)
     # After a round it did not run (round 4 missed), it runs uncorrected.
     late, _ = train(steered, 5, float(steps))
-    assert same(late, fit(arch, steered, site, local, 5).weights)
+    assert same(late, fit(arch, steered, site, local(5), 5).weights)

@@ -43,22 +43,30 @@ def test_the_shared_direction_is_the_mean_of_the_sites_directions_as_option_ii_s
         for n in NAMES:
             np.testing.assert_allclose(own[i][n], d[i][n], rtol=1e-4, atol=1e-5)
     new = {n: sum(w[i] * y[i][n] for i in range(sites)) / w.sum() for n in NAMES}
-    span = scaffold.round_span(list(steps), list(w), lr)
+    span = lr * scaffold.round_span(list(steps), list(w))
     shared = scaffold.shared_direction(x, new, span, NAMES)
     for n in NAMES:
         np.testing.assert_allclose(shared[n], sum(v[i] * d[i][n] for i in range(sites)),
                                    rtol=1e-4, atol=1e-5)
 
 
-def test_a_site_cannot_shrink_the_span_by_misreporting_its_steps():
-    honest = scaffold.round_span([40.0, 50.0, 60.0], [1.0, 1.0, 1.0], 0.01)
-    assert honest == pytest.approx(0.5)
-    # A claim of one step counts as a quarter of the median's; one of 1e9 as four times it.
-    lying = scaffold.round_span([40.0, 50.0, 1.0], [1.0, 1.0, 1.0], 0.01)
-    assert lying == pytest.approx(0.01 * (40 + 50 + 10) / 3) and lying > honest / 2
-    stretched = scaffold.round_span([1e9, 50.0, 60.0], [1.0, 1.0, 1.0], 0.01)
-    assert stretched == pytest.approx(0.01 * (4 * 60 + 50 + 60) / 3) and stretched < 3 * honest
-    assert scaffold.round_span([], [], 0.01) == 0.0
+def test_a_site_cannot_move_the_span_far_by_misreporting_its_steps():
+    honest = scaffold.round_span([40.0, 50.0, 60.0], [1.0, 1.0, 1.0])
+    assert honest == pytest.approx(50.0)
+    # From three sites a claim of one step counts as a quarter of the median's, and one of
+    # 1e9 as four times it.
+    lying = scaffold.round_span([40.0, 50.0, 1.0], [1.0, 1.0, 1.0])
+    assert lying == pytest.approx((40 + 50 + 10) / 3) and lying > honest / 2
+    stretched = scaffold.round_span([1e9, 50.0, 60.0], [1.0, 1.0, 1.0])
+    assert stretched == pytest.approx((4 * 60 + 50 + 60) / 3) and stretched < 3 * honest
+    # Of two sites (the median is their mean) only the bound its example count sets holds an
+    # inflated claim: at most the steps its counted examples allow.
+    bounds = [float(scaffold.most_steps(n, 6.0, 64)) for n in (300, 600)]
+    assert bounds == [30.0, 60.0]
+    two = scaffold.round_span([30.0, 1e12], [300.0, 600.0], bounds)
+    assert two == pytest.approx((300 * 30 + 600 * 60) / 900)
+    assert scaffold.round_span([30.0, 1.0], [300.0, 300.0], bounds) >= 30 / 2 * 0.6
+    assert scaffold.round_span([], []) == 0.0
 
 
 def test_a_span_of_zero_has_no_shared_direction():
