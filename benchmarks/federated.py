@@ -4,9 +4,10 @@ re-mounted, turned and lit differently (``--drift all``), each holding a few hun
 frames with its own class mix (a Dirichlet label split, ``--sites 3 --non-iid 0.3``).
 
 Side by side on one held-out field set (``ddnn evaluate``), for each of two seeds: the bundle as
-it came (before), ``ddnn federate`` with its defaults (FedAvg) and with dynamic averaging
-(DMA), and ``ddnn train`` on all the sites' data pooled in one place (central, the reference
-federation aims at). Rounds, communicated bytes and wall time of each; per-round held-out
+it came (before), ``ddnn federate`` with its defaults (FedAvg), with SCAFFOLD's variates
+derived (``--scaffold-variates derived``) and with dynamic averaging (DMA), and ``ddnn
+train`` on all the sites' data pooled in one place (central, the reference federation aims
+at). Rounds, communicated bytes and wall time of each; per-round held-out
 accuracy plotted against rounds and against bytes, beside central.
 """
 
@@ -35,7 +36,11 @@ SITE_SAMPLES, FIELD_SAMPLES = 1500, 1000  # all sites together; the held-out fie
 SEEDS = (1, 2)
 # An explicit preset: the figures must not move when `ddnn train`'s default does.
 PRESET = "tiny"
-STRATEGIES = ("fedavg", "dma")  # each as `ddnn federate` runs it bare (its defaults)
+# Each as `ddnn federate` runs it: its name, the strategy and any flags (none: its defaults).
+# fedavg-derived is FedAvg with SCAFFOLD's variates derived, not sent (option II: the models
+# alone travel).
+RUNS = {"fedavg": ("fedavg",), "fedavg-derived": ("fedavg", "--scaffold-variates", "derived"),
+        "dma": ("dma",)}
 
 
 def _synth(out: Path, samples: int, seed: int, *extra: str) -> None:
@@ -149,11 +154,11 @@ def run_seed(bundle: Path, root: Path, seed: int, quick: bool) -> dict:
     central_time = _central(pooled, root / "central", quick)
     evals = {"before": evaluate(bundle, test), "central": evaluate(root / "central", test)}
     runs = {}
-    for strategy in STRATEGIES:
-        r = federate(bundle, sites, root / strategy, strategy, quick)
-        fed = json.loads((root / strategy / "manifest.json").read_text())["training"]
-        evals[strategy] = evaluate(root / strategy, test)
-        runs[strategy] = {"rounds": r["rounds"], "communicated_bytes": r["communicated_bytes"],
+    for name, (strategy, *flags) in RUNS.items():
+        r = federate(bundle, sites, root / name, strategy, quick, *flags)
+        fed = json.loads((root / name / "manifest.json").read_text())["training"]
+        evals[name] = evaluate(root / name, test)
+        runs[name] = {"rounds": r["rounds"], "communicated_bytes": r["communicated_bytes"],
                           "wall_seconds": r["wall_seconds"], "cpu_seconds": r["cpu_seconds"],
                           "version": r["version"],
                           "syncs": [h["sync"] for h in fed["federation"]["history"]],
@@ -186,6 +191,8 @@ def aims(seeds: list[dict]) -> dict:
         "fedavg_within_2pt_of_central": every(lambda a, b: a["fedavg"] >= a["central"] - 0.02),
         "dma_within_1pt_of_fedavg": every(lambda a, b: a["dma"] >= a["fedavg"] - 0.01),
         "dma_half_the_bytes": every(lambda a, b: b["dma"] <= b["fedavg"] / 2),
+        "derived_variates_within_1pt_of_fedavg": every(
+            lambda a, b: a["fedavg-derived"] >= a["fedavg"] - 0.01),
         # On the 2-core reference machine: wall time where it was idle, else CPU time / 2.
         "each_run_within_15_min": all(max(s["seconds"].values()) <= 900 for s in seeds),
         "each_run_within_15_min_of_2_cores": all(max(s["cpu_seconds"].values()) <= 2 * 900
@@ -198,7 +205,7 @@ def plot(path: Path, seeds: list[dict]) -> None:
     communicated so far, one line per strategy and seed, central's field accuracy beside."""
     plt = pyplot()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
-    colours = {"fedavg": "tab:blue", "dma": "tab:orange"}
+    colours = {"fedavg": "tab:blue", "fedavg-derived": "tab:green", "dma": "tab:orange"}
     for s, style in zip(seeds, ("-", "--"), strict=False):
         for name, r in s["federated"].items():
             hist = r["history"]
@@ -224,7 +231,7 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
     root = work / "federated-noniid"
     bundle = _home_bundle(root, quick)
     seeds = [run_seed(bundle, root / f"seed-{s}", s, quick) for s in SEEDS]
-    names = ("before", "central", *STRATEGIES)
+    names = ("before", "central", *RUNS)
     summary = {
         "machine": machine(),
         "setup": {"classes": CLASSES, "zoom": ZOOM, "sites": SITES, "non_iid_alpha": ALPHA,
@@ -234,7 +241,11 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
         "summary": {
             "accuracy_overall": {k: [s["accuracy"][k] for s in seeds] for k in names},
             "communicated_mb": {k: [s["communicated_bytes"][k] / 1e6 for s in seeds]
-                                for k in STRATEGIES},
+                                for k in RUNS},
+            "derived_bytes_over_fedavg": [s["communicated_bytes"]["fedavg-derived"]
+                                          / s["communicated_bytes"]["fedavg"] for s in seeds],
+            "derived_minus_fedavg": [s["accuracy"]["fedavg-derived"] - s["accuracy"]["fedavg"]
+                                     for s in seeds],
             "dma_bytes_over_fedavg": [s["communicated_bytes"]["dma"]
                                       / s["communicated_bytes"]["fedavg"] for s in seeds],
             "fedavg_minus_central": [s["accuracy"]["fedavg"] - s["accuracy"]["central"]
