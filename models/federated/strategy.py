@@ -60,8 +60,9 @@ class Instruction:
     weights: Weights | None  # start from these; None: continue from your own model
     reference: bool = False  # the weights are the new shared reference (DMA)
     control: Weights | None = None  # SCAFFOLD: the sites' mean control variate (None: zeros)
-    # SCAFFOLD with derived variates: the steps the last round's shared step covered, by
-    # which each site divides that step to get the federation's direction (0: none)
+    # SCAFFOLD with derived variates: the mean steps the last round's shared step covered;
+    # each site divides that step by them times that round's rate to get the federation's
+    # direction (0: no model was taken, no correction)
     span: float = 0.0
 
 
