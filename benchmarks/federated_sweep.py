@@ -49,6 +49,7 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
         model_from_bundle,
         model_weights,
         set_weights,
+        trainable_names,
     )
     from ddnn.models.train import predict
 
@@ -62,7 +63,7 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
              for p in sorted(seed_dir.glob("site-*.npz"))]
     torch.set_num_threads(1)
     velocity = None
-    params = {n for n, p in build_model(arch).named_parameters() if p.requires_grad}
+    params = set(trainable_names(arch))
     controls = [{n: np.zeros_like(weights[n]) for n in params} for _ in sites]  # SCAFFOLD's c_i
     corrections: list[dict | None] = [None for _ in sites]  # option II's, from the last round
     start = time.process_time()
@@ -73,15 +74,6 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
         if o["derived"]:  # option II: the corrections of the last round's models
             replies = [fit(arch, weights, site, local, r, step_correction=c)
                        for site, c in zip(sites, corrections, strict=True)]
-            average = weighted_average([x.weights for x in replies],
-                                       [x.examples for x in replies])
-            own = [scaffold.own_direction(weights, x.weights, x.steps * local.lr, c, params)
-                   for x, c in zip(replies, corrections, strict=True)]
-            span = local.lr * scaffold.round_span([x.steps for x in replies],
-                                                  [x.examples for x in replies])
-            shared = scaffold.shared_direction(weights, average, span, params)
-            corrections = [{n: float(o["scaffold"]) * v for n, v in
-                            scaffold.step_correction(shared, d).items()} for d in own]
         else:
             shared = (weighted_average(controls, [s.examples for s in sites])
                       if o["scaffold"] else None)
@@ -90,8 +82,15 @@ def sweep(seed_dir: Path, home: Path, tuning: Path, **options: float) -> dict:
                        for site, c in zip(sites, controls, strict=True)]
             if shared is not None:
                 controls = [x.gradient for x in replies]
-            average = weighted_average([x.weights for x in replies],
-                                       [x.examples for x in replies])
+        average = weighted_average([x.weights for x in replies], [x.examples for x in replies])
+        if o["derived"]:  # the next round's corrections, read off the models
+            own = [scaffold.own_direction(weights, x.weights, x.steps * local.lr, c, params)
+                   for x, c in zip(replies, corrections, strict=True)]
+            span = local.lr * scaffold.round_span([x.steps for x in replies],
+                                                  [x.examples for x in replies])
+            shared = scaffold.shared_direction(weights, average, span, params)
+            corrections = [{n: float(o["scaffold"]) * v for n, v in
+                            scaffold.step_correction(shared, d).items()} for d in own]
         if o["momentum"]:  # FedAvgM: the server's step keeps a share of the last one
             step = {k: average[k] - weights[k] for k in weights}
             velocity = step if velocity is None else {

@@ -189,8 +189,8 @@ def add_counts(tables: Iterable[Mapping[str, np.ndarray]]) -> dict[str, np.ndarr
     for t in tables:
         for k in names:
             # int64 whatever the sites sent (narrowed tables): a sum of uint8 would wrap.
-            total[k] = total[k] + np.asarray(t[k], np.int64) if k in total else np.asarray(
-                t[k], dtype=np.int64)
+            wide = np.asarray(t[k], dtype=np.int64)
+            total[k] = total[k] + wide if k in total else wide
     return total
 
 

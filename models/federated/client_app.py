@@ -77,20 +77,22 @@ def _derived_correction(start: dict, config, context: Context, names: list[str]
     return scaffold.step_correction(shared, from_record(context.state[OWN_CONTROL]))
 
 
-def _fit_derived(arch: dict, start: dict, site, settings, rnd: int, config, context: Context):
+def _fit_derived(arch: dict, msg: Message, start: dict, site, settings, rnd: int,
+                 context: Context):
     """One round of SCAFFOLD with derived variates: corrected steps, then the site keeps its
-    new direction and the model it started from; nothing but its model goes back."""
+    new direction and the model it started from (the record as sent); nothing but its model
+    goes back."""
     from ddnn.models.federated import scaffold
     from ddnn.models.federated.trainer import fit
-    from ddnn.models.federated.weights import build_model
+    from ddnn.models.federated.weights import trainable_names
 
-    names = [n for n, p in build_model(arch).named_parameters() if p.requires_grad]
-    correction = _derived_correction(start, config, context, names)
+    names = trainable_names(arch)
+    correction = _derived_correction(start, msg.content[CONFIG], context, names)
     result = fit(arch, start, site, settings, rnd, step_correction=correction)
     own = scaffold.own_direction(start, result.weights, result.steps * settings.lr,
                                  correction, names)
     context.state[OWN_CONTROL] = to_record(own)
-    context.state[STARTED] = to_record(start)
+    context.state[STARTED] = msg.content[ARRAYS]
     context.state[STARTED_AT] = ConfigRecord({"round": rnd, "lr": settings.lr})
     return result
 
@@ -140,7 +142,7 @@ def train(msg: Message, context: Context) -> Message:
         send = divergence > threshold
         metrics.update({"divergence": divergence, "violated": float(send)})
     elif bool(config.get("scaffold", False)) and config.get("variates") == "derived":
-        result = _fit_derived(arch, start, site, settings, rnd, config, context)
+        result = _fit_derived(arch, msg, start, site, settings, rnd, context)
         send = True
     elif bool(config.get("scaffold", False)):
         result = fit(arch, start, site, settings, rnd,

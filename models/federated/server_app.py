@@ -363,9 +363,9 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     from ddnn.models.federated.publish import write_federated_bundle
     from ddnn.models.federated.weights import (
         architecture,
-        build_model,
         model_from_bundle,
         model_weights,
+        trainable_names,
     )
     from ddnn.versions import next_version
 
@@ -382,8 +382,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
             "threads": s.threads}
     exchange = Exchange(grid, s, base)
     wait_for_sites(grid, s.wait_sites, s.join_timeout)
-    parameters = [n for n, p in build_model(arch).named_parameters() if p.requires_grad]
-    strategy, history = run_rounds(grid, s, exchange, initial, progress, parameters)
+    strategy, history = run_rounds(grid, s, exchange, initial, progress,
+                                   trainable_names(arch))
     weights = final_model(grid, strategy, exchange, s.rounds, history)
     cal, stacking, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,
                                                    UplinkCost.of(start.manifest), arch,

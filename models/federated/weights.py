@@ -57,6 +57,12 @@ def build_model(arch: dict) -> DDNN:
     return DDNN(cfg, int(arch["views"]), len(arch["classes"]), int(h), int(w))
 
 
+def trainable_names(arch: dict) -> list[str]:
+    """The network's trainable parameters, in order: the arrays a SCAFFOLD control variate
+    holds (batch-norm statistics are weights but no parameters)."""
+    return [n for n, p in build_model(arch).named_parameters() if p.requires_grad]
+
+
 def model_weights(model: torch.nn.Module) -> Weights:
     """Every float parameter and statistic, once each (shared device weights appear once)."""
     out: Weights = {}
