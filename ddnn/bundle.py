@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ddnn import bounded_json
 from ddnn.aggregation import AGGREGATIONS, aggregated_channels
 from ddnn.codec import CODECS
 from ddnn.errors import BundleError, DdnnError
@@ -290,8 +291,9 @@ def read_manifest(path: str | Path, raw: bytes | None = None, kind: str | None =
     if raw is None and not mf.is_file():
         raise BundleError(f"{path}: not a bundle (no {MANIFEST})")
     try:
-        data = json.loads((mf.read_bytes() if raw is None else raw).decode("utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        # A bundle may come over the air: bound its nesting like any peer's JSON.
+        data = bounded_json.loads((mf.read_bytes() if raw is None else raw).decode("utf-8"))
+    except (OSError, ValueError) as e:  # UnicodeDecodeError, JSONDecodeError, too deep
         raise BundleError(f"{mf}: unreadable manifest ({e})") from None
     return parse_manifest(data, kind)  # type: ignore[return-value]
 

@@ -6,13 +6,13 @@ rank and elements), so a hostile body costs little. Numpy and the standard libra
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import numpy as np
 
+from ddnn import bounded_json
 from ddnn.codec import MAX_ELEMENTS
 from ddnn.errors import DdnnError
 
@@ -125,11 +125,11 @@ def _json_length(body: bytes | bytearray, headers: Mapping[str, str]) -> int:
 
 def _parse_json(data: bytes, what: str) -> dict[str, Any]:
     try:
-        obj = json.loads(data)
+        obj = bounded_json.loads(data)
+    except bounded_json.JsonDepthError as e:
+        raise OipError(f"{what} is nested too deeply: {e}") from None
     except ValueError as e:  # JSONDecodeError, UnicodeDecodeError, an integer of 4300+ digits
         raise OipError(f"{what} is not valid JSON: {e}") from None
-    except RecursionError:
-        raise OipError(f"{what} is nested too deeply") from None
     if not isinstance(obj, dict):
         raise OipError(f"{what} must be a JSON object, got {type(obj).__name__}")
     return obj

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
+from ddnn import bounded_json
 from ddnn.errors import DdnnError
 from ddnn.names import is_name
 
@@ -46,6 +47,7 @@ KEYS = ("frame", "class", "label", "exit", "entropy", "views", "missing", "parti
 # edge publishes has one; a one-view device's own result, before the edge numbers it, has not).
 OPTIONAL_KEYS = ("seq",)
 MAX_SEQ = (1 << 53) - 1  # exact as a JSON number everywhere (JavaScript's Number)
+MAX_RESULT_DEPTH = 4  # a result is 2 deep ({"missing": {...}})
 MAX_RESULT_BYTES = 64 << 10  # a result lists at most a few hundred views; anything larger is junk
 # json.dumps(..., separators=...) builds an encoder per call; one result per frame reuses this.
 _ENCODER = json.JSONEncoder(separators=(",", ":"))
@@ -154,8 +156,8 @@ class Result:
         if len(data) > MAX_RESULT_BYTES:
             raise ResultError(f"a result is at most {MAX_RESULT_BYTES} bytes")
         try:
-            d = json.loads(data)
-        except (ValueError, RecursionError) as e:
+            d = bounded_json.loads(data, MAX_RESULT_DEPTH)
+        except ValueError as e:
             raise ResultError(f"not JSON: {e}") from None
         return cls.from_dict(d)
 

@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import re
 import threading
 import time
 from typing import Any
+
+from ddnn import bounded_json
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,6 @@ STATES = ("online", "offline")
 MAX_STATUS_BYTES = 64 << 10
 MAX_STATUS_DEPTH = 8  # a gateway's status is 3 deep ({"devices": {"cam0": {...}}})
 FUTURE_TOLERANCE = 30.0  # seconds a time in a status may be ahead of this clock (NTP drift)
-_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
-_BRACKETS = re.compile(rb"[\[\]{}]")
 _faults: dict[str, int] = {}  # kind of fault -> statuses refused for it
 _faults_lock = threading.Lock()
 
@@ -44,14 +43,14 @@ def status_fields(payload: bytes) -> dict[str, Any]:
     if len(payload) > MAX_STATUS_BYTES:
         return _refused("size", f"a status of {len(payload)} bytes (more than "
                                 f"{MAX_STATUS_BYTES})")
-    if _depth(payload) > MAX_STATUS_DEPTH:
-        return _refused("depth", f"a status nested more than {MAX_STATUS_DEPTH} levels deep")
     text = payload.decode("utf-8", "replace").strip()
     if text in STATES:
         return {"state": text}
     try:
-        info = json.loads(text)
-    except (ValueError, RecursionError):
+        info = bounded_json.loads(text, MAX_STATUS_DEPTH)
+    except bounded_json.JsonDepthError:
+        return _refused("depth", f"a status nested more than {MAX_STATUS_DEPTH} levels deep")
+    except ValueError:
         return {}
     return info if isinstance(info, dict) else {}
 
@@ -68,15 +67,6 @@ def status_time(info: dict[str, Any], key: str, now: float | None = None) -> flo
         _refused("time", f"a status whose {key!r} is {t!r} (in the future, or no time)")
         return None
     return t
-
-
-def _depth(payload: bytes) -> int:
-    """How deep the JSON in ``payload`` nests (brackets inside strings do not count)."""
-    depth = deepest = 0
-    for b in _BRACKETS.findall(_STRING.sub(b"", payload)):
-        depth += 1 if b in (b"[", b"{") else -1
-        deepest = max(deepest, depth)
-    return deepest
 
 
 def _refused(kind: str, what: str) -> dict[str, Any]:

@@ -23,7 +23,6 @@ connection, lock and circuit breaker: :meth:`CloudClient.infer_escalated`.
 from __future__ import annotations
 
 import http.client
-import json
 import logging
 import threading
 import urllib.parse
@@ -32,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 from urllib3.util import SKIP_HEADER
 
-from ddnn import oip
+from ddnn import bounded_json, oip
 from ddnn.codec import FeatureCodec
 from ddnn.edge.cloud_escalated import MAX_VERSIONS, EscalatedRoute
 from ddnn.errors import CodecError, DdnnError
@@ -294,7 +293,7 @@ def _advertised(metadata: bytes, codec: FeatureCodec) -> _Packing | None:
     """The packed model's one input, from its metadata, if it takes ``codec``; and whether the
     model answers the lean route with FP32 scores."""
     try:
-        doc = json.loads(metadata)
+        doc = bounded_json.loads(metadata)
         (meta,) = doc["inputs"]
         first = (doc.get("outputs") or [{}])[0]
         lean = ((doc.get("parameters") or {}).get("lean") is True

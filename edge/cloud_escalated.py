@@ -17,7 +17,6 @@ inside its circuit breaker.
 
 from __future__ import annotations
 
-import json
 import logging
 import urllib.parse
 import zlib
@@ -25,7 +24,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ddnn import oip
+from ddnn import bounded_json, oip
 from ddnn.codec import FeatureCodec
 from ddnn.errors import CodecError
 from ddnn.packed_detail import EscalatedFrame, EscalatedInputs
@@ -165,7 +164,7 @@ def advertised_way(kind: str, metadata: bytes, codec: FeatureCodec) -> _Way | No
     """What ``{name}-{kind}`` takes, from its metadata, if its features take ``codec``: the
     lean frame's layout, or the packed model's inputs."""
     try:
-        doc = json.loads(metadata)
+        doc = bounded_json.loads(metadata)
         way = (EscalatedFrame if kind == "lean" else EscalatedInputs).from_metadata(doc)
     except (ValueError, CodecError):
         return None  # metadata this client cannot read: FP32 is always understood

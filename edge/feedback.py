@@ -20,7 +20,6 @@ from one address; ``503`` the recorder's queue is full (retry).
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import stat
 import threading
@@ -31,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ddnn import bounded_json
 from ddnn.bundle import Manifest
 from ddnn.edge.credentials import MIN_TOKEN, HttpCredentials
 from ddnn.edge.events import EdgeEvents
@@ -112,8 +112,8 @@ class FeedbackError(Exception):
 def parse_feedback(body: bytes) -> tuple[int, str | int]:
     """``(frame, label)`` of a feedback body; a :class:`FeedbackError` (400) otherwise."""
     try:
-        obj = json.loads(body.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
+        obj = bounded_json.loads(body.decode("utf-8"), max_depth=2)
+    except ValueError:  # UnicodeDecodeError and JsonDepthError among them
         raise FeedbackError(400, "invalid", "the body is not JSON (UTF-8)") from None
     if not isinstance(obj, dict) or set(obj) != {"frame", "label"}:
         raise FeedbackError(400, "invalid", 'the body must be {"frame": F, "label": L}')

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddnn import bounded_json
 from ddnn.bundle import check_name
 from ddnn.errors import BundleError
 from ddnn.plumbing.download import Origin
@@ -28,7 +29,7 @@ class Announcement:
     @classmethod
     def parse(cls, payload: bytes) -> Announcement:
         try:
-            d = json.loads(payload.decode("utf-8"))
+            d = bounded_json.loads(payload.decode("utf-8"))
             ann = cls(check_name("model name", d["name"]),
                       check_name("model version", str(d["version"])), d.get("url"))
         except (ValueError, KeyError, TypeError, AttributeError) as e:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import http.client
-import json
 import logging
 import shutil
 import socket
@@ -23,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from ddnn import bounded_json
 from ddnn.bundle import MANIFEST, Bundle, Manifest, load_bundle
 from ddnn.errors import BundleError
 from ddnn.plumbing.retry import RETRY_STATUSES
@@ -271,7 +271,7 @@ def _verified_manifest(download: _Download, url: str, public_key: str | Path | N
 
         verify_manifest_bytes(raw, sig, public_key, url)
     try:
-        manifest = Manifest.from_dict(json.loads(raw.decode("utf-8")))
+        manifest = Manifest.from_dict(bounded_json.loads(raw.decode("utf-8")))
     except (UnicodeDecodeError, ValueError) as e:
         if isinstance(e, BundleError):
             raise

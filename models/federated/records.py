@@ -18,6 +18,8 @@ import math
 import numpy as np
 from flwr.app import Array, ArrayRecord
 
+from ddnn import bounded_json
+
 CONFIG, ARRAYS, METRICS, COUNTS = "config", "arrays", "metrics", "counts"
 STACKING, CONTROL = "stacking", "control"
 # A record's arrays travel packed: their bytes back to back in one array, and an index (each
@@ -51,7 +53,7 @@ def from_record(record: ArrayRecord) -> dict[str, np.ndarray]:
     if set(record.keys()) == {INDEX, PACKED}:
         try:
             return _unpack(record[INDEX].numpy(), record[PACKED].numpy())
-        except (RecursionError, TypeError) as e:  # a deeply nested index, a dtype numpy rejects
+        except TypeError as e:  # a dtype numpy rejects
             raise ValueError(f"a packed record that does not parse ({type(e).__name__})") from e
     return {k: a.numpy() for k, a in record.items()}
 
@@ -61,7 +63,10 @@ def _unpack(text: np.ndarray, data: np.ndarray) -> dict[str, np.ndarray]:
         raise ValueError("the index is not a byte string of at most 1 MiB")
     if data.dtype != np.uint8 or data.ndim != 1:
         raise ValueError("the packed data is not a byte string")
-    index = json.loads(text.tobytes())
+    try:
+        index = bounded_json.loads(text.tobytes(), max_depth=3)  # [[name, dtype, [dims]], ...]
+    except ValueError as e:
+        raise ValueError(f"the index does not parse ({e})") from None
     if not isinstance(index, list) or len(index) > MAX_ARRAYS:
         raise ValueError(f"the index is not a list of at most {MAX_ARRAYS} arrays")
     out: dict[str, np.ndarray] = {}

@@ -192,7 +192,7 @@ def test_a_json_part_is_bounded_before_it_is_parsed(monkeypatch):
             decode_request(body, headers or {}, **kw)
         return e.value
 
-    monkeypatch.setattr(oip_body, "json", None)  # whatever is refused here is never parsed
+    monkeypatch.setattr(oip_body, "bounded_json", None)  # whatever is refused here is never parsed
     n = oip.MAX_JSON_ELEMENTS
     for bomb in (b"[]," * n, b"0," * n, b"{}," * n, b'"' + b"a" * oip.MAX_JSON_BYTES + b'"'):
         e = refused(b'{"inputs": [' + bomb + b"]}")
