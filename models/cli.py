@@ -51,7 +51,8 @@ def _register_field_options(s) -> None:
     s.add_argument("--drift", default="", metavar="KINDS",
                    help="a drifted domain, comma-separated: remount (cameras higher and "
                    "closer), lighting (warm, dim light), rotation (cameras a quarter turn "
-                   "round), or all")
+                   "round), noise (worn, high-gain sensors: stronger pixel noise), or all "
+                   "(remount, lighting and rotation)")
     s.add_argument("--sites", type=int, default=0, metavar="K",
                    help="write K files OUT-0.npz ... OUT-(K-1).npz, one per site, instead of OUT")
     s.add_argument("--non-iid", type=float, default=1.0, metavar="ALPHA",
@@ -129,12 +130,12 @@ def _synth(args) -> int:
 
 def _drifts(text: str) -> tuple[str, ...]:
     from ddnn.errors import ConfigError
-    from ddnn.models.synth import DRIFTS
+    from ddnn.models.synth import DRIFT_KINDS, DRIFTS
 
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
     kinds = DRIFTS if kinds == ("all",) else kinds
-    if set(kinds) - set(DRIFTS):
-        raise ConfigError(f"--drift takes {', '.join(DRIFTS)} or all, got {text!r}")
+    if set(kinds) - set(DRIFT_KINDS):
+        raise ConfigError(f"--drift takes {', '.join(DRIFT_KINDS)} or all, got {text!r}")
     return kinds
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ddnn.models.cli import _drifts
 from ddnn.models.synth import (
     DRIFTS,
+    SENSOR_NOISE,
     SceneConfig,
     apply_drift,
     drifted_config,
@@ -49,6 +51,21 @@ def test_rotation_turns_every_view_a_quarter():
     np.testing.assert_array_equal(turned["X"], np.rot90(data["X"], 1, axes=(-2, -1)))
     with pytest.raises(ValueError, match="unknown drift"):
         apply_drift(data, ("fog",))
+
+
+def test_sensor_noise_changes_the_pixels_not_the_scene():
+    plain = synthesize(20, SMALL, seed=4)
+    noisy = apply_drift(synthesize(20, drifted_config(SMALL, ("noise",)), seed=4), ("noise",))
+    present = plain["y"] >= 0
+    np.testing.assert_array_equal(noisy["label"], plain["label"])
+    np.testing.assert_array_equal(noisy["y"], plain["y"])
+    assert (noisy["X"][~present] == 0).all() and noisy["X"][present].min() >= 1 / 255 - 1e-7
+    # The same draws, only stronger: the difference is noise (clipping at 0 and 1 trims it).
+    extra = (noisy["X"] - plain["X"])[present]
+    assert abs(float(extra.mean())) < 0.02
+    assert 0.5 * SENSOR_NOISE < float(extra.std()) < SENSOR_NOISE
+    assert drifted_config(SMALL, ("noise", "remount")).noise > SMALL.noise
+    assert "noise" not in _drifts("all") and _drifts("noise,rotation") == ("noise", "rotation")
 
 
 def test_sites_partition_the_samples_non_iid_and_reproducibly():
