@@ -90,11 +90,15 @@ class DetailPulls:
 
     def send_up(self, f: Frame, sent: ToCloud) -> None:
         """A frame the edge exit left goes up: with its cameras' details where its bundle
-        version escalates (an audit only checks an early exit: the plain cloud does that; a
-        probe measures the way up, so it takes it)."""
+        version escalates (level 1). An audited frame takes them wherever the bundle has an
+        escalated cloud, at level 0 too: it is checked against the cloud's best answer, which
+        the drift monitor and the experience recorder learn from (a sensor drift can fool the
+        plain cloud with the early exits while the escalated one holds; the level was chosen
+        on the home domain: docs/federated-learning.md, "The cloud as the only teacher"). A
+        probe goes the way a frame sent up goes."""
         m = f.runs_on.manifest
-        plain = m.escalated is None or m.escalation_level < 1 or m.views < 2
-        if plain or (sent.audit and not sent.probe):
+        check = bool(sent.audit) and not sent.probe
+        if m.escalated is None or m.views < 2 or (m.escalation_level < 1 and not check):
             self.cloud.put(f, sent)
         else:
             self._escalate(f, sent, m)
