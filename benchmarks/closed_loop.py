@@ -35,13 +35,13 @@ import numpy as np
 
 from ddnn.benchmarks.common import pyplot, replay_devices, write_json
 from ddnn.benchmarks.drift import SCENE
+from ddnn.models.synth import DRIFT_KINDS
 
 LOOP_DRIFTS = ("lighting", "rotation", "remount")  # fools every tier (benchmarks/drift.py)
 # The drift that leaves the cloud sound while it misleads the early exits: worn, high-gain
 # sensors (models/synth.py, SENSOR_NOISE), whose noise an escalated frame's pooled views average
 # away (every single drift's exits are measured offline in every run: ``exits_by_drift``).
 SOUND_CLOUD_DRIFTS = ("noise",)
-SINGLE_DRIFTS = ("lighting", "rotation", "remount", "noise")
 SIZES = {  # frames
     "full": {"home": 300, "drifted": 600, "labelled": 300, "site": 1200, "after": 600,
              "teacher": 900, "test": 600},
@@ -96,7 +96,7 @@ def _field(root: Path, n: dict[str, int]) -> dict:
              "teacher-fooled": drifted(n["teacher"], 9)}
     for name, data in files.items():
         save_dataset(root / f"{name}.npz", data)
-    for drift in SINGLE_DRIFTS:  # for exits_by_drift
+    for drift in DRIFT_KINDS:  # for exits_by_drift
         save_dataset(root / f"only-{drift}.npz", drifted(n["test"], 10, (drift,)))
     return {"bundle": bundle, "private": private, "public": public,
             "stream": {"home": synthesize(n["home"], cfg, seed=2),
@@ -157,21 +157,26 @@ def _federate(bundle: Path, sites: list[tuple[str, Path]], out: Path, key: Path,
 
 def _evaluate(bundle: Path, data: Path, local_threshold: float | None = None) -> dict:
     """``ddnn evaluate``'s accuracy (the hierarchy as calibrated, or with ``local_threshold``)
-    and local-exit share, and each exit's own accuracy on every frame (what a teacher changed
-    where no frame reaches it yet)."""
-    from ddnn.bundle import load_bundle
-    from ddnn.dataset import load_dataset
-    from ddnn.runtime import BundleRuntime
+    and local-exit share."""
     from ddnn.tools.evaluate import evaluate
 
     r = evaluate(bundle, data, local_threshold=local_threshold)
+    return {"accuracy": {k: round(v, 3) for k, v in r["accuracy"].items()},
+            "local_share": round(r["exit_fraction"]["local"], 3)}
+
+
+def _own_exits(bundle: Path, data: Path) -> dict[str, float]:
+    """Each exit's own accuracy on every frame, unstacked: what a teacher changed where no
+    frame reaches it yet."""
+    from ddnn.bundle import load_bundle
+    from ddnn.dataset import load_dataset
+    from ddnn.runtime import BundleRuntime
+
     b = load_bundle(bundle)
     ds = load_dataset(data, num_classes=b.manifest.num_classes)
     own = BundleRuntime(b).run_dataset(ds.X, ds.present, stacked=False)
-    exits = {k: round(float((own[k].argmax(-1) == ds.label).mean()), 3)
-             for k in ("local", "edge", "cloud", "escalated") if k in own}
-    return {"accuracy": {k: round(v, 3) for k, v in r["accuracy"].items()},
-            "local_share": round(r["exit_fraction"]["local"], 3), "exits": exits}
+    return {k: round(float((own[k].argmax(-1) == ds.label).mean()), 3)
+            for k in ("local", "edge", "cloud", "escalated") if k in own}
 
 
 # --- the loop, live -----------------------------------------------------------------------------
@@ -392,6 +397,7 @@ def _teacher(root: Path, field: dict, broker: str, case: str, quick: bool) -> di
     return {"drifts": list(SOUND_CLOUD_DRIFTS if case == "sound" else LOOP_DRIFTS),
             "recorded_frames": _recorded(experience), "federation": federation,
             "before": _evaluate(bundle, test), "after": _evaluate(out, test),
+            "exits_before": _own_exits(bundle, test), "exits_after": _own_exits(out, test),
             # The local exit shut, as the adapted thresholds shut it once the alarm rises: the
             # frames go up to the exits the cloud's answers taught.
             "before_local_shut": _evaluate(bundle, test, local_threshold=0.0),
@@ -470,7 +476,7 @@ def run(out_dir: Path, work: Path, quick: bool = False) -> dict:
     windows = _windows(loop["results"], loop["labels"], window)
     phases = {k: _phase(loop["results"], loop["labels"], r) for k, r in loop["phases"].items()}
     exits_by_drift = {d: _evaluate(field["bundle"], root / f"only-{d}.npz")["accuracy"]
-                      for d in SINGLE_DRIFTS}
+                      for d in DRIFT_KINDS}
     offline = {"before": _evaluate(field["bundle"], root / "test.npz"),
                "after": _evaluate(loop["federated_bundle"], root / "test.npz")}
     steps = {s["step"]: s for s in loop["steps"]}

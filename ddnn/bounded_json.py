@@ -47,7 +47,9 @@ def nesting_depth(data: bytes | bytearray | memoryview | str) -> int:
 def loads(data: bytes | bytearray | memoryview | str, max_depth: int = MAX_DEPTH) -> Any:
     """``json.loads(data)``, refused (:class:`JsonDepthError`) if it nests more than
     ``max_depth`` levels; other faults raise as ``json.loads`` raises them (``ValueError``)."""
+    if isinstance(data, memoryview):  # (json.loads takes no memoryview: one copy, here)
+        data = bytes(data)
     depth = nesting_depth(data)
     if depth > max_depth:
         raise JsonDepthError(f"nested {depth} levels deep, more than {max_depth}")
-    return json.loads(bytes(data) if isinstance(data, memoryview) else data)
+    return json.loads(data)
