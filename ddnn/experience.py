@@ -18,6 +18,11 @@ renamed, so a reader never sees half a chunk), each an ``.npz`` without pickles 
   :mod:`ddnn.edge.feedback`), the class index, or -1 where the frame has none; a labelled
   frame's ``soft_label`` is that class's one-hot row, so a reader that knows only soft labels
   learns the operator's answer too;
+- optional ``chance`` float32 ``(N,)``: the chance the frame had of being recorded, of all the
+  frames the edge saw: 1 for a frame its exits sent up, the audit rate for an early exit the
+  cloud checked anyway, 0 for a frame an operator chose to label (no random draw). Frames
+  drawn with known chances are a sample of the whole stream (:func:`stream_sample`), which
+  ``ddnn federate`` calibrates the exits on; a reader without it learns from the frames alone;
 - ``meta``: a 0-d string, JSON: ``{"format": "ddnn-experience", "format_version": 2,
   "model": {"name", "version"}, "classes": [...], "feature_shape": [F, h, w],
   "device_codec": ..., "created": ISO 8601}``.
@@ -63,6 +68,8 @@ class Experience:
     device_scores: np.ndarray | None  # float32 (N, V, C), or None when not recorded
     classes: tuple[str, ...]
     label: np.ndarray | None = None  # int64 (N,), NO_LABEL where none; None: all NO_LABEL
+    chance: np.ndarray | None = None  # float32 (N,): each frame's chance of being recorded;
+    # None: not recorded (chunks of an older edge), 0 where no random draw chose the frame
 
     def __post_init__(self) -> None:
         if self.label is None:
@@ -79,17 +86,40 @@ class Experience:
 
     def subset(self, index: np.ndarray) -> Experience:
         scores = None if self.device_scores is None else self.device_scores[index]
+        chance = None if self.chance is None else self.chance[index]
         return Experience(self.features[index], self.present[index], self.soft_label[index],
-                          scores, self.classes, np.asarray(self.label)[index])
+                          scores, self.classes, np.asarray(self.label)[index], chance)
+
+    @property
+    def teacher_label(self) -> np.ndarray:
+        """int64 (N,): each frame's best known class: the operator's where given, else the
+        cloud's answer (the argmax of its soft label)."""
+        return np.where(self.labelled, np.asarray(self.label), self.soft_label.argmax(1))
+
+
+def stream_sample(chance: np.ndarray, seed: int = 0) -> np.ndarray:
+    """The indices of a uniform sample of the stream the frames were drawn from, at the rate
+    of the least likely draw: frame i, recorded with chance ``p_i`` > 0, stays with chance
+    ``min(p) / p_i`` (so every frame of the stream had the same chance ``min(p)`` to be here).
+    A frame the edge sent up is recorded whatever its exits said, an audited one only when
+    drawn: the recorded frames over-represent the hard ones, the sample does not. Frames of
+    chance 0 (an operator's choice) are left out."""
+    chance = np.asarray(chance, dtype=np.float64)
+    drawn = np.flatnonzero(chance > 0)
+    if drawn.size == 0:
+        return drawn
+    keep = np.random.default_rng(seed).random(drawn.size) < chance[drawn].min() / chance[drawn]
+    return drawn[keep]
 
 
 def write_chunk(directory: str | Path, features: np.ndarray, present: np.ndarray,
                 soft_label: np.ndarray, *, model: tuple[str, str], classes: list[str],
                 device_codec: str, device_scores: np.ndarray | None = None,
-                label: np.ndarray | None = None) -> Path:
+                label: np.ndarray | None = None, chance: np.ndarray | None = None) -> Path:
     """Write one chunk of experience into ``directory`` (atomically); returns its path.
 
-    ``label``: the hard labels (class index, :data:`NO_LABEL` for none; None: no frame has one).
+    ``label``: the hard labels (class index, :data:`NO_LABEL` for none; None: no frame has one);
+    ``chance``: each frame's chance of being recorded (None: not known).
     """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -109,6 +139,8 @@ def write_chunk(directory: str | Path, features: np.ndarray, present: np.ndarray
     }
     if device_scores is not None:
         arrays["device_scores"] = np.asarray(device_scores, dtype=np.float16)
+    if chance is not None:
+        arrays["chance"] = np.asarray(chance, dtype=np.float32)
     name = f"{PREFIX}{int(time.time() * 1000)}-{os.getpid()}-{next(_seq)}.npz"
     tmp = directory / f".{name}.tmp"
     with open(tmp, "wb") as f:
@@ -179,6 +211,11 @@ def _check_chunk(path: Path, meta: dict, a: dict[str, np.ndarray]) -> None:
         if ((y != NO_LABEL) & ((y < 0) | (y >= s.shape[1]))).any():
             raise DatasetError(f"{path.name}: a label is not a class index (0..{s.shape[1] - 1}) "
                                f"nor {NO_LABEL}")
+    c = a.get("chance")
+    if c is not None and (c.shape != (n,) or c.dtype.kind != "f" or not np.isfinite(c).all()
+                          or (c < 0).any() or (c > 1).any()):
+        raise DatasetError(f"{path.name}: chance {c.shape} {c.dtype} should be ({n},) "
+                           "probabilities")
 
 
 def read_experience(directory: str | Path, classes: tuple[str, ...] | None = None,
@@ -216,6 +253,7 @@ def read_experience(directory: str | Path, classes: tuple[str, ...] | None = Non
     if not parts or names is None:
         raise DatasetError(f"{directory}: no usable experience chunk")
     with_scores = all("device_scores" in a for a in parts)
+    with_chance = all("chance" in a for a in parts)  # else no frame's chance is known
     return Experience(
         features=np.concatenate([a["features"] for a in parts]).astype(np.float32),
         present=np.concatenate([a["present"] for a in parts]),
@@ -226,4 +264,6 @@ def read_experience(directory: str | Path, classes: tuple[str, ...] | None = Non
         label=np.concatenate([a["label"].astype(np.int64) if "label" in a
                               else np.full(len(a["features"]), NO_LABEL, np.int64)
                               for a in parts]),
+        chance=(np.concatenate([a["chance"] for a in parts]).astype(np.float32)
+                if with_chance else None),
     )

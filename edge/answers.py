@@ -80,4 +80,6 @@ class Answers:
         if self.recorder is not None and f.pipeline is not None:
             self.recorder.put(f.pipeline.manifest,
                               {v: f.features[v] for v in answer.views if v in f.features},
-                              f.scores, answer.scores)
+                              f.scores, answer.scores,
+                              # an audit's chance; a frame the exits sent up was sure to come
+                              chance=sent.audit if sent.audit > 0 else 1.0)

@@ -79,6 +79,7 @@ class Taught:
     scores: Mapping[int, Scores]  # view → the scores its device sent
     cloud: np.ndarray | None  # (C,) the cloud's scores; None for a labelled frame
     label: int = experience.NO_LABEL  # an operator's class index
+    chance: float = 0.0  # of being recorded (ddnn.experience): 0 for an operator's choice
 
     @property
     def key(self) -> tuple[str, str, bool]:
@@ -119,10 +120,11 @@ class ExperienceRecorder:
         return self.worker.alive()
 
     def put(self, manifest: Manifest, features: Mapping[int, np.ndarray],
-            scores: Mapping[int, Scores], cloud: np.ndarray) -> None:
-        """Hand one frame over (any thread; never blocks: a full queue drops it, counted)."""
+            scores: Mapping[int, Scores], cloud: np.ndarray, chance: float = 1.0) -> None:
+        """Hand one frame over (any thread; never blocks: a full queue drops it, counted).
+        ``chance``: of the cloud seeing it (1 for a frame sent up, the rate of its audit)."""
         try:
-            self._queue.put_nowait(Taught(manifest, features, scores, cloud))
+            self._queue.put_nowait(Taught(manifest, features, scores, cloud, chance=chance))
         except queue.Full:
             self.events.on_experience("dropped", 1)
 
@@ -183,7 +185,8 @@ class ExperienceRecorder:
                                    arrays.soft_label, model=(m.name, m.version),
                                    classes=list(m.classes),
                                    device_codec=m.codec["device_features"],
-                                   device_scores=arrays.device_scores, label=arrays.label)
+                                   device_scores=arrays.device_scores, label=arrays.label,
+                                   chance=arrays.chance)
             experience.prune(self.directory, self.max_bytes)
         except (OSError, ValueError) as e:
             self.events.on_experience("failed", len(frames))
@@ -201,7 +204,7 @@ class ExperienceRecorder:
 def frame_bytes(m: Manifest) -> int:
     """A frame's size in a chunk before compression (features and scores as float16)."""
     feature = int(np.prod(m.devices[0].output("features").sample_shape))
-    return 2 * m.views * (feature + m.num_classes) + 4 * m.num_classes + m.views
+    return 2 * m.views * (feature + m.num_classes) + 4 * m.num_classes + m.views + 6
 
 
 def chunk_frames(m: Manifest, max_bytes: int) -> int:
@@ -219,6 +222,7 @@ class ChunkArrays:
     soft_label: np.ndarray  # float32 (N, C)
     device_scores: np.ndarray | None  # float16 (N, V, C); None unless every frame has them
     label: np.ndarray  # int16 (N,), NO_LABEL where the frame has no hard label
+    chance: np.ndarray  # float32 (N,): of being recorded
 
 
 def chunk_arrays(frames: list[Taught]) -> ChunkArrays:
@@ -246,4 +250,5 @@ def chunk_arrays(frames: list[Taught]) -> ChunkArrays:
             label[i], soft[i, t.label] = t.label, 1.0
         else:
             soft[i] = softmax(np.ravel(t.cloud)[None])[0]
-    return ChunkArrays(features, present, soft, scores if with_scores else None, label)
+    chance = np.array([t.chance for t in frames], np.float32)
+    return ChunkArrays(features, present, soft, scores if with_scores else None, label, chance)

@@ -265,16 +265,19 @@ def calibration_budget(tolerance: float, agreement: float, max_bytes: float,
 
 
 def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | None]],
-                   views: int, tiers: set[str]) -> tuple[Stacking | None, dict]:
+                   views: int, tiers: set[str], current: Stacking | None = None
+                   ) -> tuple[Stacking | None, dict]:
     """The stacking ``models.calibrate.fit_stacking`` would fit on the union of the sites'
     held-out splits, from their summed stacking tables, and what the refit stood on.
 
     ``sites``: each one's node, held-out samples and tables (``tiers``: the upper tiers the
-    bundle has). A site whose tables cannot be true (``stacking_tables_problem``) is left out
-    with a warning, as a bad update is; the refit is refused (``None``: the bundle's stacking
-    stays) where a site that held data out sent no tables (a site too old to count them) or no
-    site is left. Tables within bounds still weigh as the samples their site claims, as its
-    calibration tables do."""
+    bundle has). A site that held out experience, not data, cannot run the escalated cloud
+    (experience holds no details): its tables may lack that tier, which then keeps its weight
+    in ``current`` (the bundle's stacking). A site whose tables cannot be true
+    (``stacking_tables_problem``) is left out with a warning, as a bad update is; the refit is
+    refused (``None``: the bundle's stacking stays) where a site that held data out sent no
+    tables (a site too old to count them) or no site is left. Tables within bounds still weigh
+    as the samples their site claims, as its calibration tables do."""
     used, left_out = [], {}
     for node, samples, tables in sites:
         if not np.isfinite(samples):  # else every bound below would hold
@@ -287,7 +290,8 @@ def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | 
         if tables is None:
             log.warning("site %s sent no stacking tables: the bundle's stacking stays", node)
             return None, {"refit": False, "reason": f"site {node} sent no stacking tables"}
-        problem = stacking_tables_problem(dict(tables), samples, tiers)
+        sent = set(tables) if set(tables) == tiers - {"escalated"} else tiers
+        problem = stacking_tables_problem(dict(tables), samples, sent)
         if problem is not None:
             log.warning("left the stacking tables of site %s out: %s", node, problem)
             left_out[str(node)] = problem
@@ -296,5 +300,11 @@ def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | 
     info: dict = {"sites": len(used), **({"left_out": left_out} if left_out else {})}
     if not used:
         return None, {"refit": False, "reason": "no site's stacking tables to refit on", **info}
-    total = {k: sum(np.asarray(t[k], dtype=np.float64) for t in used) for k in tiers}
-    return pick_stacking(total, views), {"refit": True, **info}
+    common = set.intersection(*(set(t) for t in used))
+    total = {k: sum(np.asarray(t[k], dtype=np.float64) for t in used) for k in common}
+    refit = pick_stacking(total, views).to_dict()
+    kept = (current or Stacking()).to_dict()
+    if tiers - common:
+        info["kept"] = sorted(tiers - common)  # no site could evaluate them
+    return Stacking(**{t: refit[t] if t in common else kept[t] for t in kept}), {
+        "refit": True, **info}

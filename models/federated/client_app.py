@@ -180,6 +180,7 @@ def evaluate(msg: Message, context: Context) -> Message:
     stacked exits when the server asks, the tables that refit their weights."""
     from ddnn.models.federated.calibration import narrow_counts
     from ddnn.models.federated.trainer import evaluate as measure
+    from ddnn.models.federated.trainer import evaluate_experience
 
     config = msg.content[CONFIG]
     arch = json.loads(str(config["arch"]))
@@ -197,10 +198,16 @@ def evaluate(msg: Message, context: Context) -> Message:
     else:
         raise ValueError("no model sent to evaluate and none kept from an earlier evaluation")
     content = RecordDict({METRICS: MetricRecord({"samples": 0.0})})
+    held = None
+    tables = bool(config.get("stacking-tables", False))
     if site.holdout is not None:
         held = measure(arch, from_record(model), site.holdout,
-                       int(config["grid"]), int(config["threads"]),
-                       with_stacking_tables=bool(config.get("stacking-tables", False)))
+                       int(config["grid"]), int(config["threads"]), with_stacking_tables=tables)
+    elif site.experience_holdout is not None:  # the cloud's answers label the stream's sample
+        held = evaluate_experience(arch, from_record(model), site.experience_holdout,
+                                   int(config["grid"]), int(config["threads"]),
+                                   with_stacking_tables=tables)
+    if held is not None:
         content[METRICS] = MetricRecord(held.correct)
         content[COUNTS] = to_record(narrow_counts(held.counts))
         if held.stacking_tables is not None:

@@ -227,6 +227,7 @@ def _refit(answers: dict[int, RecordDict], arch: dict):
     """The stacking refitted from the first evaluation's stacking tables, and its record."""
     from ddnn.models.config import DDNNConfig
     from ddnn.models.federated.calibration import refit_stacking
+    from ddnn.stacking import Stacking
 
     def site(node: int, content: RecordDict):
         samples = float(content[METRICS].get("samples", 0.0))  # screened: a number
@@ -239,7 +240,8 @@ def _refit(answers: dict[int, RecordDict], arch: dict):
 
     escalates = arch.get("config", {}).get("escalate", DDNNConfig().escalation.detail) != "none"
     tiers = {"edge", "cloud", "escalated"} if escalates else {"edge", "cloud"}
-    return refit_stacking([site(n, c) for n, c in answers.items()], int(arch["views"]), tiers)
+    return refit_stacking([site(n, c) for n, c in answers.items()], int(arch["views"]), tiers,
+                          Stacking.from_dict(arch["stacking"]))
 
 
 def _screened(answers: dict[int, RecordDict], grid: int, views: int, detail: int,
@@ -257,7 +259,7 @@ def _screened(answers: dict[int, RecordDict], grid: int, views: int, detail: int
         try:
             samples = float(metrics.get("samples", float("nan")))
             right = [float(metrics.get(k, 0.0)) for k in ("local", "edge", "cloud",
-                                                          "escalated")]
+                                                          "escalated", "teacher-labelled")]
         except (TypeError, ValueError):
             return "metrics that are not numbers"
         if not 0 <= samples <= MAX_FRAMES or not all(0 <= r <= samples for r in right):
@@ -350,6 +352,11 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     if cal is not None:
         accuracy["overall"] = cal.point.accuracy
     evaluation = {"sites": len(answers), "samples": int(samples), "accuracy": accuracy}
+    # Held-out experience is labelled by the cloud's answers: there the accuracy is agreement
+    # with the teacher, which says how right it is only as far as the cloud is.
+    taught = sum(float(c[METRICS].get("teacher-labelled", 0.0)) for c in answers.values())
+    if taught:
+        evaluation["teacher_labelled"] = int(taught)
     if record is not None:
         weights_now = stacking.to_dict() if stacking is not None else arch["stacking"]
         evaluation["stacking"] = {**record, "changed": weights_now != arch["stacking"],

@@ -7,7 +7,9 @@ teach the layers above the device stem: online distillation), and returns the ne
 With ``stop_when`` it checks the model every ``check_steps`` steps and stops as soon as the
 check says so (dynamic averaging's divergence test). :func:`evaluate` measures a model on the
 site's held-out split and returns the calibration tables (``calibration.exit_counts``) and,
-for a bundle with stacked exits, the tables that refit their weights.
+for a bundle with stacked exits, the tables that refit their weights;
+:func:`evaluate_experience` does the same on held-out experience, for a site without labelled
+data, with the cloud's recorded answers as the labels.
 """
 
 from __future__ import annotations
@@ -65,6 +67,9 @@ class SiteData:
     train: MultiViewDataset | None
     holdout: MultiViewDataset | None
     experience: Experience | None
+    # A site without a labelled held-out split holds out some experience instead: a sample
+    # of its stream (ddnn.experience.stream_sample), none where no frame's chance is known.
+    experience_holdout: Experience | None = None
 
     @property
     def examples(self) -> int:
@@ -100,12 +105,37 @@ def load_site(arch: dict, data: str | Path | None, experience: str | Path | None
         if ds.num_samples < 2:
             raise DatasetError(f"{data}: a site needs at least two samples to train on")
         train, held = split_holdout(ds, holdout, seed) if ds.num_samples >= 10 else (ds, None)
-    exp = None
+    exp = exp_held = None
     if experience is not None:
         model = build_model(arch)
         _, feats = model.devices[0](torch.zeros(1, *arch["input_shape"]))
         exp = read_experience(experience, classes, tuple(feats.shape[1:]), arch["views"])
-    return SiteData(train, held, exp)
+        if held is None:
+            exp, exp_held = split_experience(exp, holdout, seed)
+    return SiteData(train, held, exp, exp_held)
+
+
+MIN_HELD_FRAMES = 10  # fewer frames of the stream held out calibrate nothing
+
+
+def split_experience(exp: Experience, holdout: float, seed: int = 0
+                     ) -> tuple[Experience, Experience | None]:
+    """``exp`` as frames to learn from and a held-out sample of the stream: a ``holdout``
+    share of :func:`ddnn.experience.stream_sample` (a uniform sample of every frame the edge
+    saw, so a share of it is one too); the rest, operators' labels included, is learned from.
+    None held out where that share would have fewer than :data:`MIN_HELD_FRAMES` frames, or
+    the experience recorded no chances or no device scores (the local exit's input)."""
+    from ddnn.experience import stream_sample
+
+    if exp.chance is None or exp.device_scores is None or holdout <= 0:
+        return exp, None
+    sample = stream_sample(exp.chance, seed)
+    held = sample[np.random.default_rng([seed, 1]).random(sample.size) < holdout]
+    if held.size < MIN_HELD_FRAMES:
+        return exp, None
+    rest = np.ones(exp.num_samples, bool)
+    rest[held] = False
+    return exp.subset(np.flatnonzero(rest)), exp.subset(held)
 
 
 def _soft_ce(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -277,6 +307,53 @@ def evaluate(arch: dict, weights: Weights, ds: MultiViewDataset, grid: int = 201
     tables = (stacking_tables(own, ds.label) if with_stacking_tables and stacking is not None
               else None)
     return Evaluation({**correct, "samples": float(ds.num_samples)}, counts, tables)
+
+
+def experience_exits(model: DDNN, exp: Experience, batch: int = 512) -> dict[str, np.ndarray]:
+    """Each segment's own scores on recorded frames: the local exit from the devices' scores,
+    the edge and cloud exits from their features (the escalated cloud needs the cameras'
+    details, which experience never holds)."""
+    if exp.device_scores is None:
+        raise ValueError("experience without device scores has no local exit to evaluate")
+    model.eval()
+    parts = []
+    with torch.no_grad():
+        for i in range(0, exp.num_samples, batch):
+            rows = slice(i, i + batch)
+            present = torch.from_numpy(exp.present[rows])
+            local = aggregate(torch.from_numpy(exp.device_scores[rows]), present,
+                              model.local_op)
+            edge, edge_feats = model.edge(aggregate(torch.from_numpy(exp.features[rows]),
+                                                    present, model.edge_op))
+            parts.append({"local": model.local(local) if model.local is not None else local,
+                          "edge": edge, "cloud": model.cloud(edge_feats)})
+    return {k: torch.cat([p[k] for p in parts]).float().numpy() for k in parts[0]}
+
+
+def evaluate_experience(arch: dict, weights: Weights, exp: Experience, grid: int = 201,
+                        threads: int = 1, with_stacking_tables: bool = False) -> Evaluation:
+    """:func:`evaluate` on held-out experience (a sample of the stream, from
+    :func:`split_experience`), each frame's label the best one known: the operator's, else the
+    cloud's recorded answer (``Experience.teacher_label``). The tiers are those experience can
+    run (local, edge, cloud: the calibration tables of level 0 only); the right answers count
+    agreement with the teacher, so they measure accuracy only as far as the cloud is right."""
+    from ddnn.models.calibrate import stacking_tables
+
+    torch.set_num_threads(threads)
+    model = build_model(arch)
+    set_weights(model, weights)
+    own = experience_exits(model, exp)
+    labels = exp.teacher_label
+    stacking = stacking_of(arch)
+    logits = stacking.apply(own) if stacking is not None else own  # as the bundle answers
+    correct = {k: float((logits[k].argmax(-1) == labels).sum()) for k in ("local", "edge",
+                                                                          "cloud")}
+    counts = exit_counts(logits, labels, exp.present, grid)
+    tables = (stacking_tables(own, labels) if with_stacking_tables and stacking is not None
+              else None)
+    taught = float((~exp.labelled).sum())  # frames whose label is the cloud's answer
+    return Evaluation({**correct, "samples": float(exp.num_samples), "teacher-labelled": taught},
+                      counts, tables)
 
 
 def detail_bytes(model: DDNN, ds: MultiViewDataset, device_scores: np.ndarray,

@@ -288,3 +288,45 @@ def test_one_hostile_site_of_four_leaves_the_federation_within_two_points(sites,
     attacked = evaluate(tmp_path / "attacked", test)["accuracy"]["overall"]
     assert clean >= before + 0.1, (before, clean)  # else the comparison below says nothing
     assert attacked >= clean - 0.02, (before, clean, attacked)
+
+
+def test_a_site_with_experience_only_calibrates_the_exits_on_the_clouds_answers(sites,
+                                                                                 tmp_path):
+    """A site that holds no labelled frame, only the experience its edge recorded (every early
+    exit audited, so every frame drawn with chance 1; a sound teacher: its answers are the
+    truth, softened). The federation holds out a sample of that stream, labels it with the
+    teacher's answers, and calibrates the thresholds and refits the stacking on it: before,
+    such a federation kept the starting bundle's calibration whatever it taught."""
+    import torch
+
+    from ddnn.dataset import load_dataset
+    from ddnn.experience import write_chunk
+    from ddnn.models.federated.weights import model_from_bundle
+
+    _, paths, start = sites
+    ds = load_dataset(paths[1], num_classes=3)
+    model = model_from_bundle(start).eval()
+    with torch.no_grad():
+        x = torch.from_numpy(ds.images(slice(0, ds.num_samples)))
+        outs = [model.devices[v % len(model.devices)](x[:, v]) for v in range(ds.num_views)]
+    soft = np.eye(3, dtype=np.float32)[ds.label] * 0.85 + 0.05
+    write_chunk(tmp_path / "experience", torch.stack([o[1] for o in outs], 1).numpy(),
+                ds.present, soft, model=("tiny", "1.9"), classes=list(ds.classes),
+                device_codec="binary", device_scores=torch.stack([o[0] for o in outs], 1).numpy(),
+                chance=np.ones(ds.num_samples, np.float32))
+    out = tmp_path / "taught"
+    result = _federate(start, [tmp_path / "experience"], out)
+    ev = result["evaluation"]
+    assert ev["sites"] == 1 and 10 <= ev["samples"] < ds.num_samples
+    assert ev["teacher_labelled"] == ev["samples"]  # the cloud's answers labelled them all
+    manifest = load_bundle(out).manifest
+    assert manifest.calibration["federated"] is True
+    assert manifest.calibration["samples"] == ev["samples"]
+    assert dict(manifest.thresholds) == manifest.calibration["thresholds"]
+    # The point chosen answers the held-out stream as well as its best tier answers it, by
+    # the teacher's labels (the default tolerance is 0): what calibration on data promises.
+    accuracy = ev["accuracy"]
+    assert accuracy["overall"] >= max(accuracy[t] for t in ("local", "edge", "cloud")) - 1e-9
+    refit = manifest.training["federation"]["evaluation"]["stacking"]
+    assert refit["refit"] is True and refit["sites"] == 1
+    assert manifest.stacking.to_dict() == refit["weights"]

@@ -64,3 +64,20 @@ def test_a_full_queue_drops_frames_and_counts_them(tiny_bundle, tmp_path):
     for features, scores, cloud in frames(m, 5, np.random.default_rng(1)):
         recorder.put(m, features, scores, cloud)  # not started: nothing takes them
     assert counts["dropped"] == 3
+
+
+def test_each_frame_is_recorded_with_its_chance_of_being_recorded(tiny_bundle, tmp_path):
+    """A frame sent up (chance 1), an audited early exit (the audit's rate) and an operator's
+    label (0: no random draw chose it) keep their chances, for a sample of the stream."""
+    m = load_bundle(tiny_bundle).manifest
+    recorder = ExperienceRecorder(ExperienceRecording(directory=tmp_path / "exp"))
+    recorder.start()
+    (features, scores, cloud), (f2, s2, c2) = frames(m, 2, np.random.default_rng(2))
+    recorder.put(m, features, scores, cloud)
+    recorder.put(m, f2, s2, c2, chance=0.2)
+    assert recorder.put_labelled(m, features, 1)
+    recorder.stop()
+    exp = read_experience(tmp_path / "exp")
+    chances = exp.chance.astype(float).round(6).tolist()
+    assert sorted(zip(chances, exp.label.tolist(), strict=True)) == [(0.0, 1), (0.2, -1),
+                                                                     (1.0, -1)]

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from ddnn.errors import DatasetError
-from ddnn.experience import chunks, prune, read_experience, write_chunk
+from ddnn.experience import chunks, prune, read_experience, stream_sample, write_chunk
 from ddnn.hierarchy import UplinkCost
 from ddnn.models.calibrate import calibrate
 from ddnn.models.federated.calibration import (
@@ -467,3 +467,100 @@ def test_a_deep_device_bundle_is_rebuilt_from_its_onnx_files(tiny_data, tmp_path
     # folded (statistics given back as zero mean) unless the conv is binarized
     assert torch.all(first.running_mean == 0) != bool(kw.get("device_binary"))
     assert not torch.all(model.devices[0].stem[0].bn.running_mean == 0)  # kept by name
+
+
+def test_the_recorded_chances_make_a_sample_of_the_whole_stream(tmp_path):
+    """A frame the exits sent up is recorded for sure, an audited early exit with the audit's
+    chance: the sample keeps each frame with min(chance) / its chance, so every frame of the
+    stream had the same chance to be in it; an operator's choice (chance 0) is left out."""
+    chance = np.array([1.0] * 3000 + [0.25] * 3000 + [0.0] * 100, np.float32)
+    kept = stream_sample(chance, seed=3)
+    assert not (kept >= 6000).any()  # the operator's frames
+    sent_up, audited = (kept < 3000).sum(), ((kept >= 3000) & (kept < 6000)).sum()
+    assert audited == 3000  # the least likely draw is kept whole
+    assert abs(sent_up - 750) < 4 * np.sqrt(3000 * 0.25 * 0.75)  # a quarter, as the audits
+    assert np.array_equal(kept, stream_sample(chance, seed=3))  # seeded
+    assert stream_sample(np.zeros(5)).size == 0
+    _chunk(tmp_path, n=4, chance=np.array([1, 0.5, 0.5, 0], np.float32))
+    _chunk(tmp_path, n=2, seed=1, chance=np.array([1, 1], np.float32))
+    exp = read_experience(tmp_path)
+    assert sorted(exp.chance.tolist()) == [0, 0.5, 0.5, 1, 1, 1]
+    assert exp.subset(np.array([1])).chance.tolist() == [0.5]
+    _chunk(tmp_path, n=2, seed=2)  # an older edge's chunk: no chances, so none is known
+    assert read_experience(tmp_path).chance is None
+
+
+@pytest.mark.parametrize("chance", [[0.5, 2.0], [np.nan, 1.0], [-0.1, 1.0], [1.0]])
+def test_chances_that_are_not_probabilities_are_refused(tmp_path, caplog, chance):
+    _chunk(tmp_path, n=2, chance=np.array(chance, np.float32))
+    with pytest.raises(DatasetError, match="no usable"):
+        read_experience(tmp_path)
+    assert "chance" in caplog.text
+
+
+def test_held_out_experience_calibrates_a_site_that_has_no_labelled_data(tiny_bundle,
+                                                                        tiny_data, tmp_path):
+    """A site with experience only holds out a sample of its stream and evaluates the exits
+    experience can run, the teacher's answers (or an operator's) as the labels: calibration
+    tables of level 0 that a server accepts, and stacking tables of the edge and cloud."""
+    import torch
+
+    from ddnn.models.calibrate import stacking_tables_problem
+    from ddnn.models.federated.trainer import (
+        LocalTraining,
+        evaluate_experience,
+        experience_exits,
+        fit,
+        load_site,
+    )
+    from ddnn.models.federated.weights import build_model, set_weights
+
+    arch, start, site = _bundle_site(tiny_bundle, tiny_data)
+    model = build_model(arch)
+    set_weights(model, start)
+    n = 200
+    with torch.no_grad():
+        x = torch.from_numpy(site.train.images(slice(0, n)))
+        outs = [model.devices[0](x[:, v]) for v in range(3)]
+    scores = torch.stack([o[0] for o in outs], 1).numpy()
+    feats = torch.stack([o[1] for o in outs], 1).numpy()
+    truth = site.train.label[:n]
+    soft = np.eye(3, dtype=np.float32)[truth] * 0.8 + 0.2 / 3
+    label = np.full(n, -1)
+    label[:5] = (truth[:5] + 1) % 3  # an operator's word beats the cloud's
+    chance = np.where(np.arange(n) % 2 == 0, 1.0, 0.5).astype(np.float32)
+    chance[:5] = 0.0
+    write_chunk(tmp_path / "exp", feats, site.train.present[:n], soft, model=("tiny", "1"),
+                classes=list(arch["classes"]), device_codec="binary", device_scores=scores,
+                label=label, chance=chance)
+    learner = load_site(arch, None, tmp_path / "exp", holdout=0.3, seed=1)
+    held = learner.experience_holdout
+    assert learner.holdout is None and held is not None
+    assert learner.experience.num_samples + held.num_samples == n
+    assert 10 <= held.num_samples < 0.3 * n
+    assert not held.labelled.any()  # an operator's choice is no draw: it is learned from
+    # Held out from a uniform sample of the stream: the frames sent up (chance 1) are kept at
+    # half the rate of the audited ones (chance 0.5) would be, the least likely draw.
+    assert (held.chance == 1).sum() < (held.chance == 0.5).sum()
+    taught_by = learner.experience
+    assert taught_by.labelled.sum() == 5 and np.array_equal(
+        taught_by.teacher_label, np.where(taught_by.labelled, taught_by.label,
+                                          taught_by.soft_label.argmax(1)))
+    result = evaluate_experience(arch, start, held, grid=11, with_stacking_tables=True)
+    assert counts_problem(result.counts, 11, 3) is None  # what a server checks
+    assert not any(k in result.counts for k in LEVEL1_NAMES)
+    own = experience_exits(model, held)
+    right = (own["local"].argmax(1) == held.teacher_label).sum()
+    assert result.correct["local"] == right and result.correct["samples"] == held.num_samples
+    assert stacking_tables_problem(result.stacking_tables, held.num_samples,
+                                   {"edge", "cloud"}) is None
+    taught = fit(arch, start, learner, LocalTraining(epochs=1, lr=3e-3, batch_size=16))
+    assert taught.examples == learner.experience.num_samples  # the held-out frames are not
+
+    # No chances recorded (an older edge), or too few frames of the stream: nothing held out.
+    write_chunk(tmp_path / "old", feats, site.train.present[:n], soft, model=("tiny", "1"),
+                classes=list(arch["classes"]), device_codec="binary", device_scores=scores)
+    old = load_site(arch, None, tmp_path / "old")
+    assert old.experience_holdout is None and old.experience.num_samples == n
+    few = load_site(arch, None, tmp_path / "exp", holdout=0.02)
+    assert few.experience_holdout is None and few.experience.num_samples == n

@@ -214,7 +214,7 @@ def _hostile(tables: dict[str, np.ndarray]) -> list[tuple[str, dict]]:
         ("shape", edited("edge", lambda t: t[0])),
         ("shape", edited("cloud", lambda t: t[:11, :11])),
         ("expected numbers", edited("edge", lambda t: t.astype(str))),
-        ("expected", {k: v for k, v in tables.items() if k != "escalated"}),
+        ("expected", {k: v for k, v in tables.items() if k != "cloud"}),
     ]
 
 
@@ -236,3 +236,22 @@ def test_tables_that_cannot_be_true_are_left_out_and_cannot_steer_or_crash_the_r
         stacking, info = refit_stacking([(1, 200, a), (2, claim, _hostile(b)[2][1])], 3,
                                         SITE_TIERS)
         assert stacking == honest and "sample count" in info["left_out"]["2"]
+
+
+def test_a_site_that_held_out_experience_refits_the_tiers_it_can_run_and_keeps_the_rest():
+    """Experience holds no details: a site evaluating on it sends no escalated tables. The
+    edge and cloud weights are refit on every site's tables, the escalated one stays the
+    bundle's."""
+    from ddnn.models.calibrate import fit_stacking
+    from ddnn.models.federated.calibration import refit_stacking
+    from ddnn.stacking import Stacking
+
+    exits, labels, (a, b) = _two_sites()
+    union = fit_stacking(exits, labels, 3)
+    current = Stacking(edge=0.9, cloud=0.9, escalated=0.35)
+    no_details = {k: v for k, v in b.items() if k != "escalated"}
+    stacking, info = refit_stacking([(1, 200, a), (2, 200, no_details)], 3, SITE_TIERS,
+                                    current)
+    assert info == {"refit": True, "sites": 2, "kept": ["escalated"]}
+    assert (stacking.edge, stacking.cloud) == (union.edge, union.cloud)
+    assert stacking.escalated == current.escalated
