@@ -307,6 +307,25 @@ def _calibrate(total, cost, s: FederationSettings, recorded: Mapping):
     return calibrate_counts(total, cost, tolerance, agreement)
 
 
+def _labelled_first(answers: dict[int, RecordDict]) -> dict[int, RecordDict]:
+    """The evaluation answers the calibration stands on: where some site held out labelled
+    frames, those sites' (and those that held none out); else every answer. A site that held
+    out experience labels it with the cloud's answers (``teacher-labelled``), a weaker truth:
+    beside true labels it would pull the thresholds toward the cloud's mistakes."""
+    def taught(c: RecordDict) -> bool:
+        return float(c[METRICS].get("teacher-labelled", 0.0)) > 0  # screened: a number
+
+    kept = {n: c for n, c in answers.items() if not taught(c)}
+    if len(kept) == len(answers) or not any(float(c[METRICS]["samples"]) > 0
+                                            for c in kept.values()):
+        return answers
+    log.info("calibrating on the %d site(s) that held out labelled frames; the held-out "
+             "experience of site(s) %s, labelled by the cloud, is left out",
+             sum(float(c[METRICS]["samples"]) > 0 for c in kept.values()),
+             ", ".join(str(n) for n in sorted(set(answers) - set(kept))))
+    return kept
+
+
 def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSettings,
                         rounds: int, cost, arch: dict, recorded: Mapping | None = None):
     """Federated evaluation: the sites' held-out results and summed calibration tables, and,
@@ -324,6 +343,7 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     answers = _screened(exchange.send(MessageType.EVALUATE, rounds + 1, {
         n: (weights, {"grid": s.grid, "stacking-tables": stacked}) for n in nodes}), s.grid,
         views, cost.detail)
+    answers = _labelled_first(answers)
     stacking, record = _refit(answers, arch) if stacked else (None, None)
     if stacking is not None and stacking.to_dict() != arch["stacking"]:
         log.info("stacking refitted on the sites' held-out splits: %s", stacking.describe())

@@ -827,3 +827,36 @@ def test_a_derived_variate_site_reads_the_federations_step_off_the_model_it_is_s
     # After a round it did not run (round 4 missed), it runs uncorrected.
     late, _ = train(steered, 5, float(steps))
     assert same(late, fit(arch, steered, site, local(5), 5).weights)
+
+
+def _taught(content, exchange):
+    """A site that held out experience: every held-out frame labelled by the cloud."""
+    content[METRICS] = MetricRecord({**dict(content[METRICS]),
+                                     "teacher-labelled": content[METRICS]["samples"]})
+
+
+def test_frames_the_cloud_labelled_calibrate_only_where_no_site_held_out_true_labels(caplog):
+    """Held-out experience is labelled by the cloud's answers: beside a site with labelled
+    held-out frames it is left out of the calibration (it would pull the thresholds toward
+    the cloud's mistakes); alone, it calibrates, and the summary says the cloud labelled it."""
+    import logging
+
+    sites, _, _ = _evaluating_sites()
+    alone, _, labelled, _ = _evaluate(EvaluatingGrid({1: sites[1]}), {**ARCH, "stacking": None})
+    with caplog.at_level(logging.INFO):
+        mixed, _, evaluation, _ = _evaluate(EvaluatingGrid(sites, tamper={2: _taught}),
+                                            {**ARCH, "stacking": None})
+    assert mixed.point == alone.point and evaluation == labelled
+    assert "held-out experience of site(s) 2, labelled by the cloud, is left out" in caplog.text
+    taught, _, evaluation, _ = _evaluate(EvaluatingGrid({2: sites[2]}, tamper={2: _taught}),
+                                         {**ARCH, "stacking": None})
+    untaught, _, _, _ = _evaluate(EvaluatingGrid({2: sites[2]}), {**ARCH, "stacking": None})
+    assert taught.point == untaught.point
+    assert evaluation["teacher_labelled"] == evaluation["samples"] == 500
+
+    def beyond(content, exchange):
+        content[METRICS] = MetricRecord({**dict(content[METRICS]), "teacher-labelled": 1e6})
+
+    cal, _, evaluation, _ = _evaluate(EvaluatingGrid(sites, tamper={2: beyond}),
+                                      {**ARCH, "stacking": None})
+    assert cal.point == alone.point and "left the evaluation of site 2 out" in caplog.text
