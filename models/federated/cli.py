@@ -112,7 +112,9 @@ def _federation_options(p) -> None:
                    "each side derives them from the models it holds, so a round carries the "
                    "models alone; default %(default)s)")
     p.add_argument("--holdout", type=float, default=D.holdout,
-                   help="share of each site's data held out to evaluate and calibrate")
+                   help="share of each site's data held out to evaluate and calibrate (a "
+                   "site with experience only holds out that share of a uniform sample of its "
+                   "stream, labelled by the cloud's answers)")
     p.add_argument("--dma-threshold", type=float, default=D.threshold,
                    help="dma: relative squared divergence ||w-r||^2/||r||^2 that makes a "
                    "site send its model")
@@ -184,10 +186,13 @@ def _report(args, result: dict) -> int:
         return 0
     ev = result.get("evaluation", {})
     acc = ev.get("accuracy", {})
+    # Held-out experience is labelled by the cloud: there accuracy is agreement with it.
+    taught = (f" ({ev['teacher_labelled']} labelled by the cloud's answers: agreement with it)"
+              if ev.get("teacher_labelled") else "")
     print(f"bundle {result['bundle']} version {result['version']} written "
           f"({'signed' if result.get('signed') else 'unsigned'}); {result['rounds']} rounds, "
           f"{result['communicated_bytes'] / 1e6:.2f} MB exchanged; held-out accuracy "
-          f"on {ev.get('samples', 0)} samples: "
+          f"on {ev.get('samples', 0)} samples{taught}: "
           + ", ".join(f"{k} {v:.3f}" for k, v in acc.items())
           + (f"; answers at escalation level {result['escalation_level']}"
              if "escalation_level" in result else ""), file=sys.stderr)

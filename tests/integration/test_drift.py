@@ -80,4 +80,9 @@ def test_a_domain_change_raises_the_drift_alarm_and_tightens_the_exits(
     assert exp.features.shape[1:3] == (3, agg.manifest.devices[0].output("features")
                                        .sample_shape[0])
     assert np.allclose(exp.soft_label.sum(1), 1, atol=1e-3) and exp.present.any(1).all()
+    # Each frame with its chance of being recorded (for the stream sample ddnn federate
+    # calibrates on): an early exit audited at the audit rate (or above it, investigating), a
+    # frame the exits sent up for sure.
+    assert exp.chance is not None and np.isclose(exp.chance.min(), AUDIT)
+    assert (exp.chance <= 1).all() and (exp.chance == 1).any()
     assert series.experience_bytes.get() == sum(p.stat().st_size for p in chunks(recorded))

@@ -172,3 +172,20 @@ def test_the_command_line_chooses_how_scaffolds_variates_travel(flags, variates,
     else:
         with pytest.raises(ConfigError, match=why):
             cli._settings(args, "w")
+
+
+def test_the_report_says_where_the_cloud_labelled_the_held_out_frames(capsys):
+    """Held-out experience is labelled by the cloud's answers: the summary a person reads says
+    its accuracy is agreement with the cloud, and says nothing of the kind for labelled data."""
+    import argparse
+
+    from ddnn.models.federated.cli import _report
+
+    result = {"bundle": "out", "version": "2", "rounds": 2, "communicated_bytes": 2e6,
+              "evaluation": {"samples": 60, "teacher_labelled": 60, "accuracy": {"edge": 0.8}}}
+    assert _report(argparse.Namespace(json=False), result) == 0
+    assert ("held-out accuracy on 60 samples (60 labelled by the cloud's answers: agreement "
+            "with it): edge 0.800") in capsys.readouterr().err
+    del result["evaluation"]["teacher_labelled"]
+    _report(argparse.Namespace(json=False), result)
+    assert "held-out accuracy on 60 samples: edge 0.800" in capsys.readouterr().err
