@@ -212,8 +212,11 @@ def section(name: str, result: dict, spec: Spec | None, out_dir: Path) -> str:
     lines += [f"**Question.** {spec.question}", ""]
     if "skipped" in result:
         return "\n".join([*lines, f"Skipped: {result['skipped']}", ""])
-    shown = [f"{p.split('/')[-1]} {_setup(lookup(result, p))}" for p in spec.setup
-             if lookup(result, p) is not None]
+    leaves = [p.split("/")[-1] for p in spec.setup]
+    # A path's last name, unless two paths end in it ("overall"): then the whole path.
+    shown = [f"{leaf if leaves.count(leaf) == 1 else p.replace('/', ' ')} "
+             f"{_setup(lookup(result, p))}"
+             for p, leaf in zip(spec.setup, leaves, strict=True) if lookup(result, p) is not None]
     if shown:
         lines += ["Setup: " + "; ".join(shown).rstrip(".") + ".", ""]
     lines += [*table(result, spec), "", f"Baseline: {spec.baseline}", "", *aims(result)]

@@ -61,6 +61,15 @@ def test_a_section_has_question_table_baseline_aims_plot_command_machine_and_bun
     assert "2026-11-25 23:40 UTC, 1.5 min" in text and "mvmc:1" in text and "level 2" in text
 
 
+def test_setup_figures_are_named_by_their_last_name_unless_two_share_it(tmp_path):
+    import dataclasses
+
+    spec = dataclasses.replace(LATENCY, setup=("acc/ddnn", "per_tier/local/frames",
+                                               "per_tier/cloud/frames"))
+    text = section("latency", RESULT, spec, tmp_path)
+    assert "Setup: ddnn 0.989; per_tier local frames 120; per_tier cloud frames 9." in text
+
+
 def test_the_readme_covers_every_json_and_sums_the_measured_wall_times(tmp_path):
     (tmp_path / "soak.json").write_text(json.dumps(RESULT))
     (tmp_path / "mystery.json").write_text(json.dumps({"x": 1}))
