@@ -307,6 +307,19 @@ def _calibrate(total, cost, s: FederationSettings, recorded: Mapping):
     return calibrate_counts(total, cost, tolerance, agreement)
 
 
+def _keep_level(cal, level: int):
+    """``cal`` at the starting bundle's escalation ``level``: experience holds no details, so
+    tables of held-out experience count level 0 alone, and calibrating on them must not turn
+    escalation off. The thresholds chosen at level 0 send up the frames the plain cloud
+    answers better than the early exits; at the bundle's level those go to the escalated
+    cloud. (The point's accuracy and bytes stay those measured at level 0.)"""
+    import dataclasses
+
+    log.info("the held-out experience counts escalation level 0 alone: the bundle's level %d "
+             "stays", level)
+    return dataclasses.replace(cal, point=dataclasses.replace(cal.point, level=level))
+
+
 def _labelled_first(answers: dict[int, RecordDict]) -> dict[int, RecordDict]:
     """The evaluation answers the calibration stands on: where some site held out labelled
     frames, those sites' (and those that held none out); else every answer. A site that held
@@ -327,14 +340,16 @@ def _labelled_first(answers: dict[int, RecordDict]) -> dict[int, RecordDict]:
 
 
 def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSettings,
-                        rounds: int, cost, arch: dict, recorded: Mapping | None = None):
+                        rounds: int, cost, arch: dict, recorded: Mapping | None = None,
+                        level: int = 0):
     """Federated evaluation: the sites' held-out results and summed calibration tables, and,
     where the bundle stacks its exits, their stacking refitted from the sites' summed stacking
     tables (``None``: the bundle's stays). Where the refit changes the weights, the sites that
     answered evaluate once more (the model they kept, answering with the new weights), so the
     thresholds fit the answers the new version gives; if none answers that, the first
     evaluation and the bundle's stacking stand. The thresholds are calibrated by the budget
-    ``s`` names, else by the starting bundle's (``recorded``: its manifest's calibration)."""
+    ``s`` names, else by the starting bundle's (``recorded``: its manifest's calibration);
+    tables of held-out experience alone keep its escalation ``level`` (:func:`_keep_level`)."""
     from ddnn.models.federated.calibration import add_counts
 
     nodes = sorted(grid.get_node_ids())
@@ -377,6 +392,9 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     taught = sum(float(c[METRICS].get("teacher-labelled", 0.0)) for c in answers.values())
     if taught:
         evaluation["teacher_labelled"] = int(taught)
+    if cal is not None and taught and cal.level < level:
+        cal = _keep_level(cal, level)
+        evaluation["escalation_level_kept"] = level
     if record is not None:
         weights_now = stacking.to_dict() if stacking is not None else arch["stacking"]
         evaluation["stacking"] = {**record, "changed": weights_now != arch["stacking"],
@@ -414,7 +432,8 @@ def federate(grid: Grid, s: FederationSettings, progress) -> dict:
     weights = final_model(grid, strategy, exchange, s.rounds, history)
     cal, stacking, evaluation = evaluate_everywhere(weights, exchange, grid, s, s.rounds,
                                                    UplinkCost.of(start.manifest), arch,
-                                                   start.manifest.calibration)
+                                                   start.manifest.calibration,
+                                                   start.manifest.escalation_level)
     refused = sum(len(h["refused"]) for h in history)
     summary = {"strategy": s.strategy, "aggregate": s.aggregate, "rounds": s.rounds,
                "epochs": s.epochs, "lr": s.lr, "server_momentum": s.momentum,

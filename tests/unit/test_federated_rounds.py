@@ -315,7 +315,7 @@ OWN = {"edge": 1.0, "cloud": 1.0, "escalated": 1.0}  # a stacking of each tier's
 ARCH = {"views": 3, "config": {"escalate": "none"}}
 
 
-def _evaluate(grid, arch, detail: int = 0):
+def _evaluate(grid, arch, detail: int = 0, level: int = 0):
     from ddnn.hierarchy import UplinkCost
     from ddnn.models.federated.server_app import evaluate_everywhere
 
@@ -323,7 +323,7 @@ def _evaluate(grid, arch, detail: int = 0):
     s = FederationSettings(bundle="b", out="o", work="w", grid=11, round_timeout=0.3)
     exchange = Exchange(grid, s, {"arch": json.dumps(arch)})
     cost = UplinkCost(scores=6, features=32, single_view=False, detail=detail)
-    return (*evaluate_everywhere(START, exchange, grid, s, 3, cost, arch), cost)
+    return (*evaluate_everywhere(START, exchange, grid, s, 3, cost, arch, level=level), cost)
 
 
 def test_an_escalating_bundle_is_calibrated_at_level_1_from_the_sites_tables(caplog):
@@ -853,6 +853,15 @@ def test_frames_the_cloud_labelled_calibrate_only_where_no_site_held_out_true_la
     untaught, _, _, _ = _evaluate(EvaluatingGrid({2: sites[2]}), {**ARCH, "stacking": None})
     assert taught.point == untaught.point
     assert evaluation["teacher_labelled"] == evaluation["samples"] == 500
+    # Experience counts level 0 alone: a bundle that escalates keeps its level; calibrated on
+    # labelled frames without level-1 tables (a site too old to count them), it does not.
+    kept, _, evaluation, _ = _evaluate(EvaluatingGrid({2: sites[2]}, tamper={2: _taught}),
+                                       {**ARCH, "stacking": None}, level=1)
+    assert kept.level == 1 and evaluation["escalation_level_kept"] == 1
+    assert (kept.local, kept.edge) == (taught.local, taught.edge)
+    on_labels, _, evaluation, _ = _evaluate(EvaluatingGrid({2: sites[2]}),
+                                            {**ARCH, "stacking": None}, level=1)
+    assert on_labels.level == 0 and "escalation_level_kept" not in evaluation
 
     def beyond(content, exchange):
         content[METRICS] = MetricRecord({**dict(content[METRICS]), "teacher-labelled": 1e6})
