@@ -853,15 +853,18 @@ def test_frames_the_cloud_labelled_calibrate_only_where_no_site_held_out_true_la
     untaught, _, _, _ = _evaluate(EvaluatingGrid({2: sites[2]}), {**ARCH, "stacking": None})
     assert taught.point == untaught.point
     assert evaluation["teacher_labelled"] == evaluation["samples"] == 500
-    # Experience counts level 0 alone: a bundle that escalates keeps its level; calibrated on
-    # labelled frames without level-1 tables (a site too old to count them), it does not.
-    kept, _, evaluation, _ = _evaluate(EvaluatingGrid({2: sites[2]}, tamper={2: _taught}),
-                                       {**ARCH, "stacking": None}, level=1)
-    assert kept.level == 1 and evaluation["escalation_level_kept"] == 1
-    assert (kept.local, kept.edge) == (taught.local, taught.edge)
+    # Experience counts level 0 alone: for a bundle that escalates it calibrates and refits
+    # nothing (the bundle's thresholds, level and stacking stay); labelled frames without
+    # level-1 tables (a site too old to count them) still calibrate, at level 0.
+    grid = EvaluatingGrid({2: sites[2]}, tamper={2: _taught})
+    kept, stacking, evaluation, _ = _evaluate(grid, {**ARCH, "stacking": OWN}, level=1)
+    assert kept is None and stacking is None and "level 1" in evaluation["calibration_kept"]
+    assert evaluation["stacking"] == {"refit": False, "reason": evaluation["calibration_kept"],
+                                      "changed": False, "weights": OWN}
+    assert len(grid.configs) == 1  # no second evaluation
     on_labels, _, evaluation, _ = _evaluate(EvaluatingGrid({2: sites[2]}),
                                             {**ARCH, "stacking": None}, level=1)
-    assert on_labels.level == 0 and "escalation_level_kept" not in evaluation
+    assert on_labels.level == 0 and "calibration_kept" not in evaluation
 
     def beyond(content, exchange):
         content[METRICS] = MetricRecord({**dict(content[METRICS]), "teacher-labelled": 1e6})
