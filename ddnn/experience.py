@@ -20,9 +20,10 @@ renamed, so a reader never sees half a chunk), each an ``.npz`` without pickles 
   learns the operator's answer too;
 - optional ``chance`` float32 ``(N,)``: the chance the frame had of being recorded, of all the
   frames the edge saw: 1 for a frame its exits sent up, the audit rate for an early exit the
-  cloud checked anyway, 0 for a frame an operator chose to label (no random draw). Frames
-  drawn with known chances are a sample of the whole stream (:func:`stream_sample`), which
-  ``ddnn federate`` calibrates the exits on; a reader without it learns from the frames alone;
+  cloud checked anyway; 0 where no random draw stands behind it (an operator's choice, a
+  latency probe, any frame while the edge audits nothing). Frames drawn with known chances
+  are a sample of the whole stream (:func:`stream_sample`), which ``ddnn federate``
+  calibrates the exits on; a reader without it learns from the frames alone;
 - ``meta``: a 0-d string, JSON: ``{"format": "ddnn-experience", "format_version": 2,
   "model": {"name", "version"}, "classes": [...], "feature_shape": [F, h, w],
   "device_codec": ..., "created": ISO 8601}``.
@@ -41,6 +42,7 @@ import logging
 import os
 import time
 import zipfile
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -65,11 +67,14 @@ class Experience:
     features: np.ndarray  # float32 (N, V, F, h, w)
     present: np.ndarray  # bool (N, V)
     soft_label: np.ndarray  # float32 (N, C)
-    device_scores: np.ndarray | None  # float32 (N, V, C), or None when not recorded
+    device_scores: np.ndarray | None  # float32 (N, V, C), NaN rows where a frame has none
+    # (an operator's label); None when no frame has them
     classes: tuple[str, ...]
     label: np.ndarray | None = None  # int64 (N,), NO_LABEL where none; None: all NO_LABEL
     chance: np.ndarray | None = None  # float32 (N,): each frame's chance of being recorded;
     # None: not recorded (chunks of an older edge), 0 where no random draw chose the frame
+    draw: np.ndarray | None = None  # float64 (N, 2): each frame's own uniform numbers, fixed by
+    # its chunk's name and row, so a held-out frame stays held out however the directory grows
 
     def __post_init__(self) -> None:
         if self.label is None:
@@ -81,14 +86,22 @@ class Experience:
         return np.asarray(self.label) != NO_LABEL
 
     @property
+    def scored(self) -> np.ndarray:
+        """bool (N,): the frames recorded with their devices' scores (the local exit's input)."""
+        if self.device_scores is None:
+            return np.zeros(self.num_samples, bool)
+        return ~np.isnan(self.device_scores).any(axis=(1, 2))
+
+    @property
     def num_samples(self) -> int:
         return int(self.features.shape[0])
 
     def subset(self, index: np.ndarray) -> Experience:
         scores = None if self.device_scores is None else self.device_scores[index]
         chance = None if self.chance is None else self.chance[index]
+        draw = None if self.draw is None else self.draw[index]
         return Experience(self.features[index], self.present[index], self.soft_label[index],
-                          scores, self.classes, np.asarray(self.label)[index], chance)
+                          scores, self.classes, np.asarray(self.label)[index], chance, draw)
 
     @property
     def teacher_label(self) -> np.ndarray:
@@ -97,19 +110,25 @@ class Experience:
         return np.where(self.labelled, np.asarray(self.label), self.soft_label.argmax(1))
 
 
-def stream_sample(chance: np.ndarray, seed: int = 0) -> np.ndarray:
+def stream_sample(chance: np.ndarray, draw: np.ndarray) -> np.ndarray:
     """The indices of a uniform sample of the stream the frames were drawn from, at the rate
     of the least likely draw: frame i, recorded with chance ``p_i`` > 0, stays with chance
-    ``min(p) / p_i`` (so every frame of the stream had the same chance ``min(p)`` to be here).
-    A frame the edge sent up is recorded whatever its exits said, an audited one only when
-    drawn: the recorded frames over-represent the hard ones, the sample does not. Frames of
-    chance 0 (an operator's choice) are left out."""
+    ``min(p) / p_i`` (so every frame of the stream had the same chance ``min(p)`` to be here),
+    where its own uniform number ``draw[i]`` (in [0, 1)) falls under that. A frame the edge
+    sent up is recorded whatever its exits said, an audited one only when drawn: the recorded
+    frames over-represent the hard ones, the sample does not. Frames of chance 0 (no random
+    draw chose them) are left out."""
     chance = np.asarray(chance, dtype=np.float64)
     drawn = np.flatnonzero(chance > 0)
     if drawn.size == 0:
         return drawn
-    keep = np.random.default_rng(seed).random(drawn.size) < chance[drawn].min() / chance[drawn]
+    keep = np.asarray(draw, np.float64)[drawn] < chance[drawn].min() / chance[drawn]
     return drawn[keep]
+
+
+def frame_draws(name: str, frames: int) -> np.ndarray:
+    """float64 (frames, 2): uniform numbers of a chunk's frames, fixed by the chunk's name."""
+    return np.random.default_rng(zlib.crc32(name.encode())).random((frames, 2))
 
 
 def write_chunk(directory: str | Path, features: np.ndarray, present: np.ndarray,
@@ -231,6 +250,7 @@ def read_experience(directory: str | Path, classes: tuple[str, ...] | None = Non
     if not directory.is_dir():
         raise DatasetError(f"{directory}: no such experience directory")
     parts: list[dict[str, np.ndarray]] = []
+    draws: list[np.ndarray] = []
     names: tuple[str, ...] | None = classes
     for path in chunks(directory):
         try:
@@ -250,20 +270,28 @@ def read_experience(directory: str | Path, classes: tuple[str, ...] | None = Non
             continue
         names = got
         parts.append(a)
+        draws.append(frame_draws(path.name, len(a["features"])))
     if not parts or names is None:
         raise DatasetError(f"{directory}: no usable experience chunk")
-    with_scores = all("device_scores" in a for a in parts)
+    with_scores = any("device_scores" in a for a in parts)
     with_chance = all("chance" in a for a in parts)  # else no frame's chance is known
+
+    def scores(a: dict[str, np.ndarray]) -> np.ndarray:
+        """A chunk's device scores; NaN where it has none (an operator's labels)."""
+        if "device_scores" in a:
+            return a["device_scores"].astype(np.float32)
+        return np.full((*a["present"].shape, len(names)), np.nan, np.float32)
+
     return Experience(
         features=np.concatenate([a["features"] for a in parts]).astype(np.float32),
         present=np.concatenate([a["present"] for a in parts]),
         soft_label=np.concatenate([a["soft_label"] for a in parts]).astype(np.float32),
-        device_scores=(np.concatenate([a["device_scores"] for a in parts]).astype(np.float32)
-                       if with_scores else None),
+        device_scores=(np.concatenate([scores(a) for a in parts]) if with_scores else None),
         classes=names,
         label=np.concatenate([a["label"].astype(np.int64) if "label" in a
                               else np.full(len(a["features"]), NO_LABEL, np.int64)
                               for a in parts]),
         chance=(np.concatenate([a["chance"] for a in parts]).astype(np.float32)
                 if with_chance else None),
+        draw=np.concatenate(draws),
     )

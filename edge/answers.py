@@ -80,6 +80,14 @@ class Answers:
         if self.recorder is not None and f.pipeline is not None:
             self.recorder.put(f.pipeline.manifest,
                               {v: f.features[v] for v in answer.views if v in f.features},
-                              f.scores, answer.scores,
-                              # an audit's chance; a frame the exits sent up was sure to come
-                              chance=sent.audit if sent.audit > 0 else 1.0)
+                              f.scores, answer.scores, chance=self._chance(sent))
+
+    def _chance(self, sent: ToCloud) -> float:
+        """A frame's chance of being recorded, for a uniform sample of the stream
+        (:func:`ddnn.experience.stream_sample`): an audit's rate; 1 for a frame the exits sent
+        up, while early exits are audited; 0 where no random draw stands behind it (a latency
+        probe, timed and not drawn; any frame while nothing is audited, since the early exits
+        then had no chance at all and the frames sent up are only the hard ones)."""
+        if sent.probe or not self.audit.on:
+            return 0.0
+        return sent.audit if sent.audit > 0 else 1.0

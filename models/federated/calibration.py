@@ -16,7 +16,7 @@ calibration picks the level as ``ddnn train`` does. Numpy only.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 
 import numpy as np
 
@@ -265,15 +265,16 @@ def calibration_budget(tolerance: float, agreement: float, max_bytes: float,
 
 
 def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | None]],
-                   views: int, tiers: set[str], current: Stacking | None = None
-                   ) -> tuple[Stacking | None, dict]:
+                   views: int, tiers: set[str], current: Stacking | None = None,
+                   partial: Collection[int] = ()) -> tuple[Stacking | None, dict]:
     """The stacking ``models.calibrate.fit_stacking`` would fit on the union of the sites'
     held-out splits, from their summed stacking tables, and what the refit stood on.
 
     ``sites``: each one's node, held-out samples and tables (``tiers``: the upper tiers the
     bundle has). A site that held out experience, not data, cannot run the escalated cloud
-    (experience holds no details): its tables may lack that tier, which then keeps its weight
-    in ``current`` (the bundle's stacking). A site whose tables cannot be true
+    (experience holds no details): the tables of a site in ``partial`` may lack that tier,
+    which then keeps its weight in ``current`` (the bundle's stacking; its weight was fitted
+    for the bundle's edge weight, which the refit may change). A site whose tables cannot be true
     (``stacking_tables_problem``) is left out with a warning, as a bad update is; the refit is
     refused (``None``: the bundle's stacking stays) where a site that held data out sent no
     tables (a site too old to count them) or no site is left. Tables within bounds still weigh
@@ -290,7 +291,8 @@ def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | 
         if tables is None:
             log.warning("site %s sent no stacking tables: the bundle's stacking stays", node)
             return None, {"refit": False, "reason": f"site {node} sent no stacking tables"}
-        sent = set(tables) if set(tables) == tiers - {"escalated"} else tiers
+        sent = (set(tables) if node in partial and set(tables) == tiers - {"escalated"}
+                else tiers)
         problem = stacking_tables_problem(dict(tables), samples, sent)
         if problem is not None:
             log.warning("left the stacking tables of site %s out: %s", node, problem)
@@ -305,6 +307,6 @@ def refit_stacking(sites: Iterable[tuple[int, float, Mapping[str, np.ndarray] | 
     refit = pick_stacking(total, views).to_dict()
     kept = (current or Stacking()).to_dict()
     if tiers - common:
-        info["kept"] = sorted(tiers - common)  # no site could evaluate them
+        info["kept"] = sorted(tiers - common)  # the sites' held-out experience cannot run them
     return Stacking(**{t: refit[t] if t in common else kept[t] for t in kept}), {
         "refit": True, **info}

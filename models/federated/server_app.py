@@ -240,8 +240,10 @@ def _refit(answers: dict[int, RecordDict], arch: dict):
 
     escalates = arch.get("config", {}).get("escalate", DDNNConfig().escalation.detail) != "none"
     tiers = {"edge", "cloud", "escalated"} if escalates else {"edge", "cloud"}
+    # A site that held out experience labels it by the cloud and cannot run the escalated one.
+    taught = [n for n, c in answers.items() if float(c[METRICS].get("teacher-labelled", 0)) > 0]
     return refit_stacking([site(n, c) for n, c in answers.items()], int(arch["views"]), tiers,
-                          Stacking.from_dict(arch["stacking"]))
+                          Stacking.from_dict(arch["stacking"]), partial=taught)
 
 
 def _screened(answers: dict[int, RecordDict], grid: int, views: int, detail: int,

@@ -25,7 +25,7 @@ import torch
 from ddnn.codec import FeatureCodec
 from ddnn.dataset import MultiViewDataset, load_dataset
 from ddnn.errors import DatasetError
-from ddnn.experience import Experience, read_experience
+from ddnn.experience import Experience, read_experience, stream_sample
 from ddnn.hierarchy import detail_sizes, surest_views
 from ddnn.models.augment import augment
 from ddnn.models.federated.calibration import exit_counts
@@ -111,26 +111,26 @@ def load_site(arch: dict, data: str | Path | None, experience: str | Path | None
         _, feats = model.devices[0](torch.zeros(1, *arch["input_shape"]))
         exp = read_experience(experience, classes, tuple(feats.shape[1:]), arch["views"])
         if held is None:
-            exp, exp_held = split_experience(exp, holdout, seed)
+            exp, exp_held = split_experience(exp, holdout)
     return SiteData(train, held, exp, exp_held)
 
 
 MIN_HELD_FRAMES = 10  # fewer frames of the stream held out calibrate nothing
 
 
-def split_experience(exp: Experience, holdout: float, seed: int = 0
-                     ) -> tuple[Experience, Experience | None]:
+def split_experience(exp: Experience, holdout: float) -> tuple[Experience, Experience | None]:
     """``exp`` as frames to learn from and a held-out sample of the stream: a ``holdout``
     share of :func:`ddnn.experience.stream_sample` (a uniform sample of every frame the edge
-    saw, so a share of it is one too); the rest, operators' labels included, is learned from.
-    None held out where that share would have fewer than :data:`MIN_HELD_FRAMES` frames, or
-    the experience recorded no chances or no device scores (the local exit's input)."""
-    from ddnn.experience import stream_sample
-
-    if exp.chance is None or exp.device_scores is None or holdout <= 0:
+    saw, so a share of it is one too) among the frames with their devices' scores (the local
+    exit's input); the rest, operators' labels included, is learned from. Each frame's draws
+    are its own (``Experience.draw``), so a frame held out in one round is held out in every
+    round, however the directory grew in between. None held out where that share would have
+    fewer than :data:`MIN_HELD_FRAMES` frames, or where the experience recorded no chances."""
+    if exp.chance is None or exp.draw is None or holdout <= 0:
         return exp, None
-    sample = stream_sample(exp.chance, seed)
-    held = sample[np.random.default_rng([seed, 1]).random(sample.size) < holdout]
+    chance = np.where(exp.scored, exp.chance, 0.0)
+    sample = stream_sample(chance, exp.draw[:, 0])
+    held = sample[exp.draw[sample, 1] < holdout]
     if held.size < MIN_HELD_FRAMES:
         return exp, None
     rest = np.ones(exp.num_samples, bool)
@@ -150,9 +150,13 @@ def experience_loss(model: DDNN, exp: Experience, idx: np.ndarray) -> torch.Tens
     target = torch.from_numpy(exp.soft_label[idx])
     edge_scores, edge_feats = model.edge(aggregate(feats, present, model.edge_op))
     loss = _soft_ce(edge_scores, target) + _soft_ce(model.cloud(edge_feats), target)
-    if exp.device_scores is not None:
-        local = aggregate(torch.from_numpy(exp.device_scores[idx]), present, model.local_op)
-        loss = loss + _soft_ce(model.local(local) if model.local is not None else local, target)
+    scored = np.flatnonzero(exp.scored[idx])  # (an operator's labelled frame has no scores)
+    if scored.size:
+        rows = idx[scored]
+        local = aggregate(torch.from_numpy(exp.device_scores[rows]), present[scored],
+                          model.local_op)
+        loss = loss + _soft_ce(model.local(local) if model.local is not None else local,
+                               target[scored]) * (scored.size / len(idx))
     return loss
 
 
@@ -313,8 +317,8 @@ def experience_exits(model: DDNN, exp: Experience, batch: int = 512) -> dict[str
     """Each segment's own scores on recorded frames: the local exit from the devices' scores,
     the edge and cloud exits from their features (the escalated cloud needs the cameras'
     details, which experience never holds)."""
-    if exp.device_scores is None:
-        raise ValueError("experience without device scores has no local exit to evaluate")
+    if exp.num_samples == 0 or not exp.scored.all():
+        raise ValueError("the local exit is evaluated on frames with their devices' scores")
     model.eval()
     parts = []
     with torch.no_grad():

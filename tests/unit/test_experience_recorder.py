@@ -81,3 +81,23 @@ def test_each_frame_is_recorded_with_its_chance_of_being_recorded(tiny_bundle, t
     chances = exp.chance.astype(float).round(6).tolist()
     assert sorted(zip(chances, exp.label.tolist(), strict=True)) == [(0.0, 1), (0.2, -1),
                                                                      (1.0, -1)]
+
+
+def test_the_edge_gives_a_frame_the_chance_a_random_draw_gave_it():
+    """Audits are draws at their rate and frames sent up are sure to come, while the early
+    exits are audited; a latency probe is timed, not drawn, and with audits off the early
+    exits had no chance at all: neither stands for a sample of the stream (chance 0)."""
+    from types import SimpleNamespace
+
+    from ddnn.edge.answers import Answers
+    from ddnn.edge.pipeline import ToCloud
+
+    def chance(sent, auditing=True):
+        answers = Answers.__new__(Answers)  # (only its audit is read)
+        answers.audit = SimpleNamespace(on=auditing)
+        return answers._chance(sent)
+
+    up = ToCloud(np.zeros((1, 4)), "1", None)
+    assert chance(up) == 1.0 and chance(up, auditing=False) == 0.0
+    assert chance(ToCloud(np.zeros((1, 4)), "1", None, audit=0.2)) == 0.2
+    assert chance(ToCloud(np.zeros((1, 4)), "1", None, audit=0.2, probe=True)) == 0.0

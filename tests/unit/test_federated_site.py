@@ -474,20 +474,27 @@ def test_the_recorded_chances_make_a_sample_of_the_whole_stream(tmp_path):
     chance: the sample keeps each frame with min(chance) / its chance, so every frame of the
     stream had the same chance to be in it; an operator's choice (chance 0) is left out."""
     chance = np.array([1.0] * 3000 + [0.25] * 3000 + [0.0] * 100, np.float32)
-    kept = stream_sample(chance, seed=3)
+    draw = np.random.default_rng(3).random(len(chance))
+    kept = stream_sample(chance, draw)
     assert not (kept >= 6000).any()  # the operator's frames
     sent_up, audited = (kept < 3000).sum(), ((kept >= 3000) & (kept < 6000)).sum()
     assert audited == 3000  # the least likely draw is kept whole
     assert abs(sent_up - 750) < 4 * np.sqrt(3000 * 0.25 * 0.75)  # a quarter, as the audits
-    assert np.array_equal(kept, stream_sample(chance, seed=3))  # seeded
-    assert stream_sample(np.zeros(5)).size == 0
+    assert np.array_equal(kept[kept < 3000], np.flatnonzero(draw[:3000] < 0.25))  # own draws
+    assert stream_sample(np.zeros(5), draw[:5]).size == 0
     _chunk(tmp_path, n=4, chance=np.array([1, 0.5, 0.5, 0], np.float32))
     _chunk(tmp_path, n=2, seed=1, chance=np.array([1, 1], np.float32))
     exp = read_experience(tmp_path)
     assert sorted(exp.chance.tolist()) == [0, 0.5, 0.5, 1, 1, 1]
     assert exp.subset(np.array([1])).chance.tolist() == [0.5]
+    exp = read_experience(tmp_path)
+    again = read_experience(tmp_path)  # a frame's draws are its chunk's, read after read
+    assert exp.draw.shape == (6, 2) and np.array_equal(exp.draw, again.draw)
     _chunk(tmp_path, n=2, seed=2)  # an older edge's chunk: no chances, so none is known
-    assert read_experience(tmp_path).chance is None
+    grown = read_experience(tmp_path)
+    assert grown.chance is None
+    assert np.array_equal(grown.draw[np.isin(grown.draw[:, 0], exp.draw[:, 0])].shape,
+                          exp.draw.shape)  # a new chunk leaves the others' draws alone
 
 
 @pytest.mark.parametrize("chance", [[0.5, 2.0], [np.nan, 1.0], [-0.1, 1.0], [1.0]])
@@ -526,26 +533,34 @@ def test_held_out_experience_calibrates_a_site_that_has_no_labelled_data(tiny_bu
     feats = torch.stack([o[1] for o in outs], 1).numpy()
     truth = site.train.label[:n]
     soft = np.eye(3, dtype=np.float32)[truth] * 0.8 + 0.2 / 3
-    label = np.full(n, -1)
-    label[:5] = (truth[:5] + 1) % 3  # an operator's word beats the cloud's
+    # As the recorder writes them: the cloud's answers with the devices' scores and chances
+    # (1 for a frame sent up, 0.5 for an audit), and the operators' labels in chunks of their
+    # own (no scores, chance 0; an operator's word beats the cloud's).
     chance = np.where(np.arange(n) % 2 == 0, 1.0, 0.5).astype(np.float32)
-    chance[:5] = 0.0
     write_chunk(tmp_path / "exp", feats, site.train.present[:n], soft, model=("tiny", "1"),
                 classes=list(arch["classes"]), device_codec="binary", device_scores=scores,
-                label=label, chance=chance)
+                chance=chance)
+    operator = (truth[:5] + 1) % 3
+    write_chunk(tmp_path / "exp", feats[:5], site.train.present[:5],
+                np.eye(3, dtype=np.float32)[operator], model=("tiny", "1"),
+                classes=list(arch["classes"]), device_codec="binary", label=operator,
+                chance=np.zeros(5, np.float32))
     learner = load_site(arch, None, tmp_path / "exp", holdout=0.3, seed=1)
     held = learner.experience_holdout
     assert learner.holdout is None and held is not None
-    assert learner.experience.num_samples + held.num_samples == n
+    assert learner.experience.num_samples + held.num_samples == n + 5
     assert 10 <= held.num_samples < 0.3 * n
-    assert not held.labelled.any()  # an operator's choice is no draw: it is learned from
+    assert not held.labelled.any() and held.scored.all()  # an operator's choice is no draw
     # Held out from a uniform sample of the stream: the frames sent up (chance 1) are kept at
-    # half the rate of the audited ones (chance 0.5) would be, the least likely draw.
+    # half the rate of the audited ones (chance 0.5), the least likely draw.
     assert (held.chance == 1).sum() < (held.chance == 0.5).sum()
+    assert np.array_equal(held.teacher_label, held.soft_label.argmax(1))
     taught_by = learner.experience
-    assert taught_by.labelled.sum() == 5 and np.array_equal(
-        taught_by.teacher_label, np.where(taught_by.labelled, taught_by.label,
-                                          taught_by.soft_label.argmax(1)))
+    by_operator = taught_by.labelled
+    assert by_operator.sum() == 5 and not taught_by.scored[by_operator].any()
+    assert sorted(taught_by.teacher_label[by_operator].tolist()) == sorted(operator.tolist())
+    again = load_site(arch, None, tmp_path / "exp", holdout=0.3, seed=1).experience_holdout
+    assert np.array_equal(again.features, held.features)  # the same frames, round after round
     result = evaluate_experience(arch, start, held, grid=11, with_stacking_tables=True)
     assert counts_problem(result.counts, 11, 3) is None  # what a server checks
     assert not any(k in result.counts for k in LEVEL1_NAMES)
@@ -563,4 +578,4 @@ def test_held_out_experience_calibrates_a_site_that_has_no_labelled_data(tiny_bu
     old = load_site(arch, None, tmp_path / "old")
     assert old.experience_holdout is None and old.experience.num_samples == n
     few = load_site(arch, None, tmp_path / "exp", holdout=0.02)
-    assert few.experience_holdout is None and few.experience.num_samples == n
+    assert few.experience_holdout is None and few.experience.num_samples == n + 5

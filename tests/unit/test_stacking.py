@@ -249,9 +249,14 @@ def test_a_site_that_held_out_experience_refits_the_tiers_it_can_run_and_keeps_t
     exits, labels, (a, b) = _two_sites()
     union = fit_stacking(exits, labels, 3)
     current = Stacking(edge=0.9, cloud=0.9, escalated=0.35)
+    no_a = {k: v for k, v in a.items() if k != "escalated"}
     no_details = {k: v for k, v in b.items() if k != "escalated"}
-    stacking, info = refit_stacking([(1, 200, a), (2, 200, no_details)], 3, SITE_TIERS,
-                                    current)
+    stacking, info = refit_stacking([(1, 200, no_a), (2, 200, no_details)], 3, SITE_TIERS,
+                                    current, partial=(1, 2))
     assert info == {"refit": True, "sites": 2, "kept": ["escalated"]}
     assert (stacking.edge, stacking.cloud) == (union.edge, union.cloud)
     assert stacking.escalated == current.escalated
+    # A site that held out data can run every tier: its tables must have them all.
+    stacking, info = refit_stacking([(1, 200, a), (2, 200, no_details)], 3, SITE_TIERS,
+                                    current, partial=(1,))
+    assert info["sites"] == 1 and "expected" in info["left_out"]["2"]
