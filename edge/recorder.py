@@ -202,9 +202,10 @@ class ExperienceRecorder:
 
 
 def frame_bytes(m: Manifest) -> int:
-    """A frame's size in a chunk before compression (features and scores as float16)."""
+    """A frame's size in a chunk before compression (features and scores as float16, the soft
+    label float32, a present flag a view, the label int16 and the chance float32)."""
     feature = int(np.prod(m.devices[0].output("features").sample_shape))
-    return 2 * m.views * (feature + m.num_classes) + 4 * m.num_classes + m.views + 6
+    return 2 * m.views * (feature + m.num_classes) + 4 * m.num_classes + m.views + 2 + 4
 
 
 def chunk_frames(m: Manifest, max_bytes: int) -> int:

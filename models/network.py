@@ -396,6 +396,17 @@ class DDNN(nn.Module):
                      .index_copy(0, rows, t)
                      for t in dev.outputs(images[rows]))  # type: ignore[return-value]
 
+    def local_exit(self, dev_scores: torch.Tensor, present: torch.Tensor) -> torch.Tensor:
+        """The local exit's scores (B, C) from the devices' (B, V, C) of the present views."""
+        local = aggregate(dev_scores, present, self.local_op)
+        return self.local(local) if self.local is not None else local
+
+    def edge_exit(self, dev_feats: torch.Tensor, present: torch.Tensor
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The edge exit's scores (B, C) and the features it sends the cloud, from the devices'
+        features (B, V, F, h, w) of the present views."""
+        return self.edge(aggregate(dev_feats, present, self.edge_op))
+
     def forward(self, x: torch.Tensor, present: torch.Tensor) -> dict[str, torch.Tensor]:
         """x (B, V, 3, H, W), present (B, V) bool → logits of every exit.
 
@@ -408,10 +419,8 @@ class DDNN(nn.Module):
                 for i, dev in enumerate(self.devices)]
         dev_scores = torch.stack([o[0] for o in outs], dim=1)
         dev_feats = torch.stack([o[1] for o in outs], dim=1)
-        local = aggregate(dev_scores, present, self.local_op)
-        if self.local is not None:
-            local = self.local(local)
-        edge_scores, edge_feats = self.edge(aggregate(dev_feats, present, self.edge_op))
+        local = self.local_exit(dev_scores, present)
+        edge_scores, edge_feats = self.edge_exit(dev_feats, present)
         out = {"device": dev_scores, "local": local, "edge": edge_scores,
                "cloud": self.cloud(edge_feats)}
         if self.escalated is not None:

@@ -241,7 +241,7 @@ def _refit(answers: dict[int, RecordDict], arch: dict):
     escalates = arch.get("config", {}).get("escalate", DDNNConfig().escalation.detail) != "none"
     tiers = {"edge", "cloud", "escalated"} if escalates else {"edge", "cloud"}
     # A site that held out experience labels it by the cloud and cannot run the escalated one.
-    taught = [n for n, c in answers.items() if float(c[METRICS].get("teacher-labelled", 0)) > 0]
+    taught = [n for n, c in answers.items() if _taught(c) > 0]
     return refit_stacking([site(n, c) for n, c in answers.items()], int(arch["views"]), tiers,
                           Stacking.from_dict(arch["stacking"]), partial=taught)
 
@@ -313,15 +313,18 @@ _KEPT = ("the held-out frames are experience, which holds no cameras' details: t
          "calibrate escalation level {0}, so the bundle's thresholds, level and stacking stay")
 
 
+def _taught(c: RecordDict) -> float:
+    """An evaluation answer's held-out frames labelled by the cloud's answers (its held-out
+    experience), 0 for labelled data; a screened answer's metrics are numbers."""
+    return float(c[METRICS].get("teacher-labelled", 0.0))
+
+
 def _labelled_first(answers: dict[int, RecordDict]) -> dict[int, RecordDict]:
     """The evaluation answers the calibration stands on: where some site held out labelled
     frames, those sites' (and those that held none out); else every answer. A site that held
     out experience labels it with the cloud's answers (``teacher-labelled``), a weaker truth:
     beside true labels it would pull the thresholds toward the cloud's mistakes."""
-    def taught(c: RecordDict) -> bool:
-        return float(c[METRICS].get("teacher-labelled", 0.0)) > 0  # screened: a number
-
-    kept = {n: c for n, c in answers.items() if not taught(c)}
+    kept = {n: c for n, c in answers.items() if _taught(c) == 0}
     if len(kept) == len(answers) or not any(float(c[METRICS]["samples"]) > 0
                                             for c in kept.values()):
         return answers
@@ -355,7 +358,7 @@ def evaluate_everywhere(weights, exchange: Exchange, grid: Grid, s: FederationSe
     answers = _labelled_first(answers)
     # Held-out experience is labelled by the cloud's answers: there the accuracy is agreement
     # with the teacher, which says how right it is only as far as the cloud is.
-    taught = sum(float(c[METRICS].get("teacher-labelled", 0.0)) for c in answers.values())
+    taught = sum(_taught(c) for c in answers.values())
     # Experience holds no details, so its tables count level 0 alone. For a bundle that
     # escalates they would stop sending up the frames the escalated cloud answers best
     # (measured: a 10-class bundle 0.635 -> 0.40): its thresholds, level and stacking stay.

@@ -36,7 +36,7 @@ from ddnn.models.federated.weights import (
     set_weights,
     stacking_of,
 )
-from ddnn.models.network import DDNN, aggregate
+from ddnn.models.network import DDNN
 from ddnn.models.train import joint_loss, predict, split_holdout
 
 
@@ -148,15 +148,13 @@ def experience_loss(model: DDNN, exp: Experience, idx: np.ndarray) -> torch.Tens
     feats = torch.from_numpy(exp.features[idx])
     present = torch.from_numpy(exp.present[idx])
     target = torch.from_numpy(exp.soft_label[idx])
-    edge_scores, edge_feats = model.edge(aggregate(feats, present, model.edge_op))
+    edge_scores, edge_feats = model.edge_exit(feats, present)
     loss = _soft_ce(edge_scores, target) + _soft_ce(model.cloud(edge_feats), target)
     scored = np.flatnonzero(exp.scored[idx])  # (an operator's labelled frame has no scores)
     if scored.size:
-        rows = idx[scored]
-        local = aggregate(torch.from_numpy(exp.device_scores[rows]), present[scored],
-                          model.local_op)
-        loss = loss + _soft_ce(model.local(local) if model.local is not None else local,
-                               target[scored]) * (scored.size / len(idx))
+        local = model.local_exit(torch.from_numpy(exp.device_scores[idx[scored]]),
+                                 present[scored])
+        loss = loss + _soft_ce(local, target[scored]) * (scored.size / len(idx))
     return loss
 
 
@@ -325,11 +323,9 @@ def experience_exits(model: DDNN, exp: Experience, batch: int = 512) -> dict[str
         for i in range(0, exp.num_samples, batch):
             rows = slice(i, i + batch)
             present = torch.from_numpy(exp.present[rows])
-            local = aggregate(torch.from_numpy(exp.device_scores[rows]), present,
-                              model.local_op)
-            edge, edge_feats = model.edge(aggregate(torch.from_numpy(exp.features[rows]),
-                                                    present, model.edge_op))
-            parts.append({"local": model.local(local) if model.local is not None else local,
+            edge, edge_feats = model.edge_exit(torch.from_numpy(exp.features[rows]), present)
+            parts.append({"local": model.local_exit(torch.from_numpy(exp.device_scores[rows]),
+                                                    present),
                           "edge": edge, "cloud": model.cloud(edge_feats)})
     return {k: torch.cat([p[k] for p in parts]).float().numpy() for k in parts[0]}
 
