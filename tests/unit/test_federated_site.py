@@ -545,6 +545,10 @@ def test_held_out_experience_calibrates_a_site_that_has_no_labelled_data(tiny_bu
                 np.eye(3, dtype=np.float32)[operator], model=("tiny", "1"),
                 classes=list(arch["classes"]), device_codec="binary", label=operator,
                 chance=np.zeros(5, np.float32))
+    # Each frame's draws follow from its chunk's name (the recorder's names hold the time):
+    # fixed names, so the split this test checks is the same in every run.
+    for i, path in enumerate(chunks(tmp_path / "exp")):
+        path.rename(path.with_name(f"experience-1000-0-{i}.npz"))
     learner = load_site(arch, None, tmp_path / "exp", holdout=0.3, seed=1)
     held = learner.experience_holdout
     assert learner.holdout is None and held is not None
@@ -554,6 +558,11 @@ def test_held_out_experience_calibrates_a_site_that_has_no_labelled_data(tiny_bu
     # Held out from a uniform sample of the stream: the frames sent up (chance 1) are kept at
     # half the rate of the audited ones (chance 0.5), the least likely draw.
     assert (held.chance == 1).sum() < (held.chance == 0.5).sum()
+    every = read_experience(tmp_path / "exp")
+    drawn = every.scored & (every.chance > 0)
+    expected = np.flatnonzero(drawn & (every.draw[:, 0] < 0.5 / np.where(drawn, every.chance, 1))
+                              & (every.draw[:, 1] < 0.3))
+    assert np.array_equal(held.draw, every.draw[expected])  # exactly those frames
     assert np.array_equal(held.teacher_label, held.soft_label.argmax(1))
     taught_by = learner.experience
     by_operator = taught_by.labelled
